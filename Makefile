@@ -1,0 +1,82 @@
+# trainwave — `make help` lists the targets.
+SHELL := /bin/bash
+.DEFAULT_GOAL := help
+
+CACHE ?= $(HOME)/.cache/trainwave
+VENV ?= $(CACHE)/venv-py311
+PY := $(VENV)/bin/python
+BIN := $(CACHE)/bin
+export PATH := $(VENV)/bin:$(BIN):$(PATH)
+export TRAINWAVE_CACHE := $(CACHE)
+CLUSTER := $(PY) -m cluster
+PYTEST := $(PY) -m pytest
+
+.PHONY: help
+help: ## list the targets
+	@awk 'BEGIN {FS = ":.*## "} /^[a-zA-Z_-]+:.*## / {printf "  \033[36m%-18s\033[0m %s\n", $$1, $$2}' $(MAKEFILE_LIST)
+
+$(VENV)/.stamp: pyproject.toml
+	@test -x $(PY) || python3 -m venv $(VENV)
+	$(PY) -m pip install -q --upgrade pip
+	$(PY) -m pip install -q -e '.[dev]'
+	@touch $@
+
+.PHONY: venv
+venv: $(VENV)/.stamp ## create or refresh the cached virtualenv (outside the repo)
+
+.PHONY: tools
+tools: ## install or build the pinned control-plane tools into the cache (cold: ~30 min, warm: instant)
+	tests/cluster/install-tools.sh all
+
+.PHONY: cluster-up
+cluster-up: venv tools ## start the local control plane with the small simulated GPU topology
+	cd tests && $(CLUSTER) up --topology cluster/topologies/small.yaml
+
+.PHONY: cluster-down
+cluster-down: venv ## stop the local control plane and remove its state
+	cd tests && $(CLUSTER) down
+
+.PHONY: generate
+generate: venv ## regenerate CRDs, chart CRDs and values.schema.json from their sources
+	$(PY) -m trainwave.api.generate --crds crds --chart charts/trainwave
+	$(PY) hack/values_schema.py charts/trainwave/values.yaml > charts/trainwave/values.schema.json
+
+.PHONY: check-generated
+check-generated: generate ## fail if generated files differ from what is committed
+	@git diff --exit-code -- crds charts/trainwave/templates/crds charts/trainwave/values.schema.json \
+	  || { echo "generated files drifted: run 'make generate' and commit"; exit 1; }
+
+.PHONY: lint
+lint: venv ## ruff, mypy (strict on pure packages), import-linter, yamllint, helm lint
+	$(PY) -m ruff check operator tests hack
+	$(PY) -m ruff format --check operator tests hack
+	$(PY) -m mypy
+	$(VENV)/bin/lint-imports
+	$(PY) -m yamllint -s .
+	tests/cluster/install-tools.sh kubectl-helm
+	$(BIN)/helm lint --strict charts/trainwave
+
+.PHONY: fmt
+fmt: venv ## format the code
+	$(PY) -m ruff format operator tests hack
+	$(PY) -m ruff check --fix operator tests hack
+
+.PHONY: unit
+unit: venv ## fast unit tests (no cluster)
+	$(PYTEST) tests/unit
+
+.PHONY: integration
+integration: venv tools ## integration tests against the real local control plane
+	$(PYTEST) tests/integration
+
+.PHONY: test
+test: venv tools check-generated ## all tests: generated-file drift, unit, integration, examples
+	$(PYTEST) tests/unit tests/integration
+
+.PHONY: demo
+demo: venv tools ## the main job: cluster, chart, operator, every example to its terminal state
+	$(PY) hack/demo.py
+
+.PHONY: bench
+bench: venv tools ## benchmarks (see README, Performance)
+	$(PY) -m pytest tests/benchmarks -s --timeout 1800

@@ -1,0 +1,71 @@
+{{/*
+Names. Kubernetes object names and label values are limited to 63 characters
+(DNS-1123 labels), so every generated name is truncated to 63 and stripped of a
+trailing "-" that truncation may leave behind.
+*/}}
+
+{{/* The chart name, used in the app.kubernetes.io/name label. */}}
+{{- define "trainwave.name" -}}
+{{- default .Chart.Name .Values.nameOverride | trunc 63 | trimSuffix "-" }}
+{{- end }}
+
+{{/*
+The prefix of every object name: <release>-<chart>, or just <release> when the
+release name already contains the chart name ("trainwave" rather than
+"trainwave-trainwave").
+*/}}
+{{- define "trainwave.fullname" -}}
+{{- if .Values.fullnameOverride }}
+{{- .Values.fullnameOverride | trunc 63 | trimSuffix "-" }}
+{{- else }}
+{{- $name := default .Chart.Name .Values.nameOverride }}
+{{- if contains $name .Release.Name }}
+{{- .Release.Name | trunc 63 | trimSuffix "-" }}
+{{- else }}
+{{- printf "%s-%s" .Release.Name $name | trunc 63 | trimSuffix "-" }}
+{{- end }}
+{{- end }}
+{{- end }}
+
+{{/* The metrics Service: truncate the prefix, not the suffix, so the name stays recognisable. */}}
+{{- define "trainwave.metricsServiceName" -}}
+{{- printf "%s-metrics" (include "trainwave.fullname" . | trunc 55 | trimSuffix "-") }}
+{{- end }}
+
+{{/* helm.sh/chart label value; "+" from semver build metadata is not valid in a label. */}}
+{{- define "trainwave.chart" -}}
+{{- printf "%s-%s" .Chart.Name .Chart.Version | replace "+" "_" | trunc 63 | trimSuffix "-" }}
+{{- end }}
+
+{{/* Labels on every object of the release. */}}
+{{- define "trainwave.labels" -}}
+helm.sh/chart: {{ include "trainwave.chart" . }}
+{{ include "trainwave.selectorLabels" . }}
+app.kubernetes.io/version: {{ .Chart.AppVersion | trunc 63 | trimSuffix "-" | quote }}
+app.kubernetes.io/managed-by: {{ .Release.Service }}
+{{- end }}
+
+{{/*
+Selector labels. A Deployment's selector is immutable, so these never include
+anything that changes between upgrades (version, chart). The component keeps the
+operator's selector apart from other workloads of the same release.
+*/}}
+{{- define "trainwave.selectorLabels" -}}
+app.kubernetes.io/name: {{ include "trainwave.name" . }}
+app.kubernetes.io/instance: {{ .Release.Name }}
+app.kubernetes.io/component: operator
+{{- end }}
+
+{{/* The ServiceAccount the operator runs as, created by the chart or not. */}}
+{{- define "trainwave.serviceAccountName" -}}
+{{- if .Values.serviceAccount.create }}
+{{- default (include "trainwave.fullname" .) .Values.serviceAccount.name }}
+{{- else }}
+{{- required "serviceAccount.name is required when serviceAccount.create is false" .Values.serviceAccount.name }}
+{{- end }}
+{{- end }}
+
+{{/* The operator image; the tag follows the chart's appVersion unless pinned. */}}
+{{- define "trainwave.image" -}}
+{{- printf "%s:%s" .Values.image.repository (.Values.image.tag | default .Chart.AppVersion) }}
+{{- end }}

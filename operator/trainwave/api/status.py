@@ -1,0 +1,106 @@
+"""TrainingJob status: what the operator observed and decided.
+
+Pure. Conditions are keyed by type (a list-map on the server), never read as
+"the last one". `attempt` names the gang incarnation the current pods belong
+to; it is part of every pod's name, so a restarted gang never collides with
+the pods of the one before it.
+"""
+
+from datetime import datetime
+from enum import StrEnum
+
+from pydantic import ConfigDict, Field
+
+from trainwave.api.base import ApiModel
+
+# Status is the operator's own writing, read back on every reconcile: a field
+# this version does not know (written by a newer one, or by hand) is ignored
+# rather than making the whole status unreadable and the job look new.
+_LENIENT = ConfigDict(**{**ApiModel.model_config, "extra": "ignore"})
+
+
+class Phase(StrEnum):
+    PENDING = "Pending"
+    SCHEDULING = "Scheduling"
+    STARTING = "Starting"
+    RUNNING = "Running"
+    RESTARTING = "Restarting"
+    SUSPENDED = "Suspended"
+    SUCCEEDED = "Succeeded"
+    FAILED = "Failed"
+
+    @property
+    def terminal(self) -> bool:
+        return self in (Phase.SUCCEEDED, Phase.FAILED)
+
+
+class ConditionType(StrEnum):
+    CREATED = "Created"
+    SCHEDULED = "Scheduled"
+    RUNNING = "Running"
+    RESTARTING = "Restarting"
+    SUSPENDED = "Suspended"
+    SUCCEEDED = "Succeeded"
+    FAILED = "Failed"
+
+
+class Condition(ApiModel):
+    model_config = _LENIENT
+
+    type: ConditionType = Field(description="type of the condition.")
+    status: str = Field(
+        description="status: True, False or Unknown.",
+        json_schema_extra={"enum": ["True", "False", "Unknown"]},
+    )
+    reason: str = Field(default="", description="reason: a CamelCase word for machines.")
+    message: str = Field(default="", description="message: what happened, for people.")
+    last_transition_time: datetime | None = Field(
+        default=None, description="lastTransitionTime: when status last changed."
+    )
+    observed_generation: int | None = Field(
+        default=None, description="observedGeneration: the spec generation this was set for."
+    )
+
+
+class TrainingJobStatus(ApiModel):
+    model_config = _LENIENT
+
+    phase: Phase | None = Field(default=None, description="phase: where the job is now.")
+    reason: str = Field(default="", description="reason: why the job is in its phase.")
+    message: str = Field(default="", description="message: the latest news, for people.")
+    conditions: list[Condition] = Field(
+        default_factory=list,
+        description="conditions, one per type.",
+        json_schema_extra={
+            "x-kubernetes-list-type": "map",
+            "x-kubernetes-list-map-keys": ["type"],
+        },
+    )
+    attempt: int = Field(
+        default=0, description="attempt: the gang incarnation the current workers belong to."
+    )
+    restarts: int = Field(
+        default=0, description="restarts: gang restarts counted against maxRestarts."
+    )
+    ready_workers: int = Field(default=0, description="readyWorkers: workers Running and ready.")
+    total_workers: int = Field(default=0, description="totalWorkers: workers in the gang.")
+    ready: str = Field(default="", description="ready: readyWorkers/totalWorkers, for kubectl.")
+    gpus: int = Field(default=0, description="gpus: whole GPUs the job holds when running.")
+    start_time: datetime | None = Field(
+        default=None, description="startTime: when the current run started (reset on resume)."
+    )
+    attempt_start_time: datetime | None = Field(
+        default=None, description="attemptStartTime: when the current gang's pods were created."
+    )
+    all_running_time: datetime | None = Field(
+        default=None, description="allRunningTime: when every worker of the gang last ran."
+    )
+    completion_time: datetime | None = Field(
+        default=None, description="completionTime: when the job succeeded or failed."
+    )
+    observed_generation: int | None = Field(
+        default=None, description="observedGeneration: the spec generation last acted on."
+    )
+
+    def condition(self, kind: ConditionType) -> Condition | None:
+        return next((c for c in self.conditions if c.type == kind), None)

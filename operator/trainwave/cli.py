@@ -1,0 +1,79 @@
+"""`trainwave`: the command the operator image runs, and tools for people.
+
+trainwave operator [--namespace NS]... [--metrics-port N] [--health-port N]
+trainwave crd            print the TrainingJob CRD the models define
+trainwave version
+"""
+
+import argparse
+import logging
+import sys
+
+from trainwave import __version__, contract
+
+LOG_LEVELS = ("debug", "info", "warning", "error")
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="trainwave", description="trainwave operator and tools")
+    commands = parser.add_subparsers(dest="command", required=True)
+
+    operator = commands.add_parser("operator", help="run the TrainingJob operator")
+    operator.add_argument(
+        "--namespace",
+        action="append",
+        default=[],
+        metavar="NS",
+        help="watch only this namespace (repeatable); default: the whole cluster",
+    )
+    operator.add_argument("--metrics-port", type=int, default=contract.DEFAULT_METRICS_PORT)
+    operator.add_argument("--health-port", type=int, default=contract.DEFAULT_HEALTH_PORT)
+    operator.add_argument("--health-host", default="0.0.0.0")
+    operator.add_argument("--log-level", choices=LOG_LEVELS, default="info")
+    operator.add_argument(
+        "--workers", type=int, default=4, help="jobs reconciled concurrently (default 4)"
+    )
+    operator.add_argument(
+        "--topology-levels",
+        default="",
+        help="comma-separated node labels, highest level first (used by placement)",
+    )
+    commands.add_parser("crd", help="print the TrainingJob CustomResourceDefinition")
+    commands.add_parser("version", help="print the version")
+
+    options = parser.parse_args(argv)
+    if options.command == "version":
+        print(__version__)
+        return 0
+    if options.command == "crd":
+        from trainwave.api.generate import render_crd
+
+        sys.stdout.write(render_crd())
+        return 0
+    return run_operator(options)
+
+
+def run_operator(options: argparse.Namespace) -> int:
+    import kopf
+
+    from trainwave.controller import handlers
+
+    logging.basicConfig(
+        level=options.log_level.upper(),
+        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
+    )
+    # kopf logs every handler call at INFO; ours are the ones worth reading.
+    logging.getLogger("kopf").setLevel(max(logging.WARNING, logging.getLogger().level))
+    handlers.OPTIONS.metrics_port = options.metrics_port
+    handlers.OPTIONS.workers = options.workers
+    kopf.run(
+        standalone=True,
+        clusterwide=not options.namespace,
+        namespaces=options.namespace,
+        liveness_endpoint=f"http://{options.health_host}:{options.health_port}/healthz",
+    )
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,97 @@
+"""Names shared by the operator, the chart, the simulator and the worker runtime.
+
+Pure: imports nothing. Every label, annotation, environment variable and port
+that crosses a process boundary is spelled here once, so the operator that
+writes a name and the code that reads it cannot drift apart.
+"""
+
+from typing import Final
+
+GROUP: Final = "trainwave.io"
+VERSION: Final = "v1alpha1"
+KIND: Final = "TrainingJob"
+PLURAL: Final = "trainingjobs"
+SINGULAR: Final = "trainingjob"
+SHORT_NAMES: Final = ("tj",)
+API_VERSION: Final = f"{GROUP}/{VERSION}"
+
+# Server-side apply field manager and the controller name on Events.
+FIELD_MANAGER: Final = "trainwave"
+REPORTING_CONTROLLER: Final = "trainwave.io/operator"
+
+# Labels on every child object; selectors are built from these.
+LABEL_JOB_NAME: Final = "trainwave.io/job-name"
+LABEL_ROLE: Final = "trainwave.io/role"
+LABEL_RANK: Final = "trainwave.io/rank"
+LABEL_ATTEMPT: Final = "trainwave.io/attempt"
+ROLE_WORKER: Final = "worker"
+
+# The container the operator fills in; a template may pre-declare it.
+WORKER_CONTAINER: Final = "worker"
+MASTER_PORT_NAME: Final = "rendezvous"
+DEFAULT_MASTER_PORT: Final = 29500
+
+# Annotations the kwok simulator stages read (tests/cluster/stages). A pod
+# carrying them finishes `run-for` after it starts Running, with `result`
+# Succeeded or Failed and, when failed, `exit-code`.
+SIM_RESULT: Final = "sim.trainwave.io/result"
+SIM_RUN_FOR: Final = "sim.trainwave.io/run-for"
+SIM_EXIT_CODE: Final = "sim.trainwave.io/exit-code"
+
+# Classic torch.distributed environment (read by init_process_group "env://").
+ENV_MASTER_ADDR: Final = "MASTER_ADDR"
+ENV_MASTER_PORT: Final = "MASTER_PORT"
+ENV_WORLD_SIZE: Final = "WORLD_SIZE"
+ENV_RANK: Final = "RANK"
+ENV_LOCAL_RANK: Final = "LOCAL_RANK"
+ENV_LOCAL_WORLD_SIZE: Final = "LOCAL_WORLD_SIZE"
+ENV_NODE_RANK: Final = "NODE_RANK"
+# torchrun reads PET_<FLAG> as the default of --<flag>, so `torchrun train.py`
+# needs no arguments inside a trainwave pod.
+ENV_PET_NNODES: Final = "PET_NNODES"
+ENV_PET_NPROC_PER_NODE: Final = "PET_NPROC_PER_NODE"
+ENV_PET_NODE_RANK: Final = "PET_NODE_RANK"
+ENV_PET_MASTER_ADDR: Final = "PET_MASTER_ADDR"
+ENV_PET_MASTER_PORT: Final = "PET_MASTER_PORT"
+# trainwave's own variables for the runtime.
+ENV_JOB_NAME: Final = "TRAINWAVE_JOB_NAME"
+ENV_JOB_NAMESPACE: Final = "TRAINWAVE_JOB_NAMESPACE"
+ENV_ATTEMPT: Final = "TRAINWAVE_ATTEMPT"
+
+# Users may not set these: the operator owns them, and a user value would
+# silently break rendezvous for the whole gang.
+RESERVED_ENV: Final = (
+    ENV_MASTER_ADDR,
+    ENV_MASTER_PORT,
+    ENV_WORLD_SIZE,
+    ENV_RANK,
+    ENV_LOCAL_RANK,
+    ENV_LOCAL_WORLD_SIZE,
+    ENV_NODE_RANK,
+    ENV_PET_NNODES,
+    ENV_PET_NPROC_PER_NODE,
+    ENV_PET_NODE_RANK,
+    ENV_PET_MASTER_ADDR,
+    ENV_PET_MASTER_PORT,
+    ENV_JOB_NAME,
+    ENV_JOB_NAMESPACE,
+    ENV_ATTEMPT,
+)
+
+GPU_RESOURCE: Final = "nvidia.com/gpu"
+
+# Node labels written by the topology (and, later, by the node agent).
+NODE_LABEL_SPINE: Final = "trainwave.io/spine"
+NODE_LABEL_RACK: Final = "trainwave.io/rack"
+NODE_LABEL_NVLINK_DOMAIN: Final = "trainwave.io/nvlink-domain"
+NODE_LABEL_GPU_PRODUCT: Final = "nvidia.com/gpu.product"
+NODE_LABEL_GPU_COUNT: Final = "nvidia.com/gpu.count"
+NODE_LABEL_GPU_MEMORY: Final = "nvidia.com/gpu.memory"
+NODE_LABEL_GPU_CLIQUE: Final = "nvidia.com/gpu.clique"
+NODE_LABEL_RDMA: Final = "trainwave.io/rdma"
+NODE_LABEL_RDMA_NICS: Final = "trainwave.io/rdma-nics"
+RDMA_RESOURCE: Final = "rdma/rdma_shared_device_a"
+
+# Operator process defaults (the chart sets the same ports).
+DEFAULT_METRICS_PORT: Final = 9090
+DEFAULT_HEALTH_PORT: Final = 8080

@@ -1,0 +1,130 @@
+"""kopf wiring: watches feed indexes and wake the work queue; nothing else.
+
+No change-tracking handlers are used, so kopf writes no annotations and no
+finalizers onto TrainingJobs: deleting a job never waits for the operator,
+and everything the operator knows is rebuilt from the cluster on start.
+kopf holds back event handlers until every index is filled, so the first
+reconciles after a restart already see every existing pod.
+"""
+
+import asyncio
+import logging
+from collections import Counter
+from collections.abc import Iterable
+from dataclasses import dataclass
+from typing import Any
+
+import kopf
+
+from trainwave import contract
+from trainwave.controller import metrics
+from trainwave.controller.kube import KubeClient, load_config
+from trainwave.controller.queue import WorkQueue
+from trainwave.controller.reconciler import JobKey, Reconciler
+from trainwave.lifecycle.observed import WorkerPod, observe_pod
+
+logger = logging.getLogger(__name__)
+
+WORKER_SELECTOR = {contract.LABEL_JOB_NAME: kopf.PRESENT}
+
+
+@dataclass
+class Options:
+    metrics_port: int = contract.DEFAULT_METRICS_PORT
+    workers: int = 4
+    resync_seconds: float = 300.0
+
+
+OPTIONS = Options()
+_QUEUE: dict[str, WorkQueue] = {}
+
+
+@kopf.index("", "v1", "pods", labels=WORKER_SELECTOR)
+def worker_pods(namespace: str, labels: Any, body: Any, **_: Any) -> dict[JobKey, WorkerPod] | None:
+    pod = observe_pod(_plain(body))
+    return {(namespace, labels[contract.LABEL_JOB_NAME]): pod} if pod else None
+
+
+@kopf.index("", "v1", "services", labels={contract.LABEL_JOB_NAME: kopf.PRESENT})
+def job_services(namespace: str, labels: Any, **_: Any) -> dict[JobKey, bool]:
+    return {(namespace, labels[contract.LABEL_JOB_NAME]): True}
+
+
+@kopf.index(contract.GROUP, contract.VERSION, contract.PLURAL)
+def job_phases(namespace: str, name: str, status: Any, **_: Any) -> dict[str, JobKey]:
+    return {str(status.get("phase") or "Pending"): (namespace, name)}
+
+
+@kopf.on.event(contract.GROUP, contract.VERSION, contract.PLURAL)
+def job_changed(namespace: str, name: str, **_: Any) -> None:
+    _wake((namespace, name))
+
+
+@kopf.on.event("", "v1", "pods", labels=WORKER_SELECTOR)
+def worker_changed(namespace: str, labels: Any, **_: Any) -> None:
+    _wake((namespace, labels[contract.LABEL_JOB_NAME]))
+
+
+@kopf.on.startup()
+async def start(
+    settings: kopf.OperatorSettings,
+    worker_pods: kopf.Index[JobKey, WorkerPod],
+    job_services: kopf.Index[JobKey, bool],
+    job_phases: kopf.Index[str, JobKey],
+    memo: Any,
+    **_: Any,
+) -> None:
+    # kopf's own Events (handler errors) stay; its progress storage is unused.
+    settings.posting.level = logging.WARNING
+    # No CRD or namespace scanning: the resources are known, and it needs less RBAC.
+    settings.scanning.disabled = True
+    settings.watching.server_timeout = 300
+    settings.networking.request_timeout = 60
+    kube = KubeClient(load_config(pool_size=OPTIONS.workers * 4))
+
+    def pods_of(key: JobKey) -> Iterable[WorkerPod]:
+        return list(worker_pods.get(key, []))
+
+    reconciler = Reconciler(kube, pods_of, lambda key: key in job_services)
+    queue = WorkQueue(reconciler)
+    queue.start(OPTIONS.workers)
+    _QUEUE["jobs"] = queue
+    memo.resync = asyncio.create_task(_resync(queue, job_phases))
+    metrics.serve(
+        OPTIONS.metrics_port, lambda: Counter({p: len(keys) for p, keys in job_phases.items()})
+    )
+    logger.info("trainwave operator started: %d reconcile workers", OPTIONS.workers)
+
+
+@kopf.on.cleanup()
+async def stop(memo: Any, **_: Any) -> None:
+    if getattr(memo, "resync", None):
+        memo.resync.cancel()
+    queue = _QUEUE.pop("jobs", None)
+    if queue:
+        await queue.stop()
+
+
+@kopf.on.probe(id="queueDepth")
+def queue_depth(**_: Any) -> int:
+    queue = _QUEUE.get("jobs")
+    return queue.depth if queue else 0
+
+
+async def _resync(queue: WorkQueue, job_phases: kopf.Index[str, JobKey]) -> None:
+    """Reconcile every job now and then: a safety net for anything a watch missed."""
+    while True:
+        await asyncio.sleep(OPTIONS.resync_seconds)
+        for keys in list(job_phases.values()):
+            for key in list(keys):
+                queue.add(key)
+
+
+def _wake(key: JobKey) -> None:
+    queue = _QUEUE.get("jobs")
+    if queue is not None:
+        queue.add(key)
+
+
+def _plain(body: Any) -> dict[str, Any]:
+    return {key: body[key] for key in ("metadata", "spec", "status") if key in body}

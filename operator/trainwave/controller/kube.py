@@ -1,0 +1,165 @@
+"""Every call the operator makes to the API server, in one place.
+
+Blocking calls of the official client; the reconciler runs them in threads.
+Children are written with server-side apply under one field manager, status
+with a merge patch that carries the resourceVersion it was computed from, so
+a decision made on a stale view is refused (409) instead of applied.
+"""
+
+import json
+import logging
+import os
+import socket
+import time
+from datetime import UTC, datetime
+from typing import Any
+
+from kubernetes import client, config
+from kubernetes.client.exceptions import ApiException
+
+from trainwave import contract
+from trainwave.lifecycle.decide import JobEvent
+
+logger = logging.getLogger(__name__)
+
+APPLY = "application/apply-patch+yaml"
+
+
+class Conflict(Exception):
+    """The object changed since it was read; reconcile again from a fresh read."""
+
+
+class Rejected(Exception):
+    """The API server refused an object as invalid (HTTP 422)."""
+
+
+def load_config(pool_size: int) -> client.ApiClient:
+    try:
+        config.load_incluster_config()  # type: ignore[no-untyped-call]
+    except config.ConfigException:
+        config.load_kube_config()  # type: ignore[no-untyped-call]
+    configuration = client.Configuration.get_default_copy()
+    configuration.connection_pool_maxsize = pool_size
+    return client.ApiClient(configuration)
+
+
+class KubeClient:
+    def __init__(self, api_client: client.ApiClient):
+        self.core = client.CoreV1Api(api_client)
+        self.custom = client.CustomObjectsApi(api_client)
+        self.events = client.EventsV1Api(api_client)
+        self.instance = os.environ.get("POD_NAME") or socket.gethostname()
+
+    def get_job(self, namespace: str, name: str) -> dict[str, Any] | None:
+        try:
+            body: Any = self.custom.get_namespaced_custom_object(
+                contract.GROUP, contract.VERSION, namespace, contract.PLURAL, name
+            )
+        except ApiException as error:
+            if error.status == 404:
+                return None
+            raise
+        return dict(body)
+
+    def patch_job_status(
+        self, namespace: str, name: str, resource_version: str, status: dict[str, Any]
+    ) -> dict[str, Any]:
+        patch = {"metadata": {"resourceVersion": resource_version}, "status": status}
+        try:
+            body: Any = self.custom.patch_namespaced_custom_object_status(
+                contract.GROUP, contract.VERSION, namespace, contract.PLURAL, name, patch
+            )
+        except ApiException as error:
+            if error.status in (404, 409):
+                raise Conflict(f"{namespace}/{name} changed: {error.reason}") from None
+            raise
+        return dict(body)
+
+    def delete_job(self, namespace: str, name: str, uid: str) -> None:
+        # The uid precondition keeps a TTL from deleting a newer job of the same name.
+        options = client.V1DeleteOptions(
+            propagation_policy="Background", preconditions=client.V1Preconditions(uid=uid)
+        )
+        self._ignore_gone(
+            self.custom.delete_namespaced_custom_object,
+            contract.GROUP,
+            contract.VERSION,
+            namespace,
+            contract.PLURAL,
+            name,
+            body=options,
+        )
+
+    def apply_service(self, service: dict[str, Any]) -> None:
+        meta = service["metadata"]
+        self._apply(self.core.patch_namespaced_service, meta["name"], meta["namespace"], service)
+
+    def apply_pod(self, pod: dict[str, Any]) -> None:
+        meta = pod["metadata"]
+        self._apply(self.core.patch_namespaced_pod, meta["name"], meta["namespace"], pod)
+
+    def delete_pod(self, namespace: str, name: str) -> None:
+        self._ignore_gone(self.core.delete_namespaced_pod, name, namespace)
+
+    def post_event(self, job: dict[str, Any], event: JobEvent) -> None:
+        meta = job["metadata"]
+        moment = datetime.now(UTC)
+        now = moment.isoformat(timespec="microseconds").replace("+00:00", "Z")
+        # client-go's naming: unique per object and instant, no generateName round trip.
+        name = f"{meta['name']}.{time.time_ns():x}"
+        body: Any = {
+            "apiVersion": "events.k8s.io/v1",
+            "kind": "Event",
+            "metadata": {"name": name, "namespace": meta["namespace"]},
+            "eventTime": now,
+            "reportingController": contract.REPORTING_CONTROLLER,
+            "reportingInstance": self.instance,
+            "action": "Reconcile",
+            "reason": event.reason,
+            "note": event.message[:1024],
+            "type": event.type,
+            "regarding": {
+                "apiVersion": contract.API_VERSION,
+                "kind": contract.KIND,
+                "name": meta["name"],
+                "namespace": meta["namespace"],
+                "uid": meta["uid"],
+            },
+        }
+        try:
+            self.events.create_namespaced_event(meta["namespace"], body)
+        except ApiException as error:
+            # An Event is news, not state: losing one must not stop a reconcile.
+            logger.warning(
+                "could not post event %s for %s: %s", event.reason, meta["name"], error.reason
+            )
+
+    def _apply(self, patch: Any, name: str, namespace: str, body: dict[str, Any]) -> None:
+        try:
+            patch(
+                name,
+                namespace,
+                body,
+                field_manager=contract.FIELD_MANAGER,
+                force=True,
+                _content_type=APPLY,
+            )
+        except ApiException as error:
+            if error.status == 422:
+                raise Rejected(_status_message(error)) from None
+            raise
+
+    @staticmethod
+    def _ignore_gone(call: Any, *args: Any, **kwargs: Any) -> None:
+        try:
+            call(*args, **kwargs)
+        except ApiException as error:
+            if error.status not in (404, 409):
+                raise
+
+
+def _status_message(error: ApiException) -> str:
+    try:
+        return str(json.loads(error.body or "").get("message", error.reason))
+    except (TypeError, ValueError):
+        return str(error.reason)

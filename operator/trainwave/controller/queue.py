@@ -1,0 +1,97 @@
+"""A coalescing work queue of job keys, the heart of level-triggered reconciling.
+
+Many events about one job (its pods change, its spec changes) collapse into
+one pending reconcile of that job. A key is never processed by two workers at
+once; a key added while it is being processed runs again right after, so no
+event is lost. Delayed adds (deadlines, TTLs, retries) keep the earliest time.
+"""
+
+import asyncio
+import logging
+from collections.abc import Awaitable, Callable, Hashable
+
+logger = logging.getLogger(__name__)
+
+Key = Hashable
+Worker = Callable[[Key], Awaitable[float | None]]
+
+
+class WorkQueue:
+    def __init__(self, work: Worker, *, retry_delay: float = 1.0, max_retry_delay: float = 60.0):
+        self._work = work
+        self._ready: asyncio.Queue[Key] = asyncio.Queue()
+        self._queued: set[Key] = set()
+        self._busy: set[Key] = set()
+        self._dirty: set[Key] = set()
+        self._timers: dict[Key, tuple[float, asyncio.TimerHandle]] = {}
+        self._failures: dict[Key, int] = {}
+        self._retry_delay = retry_delay
+        self._max_retry_delay = max_retry_delay
+        self._tasks: list[asyncio.Task[None]] = []
+
+    def add(self, key: Key, after: float = 0.0) -> None:
+        if after > 0:
+            self._add_later(key, after)
+            return
+        if key in self._busy:
+            self._dirty.add(key)
+        elif key not in self._queued:
+            self._queued.add(key)
+            self._ready.put_nowait(key)
+
+    def _add_later(self, key: Key, after: float) -> None:
+        loop = asyncio.get_running_loop()
+        due = loop.time() + after
+        existing = self._timers.get(key)
+        if existing and existing[0] <= due:
+            return
+        if existing:
+            existing[1].cancel()
+        self._timers[key] = (due, loop.call_at(due, self._fire, key))
+
+    def _fire(self, key: Key) -> None:
+        self._timers.pop(key, None)
+        self.add(key)
+
+    @property
+    def depth(self) -> int:
+        return len(self._queued)
+
+    def start(self, workers: int) -> None:
+        self._tasks = [
+            asyncio.create_task(self._run(), name=f"reconciler-{i}") for i in range(workers)
+        ]
+
+    async def stop(self) -> None:
+        for _, timer in self._timers.values():
+            timer.cancel()
+        for task in self._tasks:
+            task.cancel()
+        await asyncio.gather(*self._tasks, return_exceptions=True)
+
+    async def _run(self) -> None:
+        while True:
+            key = await self._ready.get()
+            self._queued.discard(key)
+            self._busy.add(key)
+            try:
+                requeue = await self._work(key)
+            except asyncio.CancelledError:
+                raise
+            except Exception:
+                failures = self._failures.get(key, 0) + 1
+                self._failures[key] = failures
+                delay = min(self._retry_delay * 2 ** (failures - 1), self._max_retry_delay)
+                logger.exception(
+                    "reconcile of %s failed (%d in a row); retrying in %.1fs", key, failures, delay
+                )
+                requeue = delay
+            else:
+                self._failures.pop(key, None)
+            finally:
+                self._busy.discard(key)
+            if key in self._dirty:
+                self._dirty.discard(key)
+                self.add(key)
+            if requeue is not None:
+                self.add(key, after=requeue)

@@ -1,0 +1,143 @@
+"""Reconcile one TrainingJob: read -> parse -> decide -> write.
+
+The thin shell around the pure core. The job is read fresh from the API server
+(the decision must never rest on a stale status); pods come from the watch
+index (a stale pod view only delays a decision: names are deterministic and
+deletes idempotent). Status is written first, guarded by resourceVersion, so a
+new attempt is recorded before any of its pods exist.
+"""
+
+import asyncio
+import logging
+import time
+from collections.abc import Callable, Iterable
+from datetime import UTC, datetime
+from typing import Any
+
+from trainwave.api.status import Phase, TrainingJobStatus
+from trainwave.api.trainingjob import (
+    InvalidSpec,
+    ObjectMeta,
+    parse_metadata,
+    parse_status,
+    parse_trainingjob,
+)
+from trainwave.builders.pods import build_worker_pods, check_template
+from trainwave.builders.service import build_service
+from trainwave.controller import metrics
+from trainwave.controller.kube import Conflict, KubeClient, Rejected
+from trainwave.lifecycle.decide import Decision, decide, decide_invalid
+from trainwave.lifecycle.observed import WorkerPod
+
+logger = logging.getLogger(__name__)
+
+JobKey = tuple[str, str]
+# A status write that lost a race is retried at once from a fresh read.
+CONFLICT_RETRY_SECONDS = 0.05
+
+
+class Reconciler:
+    def __init__(
+        self,
+        kube: KubeClient,
+        worker_pods: Callable[[JobKey], Iterable[WorkerPod]],
+        has_service: Callable[[JobKey], bool],
+        clock: Callable[[], datetime] = lambda: datetime.now(UTC),
+    ):
+        self._kube = kube
+        self._worker_pods = worker_pods
+        self._has_service = has_service
+        self._clock = clock
+
+    async def __call__(self, key: Any) -> float | None:
+        started = time.perf_counter()
+        try:
+            return await self.reconcile(key)
+        except Exception:
+            metrics.RECONCILE_ERRORS.inc()
+            raise
+        finally:
+            metrics.RECONCILE_SECONDS.observe(time.perf_counter() - started)
+
+    async def reconcile(self, key: JobKey) -> float | None:
+        namespace, name = key
+        body = await asyncio.to_thread(self._kube.get_job, namespace, name)
+        if body is None or body["metadata"].get("deletionTimestamp"):
+            return None  # garbage collection removes the children
+        meta = parse_metadata(body)
+        pods = list(self._worker_pods(key))
+        decision = self._decide(body, meta, pods)
+        try:
+            body = await self._write_status(body, meta, decision)
+        except Conflict as conflict:
+            logger.debug("%s/%s: %s; retrying", namespace, name, conflict)
+            return CONFLICT_RETRY_SECONDS
+        try:
+            await self._act(body, meta, decision)
+        except Rejected as rejected:
+            # The API server refused a pod the schema let through: the spec
+            # cannot run as written. Say so on the job; nothing else to do.
+            invalid = decide_invalid(
+                meta, decision.status, pods, f"pod rejected: {rejected}", self._clock()
+            )
+            await self._write_status(body, meta, invalid)
+            await self._act(body, meta, invalid)
+        return decision.requeue_after
+
+    def _decide(self, body: dict[str, Any], meta: ObjectMeta, pods: list[WorkerPod]) -> Decision:
+        now = self._clock()
+        try:
+            job = parse_trainingjob(body)
+            check_template(job)
+        except InvalidSpec as invalid:
+            return decide_invalid(meta, parse_status(body), pods, str(invalid), now)
+        return decide(job, pods, now)
+
+    async def _write_status(
+        self, body: dict[str, Any], meta: ObjectMeta, decision: Decision
+    ) -> dict[str, Any]:
+        old = parse_status(body)
+        if decision.status == old:
+            return body
+        status = decision.status.model_dump(by_alias=True, mode="json")
+        updated = await asyncio.to_thread(
+            self._kube.patch_job_status, meta.namespace, meta.name, meta.resourceVersion, status
+        )
+        self._record(meta, old, decision)
+        return updated
+
+    def _record(self, meta: ObjectMeta, old: TrainingJobStatus, decision: Decision) -> None:
+        new = decision.status
+        if new.phase != old.phase and new.phase is not None:
+            metrics.PHASE_TRANSITIONS.labels(new.phase.value).inc()
+            logger.info(
+                "%s/%s: %s -> %s (%s) %s",
+                meta.namespace,
+                meta.name,
+                old.phase,
+                new.phase.value,
+                new.reason,
+                new.message,
+            )
+        if new.phase == Phase.RESTARTING and old.phase != Phase.RESTARTING:
+            metrics.GANG_RESTARTS.inc()
+        if decision.all_running_after is not None:
+            metrics.ALL_RUNNING_SECONDS.observe(decision.all_running_after)
+
+    async def _act(self, body: dict[str, Any], meta: ObjectMeta, decision: Decision) -> None:
+        kube = self._kube
+        for event in decision.events:
+            await asyncio.to_thread(kube.post_event, body, event)
+        for pod_name in decision.delete_pods:
+            await asyncio.to_thread(kube.delete_pod, meta.namespace, pod_name)
+        if decision.create_ranks:
+            job = parse_trainingjob(body)
+            if not self._has_service((meta.namespace, meta.name)):
+                await asyncio.to_thread(kube.apply_service, build_service(job))
+            pods = build_worker_pods(job, decision.create_ranks, decision.status.attempt)
+            await asyncio.gather(*(asyncio.to_thread(kube.apply_pod, pod) for pod in pods))
+        if decision.delete_job:
+            logger.info(
+                "%s/%s: ttlSecondsAfterFinished passed; deleting", meta.namespace, meta.name
+            )
+            await asyncio.to_thread(kube.delete_job, meta.namespace, meta.name, meta.uid)

@@ -1,0 +1,364 @@
+"""The job state machine: (job, observed workers, now) -> what to do next.
+
+Pure and level-triggered: the decision depends only on what is observed now,
+never on which event woke the operator, so replaying it after a crash at any
+point converges to the same state without losing or duplicating work.
+
+Invariants:
+- Pods of attempt `status.attempt` are the gang; pods of any other attempt are
+  stale and only ever deleted. An attempt's pods have deterministic names, so
+  creating "missing" ones twice cannot duplicate a worker.
+- `status.attempt` moves forward before any pod of the new attempt exists:
+  the controller writes status first (guarded by resourceVersion), then pods.
+- In a terminal phase nothing is created; active pods are stopped so GPUs
+  return at once, finished pods stay for their logs until the TTL.
+"""
+
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from datetime import datetime, timedelta
+from typing import Literal
+
+from trainwave.api.status import ConditionType, Phase, TrainingJobStatus
+from trainwave.api.trainingjob import ObjectMeta, TrainingJob
+from trainwave.lifecycle.conditions import clear_condition, set_condition
+from trainwave.lifecycle.failures import judge_failure
+from trainwave.lifecycle.observed import PodPhase, WorkerPod
+
+_EVENT_TYPES: dict[Phase, Literal["Normal", "Warning"]] = {
+    Phase.RESTARTING: "Warning",
+    Phase.FAILED: "Warning",
+}
+
+
+@dataclass(frozen=True)
+class JobEvent:
+    type: Literal["Normal", "Warning"]
+    reason: str
+    message: str
+
+
+@dataclass(frozen=True)
+class Decision:
+    status: TrainingJobStatus
+    create_ranks: tuple[int, ...] = ()
+    delete_pods: tuple[str, ...] = ()
+    events: tuple[JobEvent, ...] = ()
+    requeue_after: float | None = None
+    delete_job: bool = False
+    # Seconds from the start of this attempt's gang to every worker running, set only
+    # on the decision that first saw it (the metric is observed once).
+    all_running_after: float | None = None
+
+
+@dataclass
+class _Draft:
+    """Status under construction, plus the actions that go with it."""
+
+    meta: ObjectMeta
+    old: TrainingJobStatus
+    now: datetime
+    status: TrainingJobStatus
+    create: list[int] = field(default_factory=list)
+    delete: list[str] = field(default_factory=list)
+    events: list[JobEvent] = field(default_factory=list)
+    requeue_after: float | None = None
+    delete_job: bool = False
+    all_running_after: float | None = None
+
+    def update(self, **changes: object) -> None:
+        self.status = self.status.model_copy(update=changes)
+
+    def condition(self, kind: ConditionType, true: bool, reason: str, message: str) -> None:
+        conditions = set_condition(
+            list(self.status.conditions),
+            kind,
+            true=true,
+            reason=reason,
+            message=message,
+            now=self.now,
+            generation=self.meta.generation,
+        )
+        self.update(conditions=conditions)
+
+    def clear(self, kind: ConditionType, reason: str, message: str) -> None:
+        conditions = clear_condition(
+            list(self.status.conditions),
+            kind,
+            reason=reason,
+            message=message,
+            now=self.now,
+            generation=self.meta.generation,
+        )
+        self.update(conditions=conditions)
+
+    def enter(self, phase: Phase, reason: str, message: str) -> None:
+        """Move to `phase`; an Event is recorded for every change of phase."""
+        if self.status.phase != phase:
+            self.events.append(JobEvent(_EVENT_TYPES.get(phase, "Normal"), reason, message))
+        self.update(phase=phase, reason=reason, message=message)
+
+    def stop(self, pods: Sequence[WorkerPod]) -> None:
+        self.delete.extend(p.name for p in pods if p.active)
+
+    def requeue(self, seconds: float) -> None:
+        seconds = max(seconds, 0.0)
+        self.requeue_after = (
+            seconds if self.requeue_after is None else min(self.requeue_after, seconds)
+        )
+
+    def finish(self) -> Decision:
+        self.update(observed_generation=self.meta.generation)
+        return Decision(
+            status=self.status,
+            create_ranks=tuple(self.create),
+            delete_pods=tuple(dict.fromkeys(self.delete)),
+            events=tuple(self.events),
+            requeue_after=self.requeue_after,
+            delete_job=self.delete_job,
+            all_running_after=self.all_running_after,
+        )
+
+
+def decide(job: TrainingJob, pods: Sequence[WorkerPod], now: datetime) -> Decision:
+    draft = _Draft(meta=job.metadata, old=job.status, now=now, status=job.status)
+    mine = [p for p in pods if p.owner_uid == job.metadata.uid]
+    if draft.status.phase is None:
+        draft.condition(ConditionType.CREATED, True, "Created", "job accepted")
+        draft.enter(Phase.PENDING, "Created", "job accepted")
+    phase = draft.status.phase
+    if phase is not None and phase.terminal:
+        _finished(draft, job, mine)
+    elif job.spec.run_policy.suspend:
+        _suspend(draft, job, mine)
+    else:
+        if phase == Phase.SUSPENDED:
+            _resume(draft)
+        _run(draft, job, mine)
+    return draft.finish()
+
+
+def decide_invalid(
+    meta: ObjectMeta,
+    status: TrainingJobStatus,
+    pods: Sequence[WorkerPod],
+    message: str,
+    now: datetime,
+) -> Decision:
+    """A spec the schema let through but that cannot run: Failed, InvalidSpec."""
+    draft = _Draft(meta=meta, old=status, now=now, status=status)
+    if status.phase is None or not status.phase.terminal:
+        _fail(draft, "InvalidSpec", message)
+    draft.stop([p for p in pods if p.owner_uid == meta.uid])
+    return draft.finish()
+
+
+def _finished(draft: _Draft, job: TrainingJob, mine: list[WorkerPod]) -> None:
+    draft.stop(mine)
+    ttl = job.spec.run_policy.ttl_seconds_after_finished
+    done_at = draft.status.completion_time
+    if ttl is None or done_at is None:
+        return
+    remaining = (done_at + timedelta(seconds=ttl) - draft.now).total_seconds()
+    if remaining <= 0:
+        draft.delete_job = True
+    else:
+        draft.requeue(remaining)
+
+
+def _suspend(draft: _Draft, job: TrainingJob, mine: list[WorkerPod]) -> None:
+    draft.stop(mine)
+    draft.condition(ConditionType.SUSPENDED, True, "Suspended", "runPolicy.suspend is true")
+    draft.clear(ConditionType.RUNNING, "Suspended", "workers stopped by suspension")
+    draft.enter(
+        Phase.SUSPENDED, "Suspended", "workers stopped; set runPolicy.suspend: false to resume"
+    )
+    draft.update(start_time=None, all_running_time=None, attempt_start_time=None)
+    _count(draft, job, [])
+
+
+def _resume(draft: _Draft) -> None:
+    # A new attempt: the previous pods may still be terminating, and fresh names
+    # keep the new gang clear of them. Resuming is not a counted restart.
+    draft.update(attempt=draft.status.attempt + 1)
+    draft.condition(ConditionType.SUSPENDED, False, "Resumed", "runPolicy.suspend is false")
+    draft.enter(Phase.PENDING, "Resumed", "job resumed; starting a new gang")
+
+
+def _run(draft: _Draft, job: TrainingJob, mine: list[WorkerPod]) -> None:
+    attempt = draft.status.attempt
+    current = [p for p in mine if p.attempt == attempt]
+    _clear_stale(draft, [p for p in mine if p.attempt != attempt])
+    _count(draft, job, current)
+
+    # Success first: under Rank0 the other ranks often fail once worker 0 (which
+    # hosts the rendezvous store) exits, and that must not undo a finished job.
+    # Under AllWorkers success and a failure cannot both be seen.
+    if _succeeded(job, current):
+        draft.stop(current)
+        _complete(draft, Phase.SUCCEEDED, "Succeeded", _success_message(job))
+        return
+    failed = [p for p in current if p.phase == PodPhase.FAILED]
+    if failed:
+        _on_failure(draft, job, failed, current)
+        return
+    lost = _lost_ranks(draft, job, current)
+    if lost:
+        what = f"worker {lost[0]} was lost (deleted or evicted before it finished)"
+        _restart_or_fail(draft, job, current, what, counted=True)
+        return
+    if _past_deadline(draft, job):
+        draft.stop(current)
+        deadline = job.spec.run_policy.active_deadline_seconds
+        _fail(draft, "DeadlineExceeded", f"job ran longer than activeDeadlineSeconds ({deadline}s)")
+        return
+
+    present = {p.rank for p in current}
+    draft.create.extend(r for r in range(job.spec.workers) if r not in present)
+    if draft.create and draft.status.start_time is None:
+        draft.update(start_time=draft.now)
+        _past_deadline(draft, job)  # only to schedule the deadline's wake-up
+    if draft.create and draft.status.attempt_start_time is None:
+        draft.update(attempt_start_time=draft.now)
+    _progress(draft, job, current)
+
+
+def _lost_ranks(draft: _Draft, job: TrainingJob, current: list[WorkerPod]) -> list[int]:
+    """Ranks whose pod vanished or is being deleted after the whole gang existed.
+
+    The phase leaves Pending only once every worker of the attempt was seen,
+    and the operator deletes pods of the current attempt only after moving on
+    from it, so such a pod was taken by someone else: NCCL peers cannot take
+    in a lone replacement, so it is a gang failure.
+    """
+    if draft.status.phase not in (Phase.SCHEDULING, Phase.STARTING, Phase.RUNNING):
+        return []
+    finished = (PodPhase.SUCCEEDED, PodPhase.FAILED)
+    alive = {p.rank for p in current if not (p.deleting and p.phase not in finished)}
+    return [rank for rank in range(job.spec.workers) if rank not in alive]
+
+
+def _on_failure(
+    draft: _Draft, job: TrainingJob, failed: list[WorkerPod], current: list[WorkerPod]
+) -> None:
+    verdict = judge_failure(job.spec.run_policy.failure_policy, failed)
+    what = verdict.describe()
+    if verdict.action == "FailJob":
+        draft.stop(current)
+        _fail(draft, "FailedByRule", f"{what}; the job failed")
+        return
+    _restart_or_fail(draft, job, current, what, counted=verdict.counted)
+
+
+def _restart_or_fail(
+    draft: _Draft, job: TrainingJob, current: list[WorkerPod], what: str, *, counted: bool
+) -> None:
+    policy = job.spec.run_policy.failure_policy
+    draft.stop(current)
+    if counted and draft.status.restarts >= policy.max_restarts:
+        _fail(
+            draft,
+            "MaxRestartsExceeded",
+            f"{what} after {draft.status.restarts} restart(s); "
+            f"maxRestarts is {policy.max_restarts}",
+        )
+        return
+    restarts = draft.status.restarts + (1 if counted else 0)
+    draft.update(
+        attempt=draft.status.attempt + 1,
+        restarts=restarts,
+        all_running_time=None,
+        attempt_start_time=None,
+    )
+    budget = f"restart {restarts} of {policy.max_restarts}" if counted else "not counted"
+    message = f"{what}; restarting the gang ({budget})"
+    draft.condition(ConditionType.RESTARTING, True, "WorkerFailed", message)
+    draft.clear(ConditionType.RUNNING, "Restarting", message)
+    draft.enter(Phase.RESTARTING, "WorkerFailed", message)
+
+
+def _progress(draft: _Draft, job: TrainingJob, current: list[WorkerPod]) -> None:
+    total = job.spec.workers
+    existing = [p for p in current if not p.deleting]
+    bound = sum(1 for p in existing if p.bound)
+    running = [p for p in existing if p.phase in (PodPhase.RUNNING, PodPhase.SUCCEEDED)]
+    if len(existing) < total:
+        if draft.status.phase != Phase.RESTARTING:
+            draft.enter(
+                Phase.PENDING, "CreatingWorkers", f"{len(existing)}/{total} workers created"
+            )
+        return
+    if bound < total:
+        message = f"{bound}/{total} workers bound to nodes"
+        draft.condition(ConditionType.SCHEDULED, False, "WaitingForNodes", message)
+        draft.enter(Phase.SCHEDULING, "WaitingForNodes", message)
+        return
+    draft.condition(ConditionType.SCHEDULED, True, "AllWorkersBound", f"{total} workers bound")
+    if len(running) < total:
+        draft.enter(Phase.STARTING, "WorkersStarting", f"{len(running)}/{total} workers running")
+        return
+    if draft.status.phase != Phase.RUNNING:
+        started = draft.status.attempt_start_time or draft.status.start_time or draft.now
+        draft.all_running_after = max((draft.now - started).total_seconds(), 0.0)
+        draft.update(all_running_time=draft.now)
+    draft.condition(ConditionType.RUNNING, True, "AllWorkersRunning", f"{total} workers running")
+    draft.clear(ConditionType.RESTARTING, "AllWorkersRunning", "the gang is running again")
+    draft.enter(Phase.RUNNING, "AllWorkersRunning", f"{total} workers running")
+
+
+def _clear_stale(draft: _Draft, stale: list[WorkerPod]) -> None:
+    """Stop stale workers; keep the finished pods of the last attempt for their logs."""
+    draft.stop(stale)
+    oldest_kept = draft.status.attempt - 1
+    draft.delete.extend(p.name for p in stale if p.attempt < oldest_kept and not p.deleting)
+
+
+def _count(draft: _Draft, job: TrainingJob, current: list[WorkerPod]) -> None:
+    total = job.spec.workers
+    ready = sum(1 for p in current if p.phase == PodPhase.RUNNING and p.ready and not p.deleting)
+    holding = sum(1 for p in current if p.active)
+    draft.update(
+        ready_workers=ready,
+        total_workers=total,
+        ready=f"{ready}/{total}",
+        gpus=holding * job.spec.gpus_per_worker,
+    )
+
+
+def _succeeded(job: TrainingJob, current: list[WorkerPod]) -> bool:
+    done = {p.rank for p in current if p.phase == PodPhase.SUCCEEDED}
+    if job.spec.run_policy.success_policy == "Rank0":
+        return 0 in done
+    return len(done) == job.spec.workers and done == set(range(job.spec.workers))
+
+
+def _success_message(job: TrainingJob) -> str:
+    if job.spec.run_policy.success_policy == "Rank0":
+        return "worker 0 completed (successPolicy Rank0)"
+    return f"all {job.spec.workers} workers completed"
+
+
+def _past_deadline(draft: _Draft, job: TrainingJob) -> bool:
+    deadline = job.spec.run_policy.active_deadline_seconds
+    started = draft.status.start_time
+    if deadline is None or started is None:
+        return False
+    remaining = (started + timedelta(seconds=deadline) - draft.now).total_seconds()
+    if remaining > 0:
+        draft.requeue(remaining)
+        return False
+    return True
+
+
+def _fail(draft: _Draft, reason: str, message: str) -> None:
+    _complete(draft, Phase.FAILED, reason, message)
+
+
+def _complete(draft: _Draft, phase: Phase, reason: str, message: str) -> None:
+    kind = ConditionType.SUCCEEDED if phase == Phase.SUCCEEDED else ConditionType.FAILED
+    draft.condition(kind, True, reason, message)
+    draft.clear(ConditionType.RUNNING, reason, message)
+    draft.clear(ConditionType.RESTARTING, reason, message)
+    draft.enter(phase, reason, message)
+    draft.update(completion_time=draft.now, gpus=0, ready_workers=0)
+    draft.update(ready=f"0/{draft.status.total_workers}")

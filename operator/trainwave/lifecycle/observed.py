@@ -1,0 +1,106 @@
+"""What the operator observed of one worker pod, reduced to what decisions need.
+
+Pure. `observe_pod` reads a raw Pod body once; everything downstream works
+with the frozen `WorkerPod`.
+"""
+
+from dataclasses import dataclass
+from datetime import datetime
+from enum import StrEnum
+from typing import Any
+
+from trainwave import contract
+
+
+class PodPhase(StrEnum):
+    PENDING = "Pending"
+    RUNNING = "Running"
+    SUCCEEDED = "Succeeded"
+    FAILED = "Failed"
+    UNKNOWN = "Unknown"
+
+
+@dataclass(frozen=True)
+class WorkerPod:
+    name: str
+    owner_uid: str
+    rank: int
+    attempt: int
+    phase: PodPhase
+    ready: bool
+    bound: bool
+    deleting: bool
+    exit_code: int | None
+    reason: str
+    finished_at: datetime | None
+
+    @property
+    def active(self) -> bool:
+        """Holds or may soon hold resources: not finished and not already going away."""
+        return not self.deleting and self.phase in (
+            PodPhase.PENDING,
+            PodPhase.RUNNING,
+            PodPhase.UNKNOWN,
+        )
+
+
+def observe_pod(body: dict[str, Any]) -> WorkerPod | None:
+    """A WorkerPod, or None for a pod that is not a well-formed trainwave worker."""
+    metadata = body.get("metadata") or {}
+    labels = metadata.get("labels") or {}
+    try:
+        rank = int(labels[contract.LABEL_RANK])
+        attempt = int(labels[contract.LABEL_ATTEMPT])
+    except (KeyError, ValueError):
+        return None
+    owner_uid = next(
+        (
+            ref.get("uid", "")
+            for ref in metadata.get("ownerReferences") or []
+            if ref.get("kind") == contract.KIND and ref.get("controller")
+        ),
+        "",
+    )
+    status = body.get("status") or {}
+    try:
+        phase = PodPhase(status.get("phase", "Pending"))
+    except ValueError:
+        phase = PodPhase.UNKNOWN
+    terminated = _worker_termination(status)
+    return WorkerPod(
+        name=metadata.get("name", ""),
+        owner_uid=owner_uid,
+        rank=rank,
+        attempt=attempt,
+        phase=phase,
+        ready=_condition_true(status, "Ready"),
+        bound=bool((body.get("spec") or {}).get("nodeName")),
+        deleting=metadata.get("deletionTimestamp") is not None,
+        exit_code=terminated.get("exitCode"),
+        reason=terminated.get("reason") or status.get("reason") or "",
+        finished_at=_parse_time(terminated.get("finishedAt")),
+    )
+
+
+def _worker_termination(status: dict[str, Any]) -> dict[str, Any]:
+    for container in status.get("containerStatuses") or []:
+        if container.get("name") == contract.WORKER_CONTAINER:
+            state = container.get("state") or {}
+            terminated: dict[str, Any] = state.get("terminated") or {}
+            return terminated
+    return {}
+
+
+def _condition_true(status: dict[str, Any], kind: str) -> bool:
+    return any(
+        c.get("type") == kind and c.get("status") == "True" for c in status.get("conditions") or []
+    )
+
+
+def _parse_time(value: Any) -> datetime | None:
+    if not isinstance(value, str):
+        return None
+    try:
+        return datetime.fromisoformat(value.replace("Z", "+00:00"))
+    except ValueError:
+        return None

@@ -1,0 +1,247 @@
+"""What runs in the local control plane, and with which flags.
+
+Pure: functions of a `Layout` (where files live) and `Ports`; nothing is started
+here. controlplane.py starts the commands in the order of `COMPONENTS`.
+
+Everything listens on 127.0.0.1 only. The flags differ from a production
+cluster in three deliberate ways, all for speed on a 2-core machine:
+- etcd skips fsync (the data is thrown away with the cluster);
+- API priority and fairness is off and the in-flight limits are high, so a
+  burst of test traffic (1,000 node creates, a 100-job benchmark) is never
+  throttled or queued by the server;
+- node leases last NODE_LEASE_SECONDS (kwok renews each every quarter of it),
+  and the node controller's grace period is stretched to match.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from cluster.pki import Pki
+from cluster.topology import KWOK_NODE_ANNOTATION, KWOK_NODE_VALUE
+
+COMPONENTS = ("etcd", "kube-apiserver", "kube-controller-manager", "kube-scheduler", "kwok")
+
+SERVICE_CIDR = "10.96.0.0/16"
+# Pod IPs handed out by kwok: 65k addresses, enough for thousands of pods, and
+# disjoint from the service range (kwok's default 10.0.0.0/24 has 254).
+POD_CIDR = "10.244.0.0/16"
+NODE_IP = "127.0.0.1"
+
+# 1,024 kwok nodes renewing a 40 s lease (the kubelet default) every 10 s are
+# ~100 writes/s, most of the 2 cores at idle. 120 s means a renewal every
+# ~30 s: ~34 writes/s for 1,024 nodes, negligible for the small topology.
+NODE_LEASE_SECONDS = 120
+# The node controller marks a node NotReady when its lease has not moved for
+# this long; it must comfortably exceed the renew interval (30 s) even when
+# kwok lags under load, or pods get tainted and evicted mid-test.
+NODE_MONITOR_GRACE = "180s"
+
+CLIENT_QPS = 200
+CLIENT_BURST = 400
+
+
+@dataclass(frozen=True)
+class Ports:
+    etcd_client: int
+    etcd_peer: int
+    apiserver: int
+    controller_manager: int
+    scheduler: int
+    kwok: int
+
+    def to_json(self) -> dict[str, int]:
+        return dict(self.__dict__)
+
+
+@dataclass(frozen=True)
+class Layout:
+    """Where a cluster keeps its files; `root` is the state dir."""
+
+    root: Path
+
+    @property
+    def pki(self) -> Pki:
+        return Pki(self.root / "pki")
+
+    @property
+    def kubeconfig(self) -> Path:
+        return self.root / "kubeconfig"
+
+    @property
+    def state_file(self) -> Path:
+        return self.root / "state.json"
+
+    @property
+    def marker(self) -> Path:
+        # Proves a directory is ours before `down` deletes it.
+        return self.root / ".trainwave-cluster"
+
+    @property
+    def etcd_data(self) -> Path:
+        return self.root / "etcd"
+
+    @property
+    def logs(self) -> Path:
+        return self.root / "logs"
+
+    @property
+    def scheduler_config(self) -> Path:
+        return self.root / "scheduler.yaml"
+
+    @property
+    def kwok_workdir(self) -> Path:
+        return self.root / "kwok"
+
+    def log(self, component: str) -> Path:
+        return self.logs / f"{component}.log"
+
+
+def api_server_url(ports: Ports) -> str:
+    return f"https://127.0.0.1:{ports.apiserver}"
+
+
+def etcd_command(binary: Path, layout: Layout, ports: Ports) -> list[str]:
+    client = f"http://127.0.0.1:{ports.etcd_client}"
+    peer = f"http://127.0.0.1:{ports.etcd_peer}"
+    return [
+        str(binary),
+        "--name=default",
+        f"--data-dir={layout.etcd_data}",
+        f"--listen-client-urls={client}",
+        f"--advertise-client-urls={client}",
+        f"--listen-peer-urls={peer}",
+        f"--initial-advertise-peer-urls={peer}",
+        f"--initial-cluster=default={peer}",
+        "--unsafe-no-fsync=true",
+        "--log-level=warn",
+    ]
+
+
+def apiserver_command(binary: Path, layout: Layout, ports: Ports) -> list[str]:
+    pki = layout.pki
+    return [
+        str(binary),
+        f"--etcd-servers=http://127.0.0.1:{ports.etcd_client}",
+        "--bind-address=127.0.0.1",
+        f"--secure-port={ports.apiserver}",
+        f"--tls-cert-file={pki.apiserver_cert}",
+        f"--tls-private-key-file={pki.apiserver_key}",
+        f"--client-ca-file={pki.ca_cert}",
+        # Front-proxy authentication, as kubeadm sets it up: without it the
+        # controller manager and scheduler log a missing requestheader CA every
+        # few seconds, and aggregated API servers could not authenticate users.
+        f"--requestheader-client-ca-file={pki.ca_cert}",
+        "--requestheader-allowed-names=admin",
+        "--requestheader-username-headers=X-Remote-User",
+        "--requestheader-group-headers=X-Remote-Group",
+        "--requestheader-extra-headers-prefix=X-Remote-Extra-",
+        f"--proxy-client-cert-file={pki.admin_cert}",
+        f"--proxy-client-key-file={pki.admin_key}",
+        "--service-account-issuer=https://kubernetes.default.svc.cluster.local",
+        f"--service-account-key-file={pki.service_account_pub}",
+        f"--service-account-signing-key-file={pki.service_account_key}",
+        f"--service-cluster-ip-range={SERVICE_CIDR}",
+        # Without the flag the server advertises its default-route address (and
+        # fails to start on a host without one); 127.0.0.1 alone is rejected in
+        # the `kubernetes` Endpoints, so nothing writes them: no pod here runs
+        # a real client that would need them.
+        "--advertise-address=127.0.0.1",
+        "--endpoint-reconciler-type=none",
+        "--authorization-mode=Node,RBAC",
+        "--allow-privileged=true",
+        "--enable-priority-and-fairness=false",
+        "--max-requests-inflight=2000",
+        "--max-mutating-requests-inflight=1000",
+        "--delete-collection-workers=4",
+        # With WatchList on (the 1.34 default) a watch from resourceVersion ""
+        # or "0" is served as a stream of initial events, which needs etcd's
+        # RequestWatchProgress (etcd >= 3.5.13). Against etcd 3.5.1 every such
+        # watch fails at once: kwok (it always watches from "0") and any
+        # client watching without a resourceVersion would re-list in a loop.
+        "--feature-gates=WatchList=false",
+        "--profiling=false",
+    ]
+
+
+def controller_manager_command(binary: Path, layout: Layout, ports: Ports) -> list[str]:
+    pki = layout.pki
+    kubeconfig = str(layout.kubeconfig)
+    return [
+        str(binary),
+        f"--kubeconfig={kubeconfig}",
+        f"--authentication-kubeconfig={kubeconfig}",
+        f"--authorization-kubeconfig={kubeconfig}",
+        "--bind-address=127.0.0.1",
+        f"--secure-port={ports.controller_manager}",
+        "--leader-elect=false",
+        # Every default controller: garbage collector, namespace, service
+        # accounts and their tokens, node lifecycle, job, replicaset, podgc ...
+        "--controllers=*",
+        # Each controller acts as its own service account, as in real clusters,
+        # so RBAC gaps in the default roles show up here too.
+        "--use-service-account-credentials=true",
+        f"--service-account-private-key-file={pki.service_account_key}",
+        f"--root-ca-file={pki.ca_cert}",
+        f"--cluster-signing-cert-file={pki.ca_cert}",
+        f"--cluster-signing-key-file={pki.ca_key}",
+        f"--kube-api-qps={CLIENT_QPS}",
+        f"--kube-api-burst={CLIENT_BURST}",
+        f"--node-monitor-grace-period={NODE_MONITOR_GRACE}",
+        "--concurrent-gc-syncs=20",
+        "--concurrent-namespace-syncs=10",
+        "--profiling=false",
+    ]
+
+
+def scheduler_config(layout: Layout) -> dict[str, Any]:
+    """KubeSchedulerConfiguration: the deprecated --kubeconfig flag is not needed."""
+    return {
+        "apiVersion": "kubescheduler.config.k8s.io/v1",
+        "kind": "KubeSchedulerConfiguration",
+        "clientConnection": {
+            "kubeconfig": str(layout.kubeconfig),
+            "qps": CLIENT_QPS,
+            "burst": CLIENT_BURST,
+        },
+        "leaderElection": {"leaderElect": False},
+    }
+
+
+def scheduler_command(binary: Path, layout: Layout, ports: Ports) -> list[str]:
+    kubeconfig = str(layout.kubeconfig)
+    return [
+        str(binary),
+        f"--config={layout.scheduler_config}",
+        f"--authentication-kubeconfig={kubeconfig}",
+        f"--authorization-kubeconfig={kubeconfig}",
+        "--bind-address=127.0.0.1",
+        f"--secure-port={ports.scheduler}",
+        "--profiling=false",
+    ]
+
+
+def kwok_command(binary: Path, layout: Layout, ports: Ports, stages: list[Path]) -> list[str]:
+    return [
+        str(binary),
+        f"--kubeconfig={layout.kubeconfig}",
+        *(f"--config={stage}" for stage in stages),
+        # Only the nodes the topology created: a real kubelet (or another kwok)
+        # could share the cluster without the two fighting over a node.
+        "--manage-all-nodes=false",
+        f"--manage-nodes-with-annotation-selector={KWOK_NODE_ANNOTATION}={KWOK_NODE_VALUE}",
+        f"--node-ip={NODE_IP}",
+        f"--cidr={POD_CIDR}",
+        f"--node-lease-duration-seconds={NODE_LEASE_SECONDS}",
+        f"--server-address=127.0.0.1:{ports.kwok}",
+    ]
+
+
+def kwok_environment(layout: Layout, base: dict[str, str]) -> dict[str, str]:
+    return base | {
+        # kwok also reads ~/.kwok/kwok.yaml when present; a work dir of our own
+        # keeps a developer's personal kwok config out of the tests.
+        "KWOK_WORKDIR": str(layout.kwok_workdir),
+    }

@@ -1,0 +1,137 @@
+"""Install trainwave into the local cluster and run its operator as a local process.
+
+There is no container runtime here, so the chart's Deployment gets a pod that
+kwok only pretends to run. The real operator runs as a process on this
+machine, authenticated with a token of the chart's ServiceAccount: it has
+exactly the chart's RBAC, no more (an admin kubeconfig would hide missing
+rules).
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+import urllib.request
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import yaml
+
+from cluster.controlplane import Cluster, tool
+
+REPO = Path(__file__).resolve().parents[2]
+CHART = REPO / "charts" / "trainwave"
+RELEASE = "trainwave"
+NAMESPACE = "trainwave-system"
+SERVICE_ACCOUNT = "trainwave"
+
+
+def install_chart(cluster: Cluster, *extra: str) -> None:
+    """`helm upgrade --install` the chart: CRDs, RBAC, ServiceAccount, Deployment."""
+    environment = os.environ | {"KUBECONFIG": str(cluster.kubeconfig)}
+    subprocess.run(
+        [str(tool("helm")), "upgrade", "--install", RELEASE, str(CHART),
+         "--namespace", NAMESPACE, "--create-namespace", "--wait", "--timeout", "120s", *extra],
+        check=True, env=environment, capture_output=True, text=True,
+    )  # fmt: skip
+    cluster.kubectl("wait", "--for=condition=Established", "--timeout=60s",
+                    "crd/trainingjobs.trainwave.io")  # fmt: skip
+
+
+def service_account_kubeconfig(cluster: Cluster, path: Path, hours: int = 24) -> Path:
+    """A kubeconfig that authenticates as the chart's ServiceAccount (TokenRequest)."""
+    token = cluster.kubectl(
+        "create", "token", SERVICE_ACCOUNT, "-n", NAMESPACE, f"--duration={hours}h"
+    ).stdout.strip()
+    admin = yaml.safe_load(cluster.kubeconfig.read_text())
+    cluster_entry = admin["clusters"][0]
+    config = {
+        "apiVersion": "v1",
+        "kind": "Config",
+        "clusters": [{"name": "local", "cluster": cluster_entry["cluster"]}],
+        "users": [{"name": SERVICE_ACCOUNT, "user": {"token": token}}],
+        "contexts": [
+            {"name": "operator", "context": {"cluster": "local", "user": SERVICE_ACCOUNT}}
+        ],
+        "current-context": "operator",
+    }
+    path.write_text(yaml.safe_dump(config))
+    path.chmod(0o600)
+    return path
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+@dataclass
+class OperatorProcess:
+    """`trainwave operator` on this machine, as the chart's ServiceAccount."""
+
+    kubeconfig: Path
+    log_path: Path
+    metrics_port: int = field(default_factory=free_port)
+    health_port: int = field(default_factory=free_port)
+    process: subprocess.Popen[bytes] | None = None
+
+    def start(self, timeout: float = 60) -> None:
+        environment = os.environ | {"KUBECONFIG": str(self.kubeconfig)}
+        log = self.log_path.open("ab")
+        self.process = subprocess.Popen(
+            [sys.executable, "-m", "trainwave.cli", "operator",
+             "--metrics-port", str(self.metrics_port), "--health-port", str(self.health_port),
+             "--health-host", "127.0.0.1"],
+            env=environment, stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
+        )  # fmt: skip
+        deadline = time.monotonic() + timeout
+        while not self.healthy():
+            if self.process.poll() is not None:
+                raise RuntimeError(f"operator exited with {self.process.returncode}: {self.tail()}")
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"operator not healthy after {timeout}s: {self.tail()}")
+            time.sleep(0.2)
+
+    def healthy(self) -> bool:
+        return _http_ok(f"http://127.0.0.1:{self.health_port}/healthz")
+
+    def metrics(self) -> str:
+        url = f"http://127.0.0.1:{self.metrics_port}/metrics"
+        with urllib.request.urlopen(url, timeout=5) as response:
+            return str(response.read().decode())
+
+    def kill(self) -> None:
+        """SIGKILL: no cleanup, no goodbye, exactly like a node or OOM kill."""
+        if self.process and self.process.poll() is None:
+            os.killpg(self.process.pid, signal.SIGKILL)
+            self.process.wait(timeout=10)
+
+    def stop(self) -> None:
+        if self.process and self.process.poll() is None:
+            os.killpg(self.process.pid, signal.SIGTERM)
+            try:
+                self.process.wait(timeout=20)
+            except subprocess.TimeoutExpired:
+                self.kill()
+
+    def alive(self) -> bool:
+        return self.process is not None and self.process.poll() is None
+
+    def tail(self, lines: int = 30) -> str:
+        try:
+            return "\n".join(self.log_path.read_text(errors="replace").splitlines()[-lines:])
+        except OSError:
+            return ""
+
+
+def _http_ok(url: str) -> bool:
+    try:
+        with urllib.request.urlopen(url, timeout=2) as response:
+            return bool(response.status == 200)
+    except OSError:
+        return False

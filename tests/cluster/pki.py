@@ -1,0 +1,162 @@
+"""The local cluster's certificates and the admin kubeconfig, made with openssl.
+
+Keys are ECDSA P-256: every Kubernetes component accepts them and they are
+generated in milliseconds, where RSA would cost a visible part of a cold `up`.
+Everything lives under one directory and is thrown away with the cluster.
+"""
+
+from __future__ import annotations
+
+import base64
+import subprocess
+from dataclasses import dataclass
+from pathlib import Path
+
+import yaml
+
+# The in-cluster names of the API server, plus loopback: clients here connect
+# to 127.0.0.1, pods (if any) would use the service IP or a DNS name.
+SERVICE_IP = "10.96.0.1"
+_API_SERVER_SANS = (
+    "DNS:localhost",
+    "DNS:kubernetes",
+    "DNS:kubernetes.default",
+    "DNS:kubernetes.default.svc",
+    "DNS:kubernetes.default.svc.cluster.local",
+    "IP:127.0.0.1",
+    f"IP:{SERVICE_IP}",
+)
+_DAYS = "3650"
+
+
+@dataclass(frozen=True)
+class Pki:
+    """Paths of the files `make_pki` writes."""
+
+    directory: Path
+
+    @property
+    def ca_cert(self) -> Path:
+        return self.directory / "ca.crt"
+
+    @property
+    def ca_key(self) -> Path:
+        return self.directory / "ca.key"
+
+    @property
+    def apiserver_cert(self) -> Path:
+        return self.directory / "apiserver.crt"
+
+    @property
+    def apiserver_key(self) -> Path:
+        return self.directory / "apiserver.key"
+
+    @property
+    def admin_cert(self) -> Path:
+        return self.directory / "admin.crt"
+
+    @property
+    def admin_key(self) -> Path:
+        return self.directory / "admin.key"
+
+    @property
+    def service_account_key(self) -> Path:
+        return self.directory / "sa.key"
+
+    @property
+    def service_account_pub(self) -> Path:
+        return self.directory / "sa.pub"
+
+
+def make_pki(directory: Path) -> Pki:
+    """Create a CA, the API server's serving cert, an admin client cert and the SA key pair."""
+    pki = Pki(directory)
+    directory.mkdir(parents=True, exist_ok=True)
+    _openssl(
+        "req", "-x509", "-nodes", "-days", _DAYS,
+        "-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:prime256v1",
+        "-keyout", pki.ca_key, "-out", pki.ca_cert,
+        "-subj", "/CN=trainwave-local-ca",
+        "-addext", "basicConstraints=critical,CA:TRUE",
+        "-addext", "keyUsage=critical,digitalSignature,keyCertSign,cRLSign",
+    )  # fmt: skip
+    _issue(
+        pki,
+        pki.apiserver_key,
+        pki.apiserver_cert,
+        subject="/CN=kube-apiserver",
+        usage="serverAuth",
+        extra=("-addext", "subjectAltName=" + ",".join(_API_SERVER_SANS)),
+    )
+    # O=system:masters: the group RBAC binds to cluster-admin by default.
+    _issue(
+        pki, pki.admin_key, pki.admin_cert, subject="/O=system:masters/CN=admin", usage="clientAuth"
+    )
+    _openssl(
+        "genpkey", "-algorithm", "EC", "-pkeyopt", "ec_paramgen_curve:prime256v1",
+        "-out", pki.service_account_key,
+    )  # fmt: skip
+    _openssl("pkey", "-in", pki.service_account_key, "-pubout", "-out", pki.service_account_pub)
+    for key in (pki.ca_key, pki.apiserver_key, pki.admin_key, pki.service_account_key):
+        key.chmod(0o600)
+    return pki
+
+
+def write_kubeconfig(path: Path, server: str, pki: Pki, cluster_name: str = "trainwave") -> None:
+    """An admin kubeconfig with everything embedded, so it works when copied elsewhere."""
+
+    def embedded(file: Path) -> str:
+        return base64.b64encode(file.read_bytes()).decode()
+
+    config = {
+        "apiVersion": "v1",
+        "kind": "Config",
+        "clusters": [
+            {
+                "name": cluster_name,
+                "cluster": {
+                    "server": server,
+                    "certificate-authority-data": embedded(pki.ca_cert),
+                },
+            }
+        ],
+        "users": [
+            {
+                "name": "admin",
+                "user": {
+                    "client-certificate-data": embedded(pki.admin_cert),
+                    "client-key-data": embedded(pki.admin_key),
+                },
+            }
+        ],
+        "contexts": [{"name": cluster_name, "context": {"cluster": cluster_name, "user": "admin"}}],
+        "current-context": cluster_name,
+        "preferences": {},
+    }
+    path.write_text(yaml.safe_dump(config, sort_keys=False))
+    path.chmod(0o600)
+
+
+def _issue(
+    pki: Pki, key: Path, cert: Path, *, subject: str, usage: str, extra: tuple[str, ...] = ()
+) -> None:
+    # OpenSSL 3 signs a fresh request with the CA in one `req -x509 -CA` call.
+    _openssl(
+        "req", "-x509", "-nodes", "-days", _DAYS,
+        "-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:prime256v1",
+        "-keyout", key, "-out", cert, "-subj", subject,
+        "-CA", pki.ca_cert, "-CAkey", pki.ca_key,
+        "-addext", "basicConstraints=critical,CA:FALSE",
+        "-addext", "keyUsage=critical,digitalSignature",
+        "-addext", f"extendedKeyUsage={usage}",
+        *extra,
+    )  # fmt: skip
+
+
+def _openssl(*args: str | Path) -> None:
+    command = ["openssl", *map(str, args)]
+    result = subprocess.run(command, capture_output=True, text=True, check=False)
+    if result.returncode != 0:
+        raise RuntimeError(
+            f"openssl failed (exit {result.returncode}): {' '.join(command)}\n{result.stderr}"
+        )

@@ -1,0 +1,44 @@
+"""Fixtures for tests against the real local control plane (tests/cluster).
+
+`cluster` (session): the control plane with the small topology, started on
+demand. A cluster that was already running is reused and left running; one
+this session started is stopped at the end unless TRAINWAVE_KEEP_CLUSTER=1.
+
+`namespace` (per test): a fresh namespace whose `default` ServiceAccount
+exists (pods are refused until it does), deleted after the test without
+waiting, so teardown never blocks on the namespace controller.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import uuid
+from collections.abc import Iterator
+
+import pytest
+
+from cluster.controlplane import DEFAULT_TOPOLOGY, Cluster, ensure_cluster
+
+
+@pytest.fixture(scope="session")
+def cluster() -> Iterator[Cluster]:
+    running = ensure_cluster(DEFAULT_TOPOLOGY)
+    yield running
+    if running.started and os.environ.get("TRAINWAVE_KEEP_CLUSTER") != "1":
+        running.stop()
+
+
+@pytest.fixture
+def namespace(cluster: Cluster, request: pytest.FixtureRequest) -> Iterator[str]:
+    name = namespace_name(request.node.name)
+    cluster.kubectl("create", "namespace", name)
+    cluster.kubectl("wait", "--for=create", "serviceaccount/default", "-n", name, "--timeout=30s")
+    yield name
+    cluster.kubectl("delete", "namespace", name, "--wait=false", check=False)
+
+
+def namespace_name(test_name: str) -> str:
+    """A valid, unique namespace name that still says which test made it."""
+    slug = re.sub(r"[^a-z0-9]+", "-", test_name.lower()).strip("-")[:40].strip("-")
+    return f"t-{slug}-{uuid.uuid4().hex[:6]}"

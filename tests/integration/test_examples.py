@@ -1,0 +1,38 @@
+"""Every manifest in examples/ is applied and reaches the outcome its comment promises."""
+
+from pathlib import Path
+
+import pytest
+import yaml
+
+from integration.trainwave_fixtures import wait_for_phase
+
+pytestmark = [pytest.mark.integration, pytest.mark.timeout(180)]
+
+EXAMPLES = Path(__file__).resolve().parents[2] / "examples"
+
+# file -> (phase, reason, restarts) it must reach
+OUTCOMES = {
+    "single-worker.yaml": ("Succeeded", "Succeeded", 0),
+    "distributed-4x8.yaml": ("Succeeded", "Succeeded", 0),
+    "restart-then-fail.yaml": ("Failed", "MaxRestartsExceeded", 2),
+    "suspended.yaml": ("Suspended", "Suspended", 0),
+}
+
+
+def test_every_example_has_an_expected_outcome():
+    assert sorted(p.name for p in EXAMPLES.glob("*.yaml")) == sorted(OUTCOMES)
+
+
+@pytest.mark.parametrize("example", sorted(OUTCOMES))
+def test_example_reaches_its_outcome(cluster, namespace, running_operator, example):
+    path = EXAMPLES / example
+    name = yaml.safe_load(path.read_text())["metadata"]["name"]
+    cluster.kubectl("apply", "-n", namespace, "-f", str(path))
+    phase, reason, restarts = OUTCOMES[example]
+    body = wait_for_phase(cluster, namespace, name, phase, timeout=150)
+    assert (body["status"]["reason"], body["status"]["restarts"]) == (reason, restarts)
+    if phase == "Suspended":
+        cluster.kubectl("patch", "tj", name, "-n", namespace, "--type=merge",
+                        "-p", '{"spec":{"runPolicy":{"suspend":false}}}')  # fmt: skip
+        wait_for_phase(cluster, namespace, name, "Succeeded", timeout=90)

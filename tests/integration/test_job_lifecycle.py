@@ -1,0 +1,167 @@
+"""A TrainingJob's life on the real control plane: start, fail, restart, finish, clean up."""
+
+import pytest
+
+from integration.trainwave_fixtures import (
+    apply,
+    condition,
+    env_of,
+    get_json,
+    job,
+    job_manifest,
+    wait_for_phase,
+    wait_until,
+    worker_pods,
+)
+
+pytestmark = [pytest.mark.integration, pytest.mark.timeout(180)]
+
+
+def test_gang_starts_with_the_torch_contract_and_succeeds(cluster, namespace, running_operator):
+    apply(cluster, namespace, job_manifest("ok", workers=2, gpus=4, processesPerWorker=4,
+                                           run_for="3s"))  # fmt: skip
+
+    running = wait_for_phase(cluster, namespace, "ok", ("Running", "Succeeded"))
+    pods = {
+        p["metadata"]["labels"]["trainwave.io/rank"]: p
+        for p in worker_pods(cluster, namespace, "ok")
+    }
+    assert sorted(pods) == ["0", "1"]
+    second = pods["1"]
+    assert second["metadata"]["name"] == "ok-a0-worker-1"
+    assert second["spec"]["hostname"] == "ok-worker-1"
+    assert second["spec"]["subdomain"] == "ok"
+    assert second["metadata"]["ownerReferences"][0]["uid"] == running["metadata"]["uid"]
+    env = env_of(second)
+    assert env["MASTER_ADDR"] == "ok-worker-0.ok"
+    assert (env["WORLD_SIZE"], env["RANK"], env["NODE_RANK"]) == ("8", "4", "1")
+    assert (env["PET_NNODES"], env["PET_NPROC_PER_NODE"], env["LOCAL_WORLD_SIZE"]) == (
+        "2",
+        "4",
+        "4",
+    )
+    worker = next(c for c in second["spec"]["containers"] if c["name"] == "worker")
+    assert worker["resources"]["limits"]["nvidia.com/gpu"] == "4"
+
+    service = get_json(cluster, namespace, "service", "ok")
+    assert service["spec"]["clusterIP"] == "None"
+    assert service["spec"]["publishNotReadyAddresses"] is True
+
+    done = wait_for_phase(cluster, namespace, "ok", "Succeeded")
+    status = done["status"]
+    assert status["restarts"] == 0
+    assert status["startTime"] <= status["completionTime"]
+    assert status["observedGeneration"] == done["metadata"]["generation"]
+    assert condition(done, "Succeeded")["status"] == "True"
+    assert condition(done, "Running")["status"] == "False"
+    reasons = {e["reason"] for e in get_json(cluster, namespace, "events")["items"]
+               if e["involvedObject"]["name"] == "ok"}  # fmt: skip
+    assert {"Created", "AllWorkersRunning", "Succeeded"} <= reasons
+
+
+def test_worker_failure_restarts_the_whole_gang_until_max_restarts(
+    cluster, namespace, running_operator
+):
+    apply(cluster, namespace, job_manifest(
+        "crashy", workers=2, result="Failed", exit_code=1, run_for="1s",
+        run_policy={"failurePolicy": {"maxRestarts": 2}},
+    ))  # fmt: skip
+
+    failed = wait_for_phase(cluster, namespace, "crashy", "Failed", timeout=120)
+    status = failed["status"]
+    assert status["reason"] == "MaxRestartsExceeded"
+    assert (status["restarts"], status["attempt"]) == (2, 2)
+    assert "exited with code 1" in status["message"]
+    # The last attempt's failed pods stay for their logs; older attempts are cleaned up.
+    attempts = {p["metadata"]["labels"]["trainwave.io/attempt"] for p in worker_pods(cluster, namespace, "crashy")
+                if not p["metadata"].get("deletionTimestamp")}  # fmt: skip
+    assert attempts <= {"1", "2"}
+    restarts = [e for e in get_json(cluster, namespace, "events")["items"]
+                if e["involvedObject"]["name"] == "crashy" and e["reason"] == "WorkerFailed"]  # fmt: skip
+    assert len(restarts) == 2
+    assert all(e["type"] == "Warning" for e in restarts)
+
+
+RULES = [
+    {"action": "FailJob", "onExitCodes": {"operator": "In", "values": [3]}},
+    {"action": "Ignore", "onExitCodes": {"operator": "In", "values": [137]}},
+]
+
+
+def test_fail_job_rule_fails_at_once(cluster, namespace, running_operator):
+    apply(cluster, namespace, job_manifest(
+        "usererror", workers=2, result="Failed", exit_code=3, run_for="1s",
+        run_policy={"failurePolicy": {"maxRestarts": 5, "rules": RULES}},
+    ))  # fmt: skip
+    failed = wait_for_phase(cluster, namespace, "usererror", "Failed")
+    assert failed["status"]["reason"] == "FailedByRule"
+    assert (failed["status"]["restarts"], failed["status"]["attempt"]) == (0, 0)
+    assert "failurePolicy.rules[0]" in failed["status"]["message"]
+
+
+def test_ignore_rule_restarts_without_counting(cluster, namespace, running_operator):
+    apply(cluster, namespace, job_manifest(
+        "preempted", workers=2, result="Failed", exit_code=137, run_for="1s",
+        run_policy={"failurePolicy": {"maxRestarts": 0, "rules": RULES}},
+    ))  # fmt: skip
+
+    def restarted_twice():
+        body = job(cluster, namespace, "preempted")
+        return body if body.get("status", {}).get("attempt", 0) >= 2 else None
+
+    body = wait_until(restarted_twice, 90, "two uncounted gang restarts")
+    assert body["status"]["restarts"] == 0
+    assert body["status"]["phase"] != "Failed"
+
+
+def test_suspend_stops_workers_and_resume_starts_a_new_gang(cluster, namespace, running_operator):
+    apply(cluster, namespace, job_manifest("pausable", workers=2, run_for="30s",
+                                           run_policy={"suspend": True}))  # fmt: skip
+    suspended = wait_for_phase(cluster, namespace, "pausable", "Suspended")
+    assert worker_pods(cluster, namespace, "pausable") == []
+    assert condition(suspended, "Suspended")["status"] == "True"
+
+    cluster.kubectl("patch", "tj", "pausable", "-n", namespace, "--type=merge",
+                    "-p", '{"spec":{"runPolicy":{"suspend":false}}}')  # fmt: skip
+    running = wait_for_phase(cluster, namespace, "pausable", "Running")
+    assert running["status"]["attempt"] == 1
+    assert running["status"]["restarts"] == 0
+
+    cluster.kubectl("patch", "tj", "pausable", "-n", namespace, "--type=merge",
+                    "-p", '{"spec":{"runPolicy":{"suspend":true}}}')  # fmt: skip
+    wait_for_phase(cluster, namespace, "pausable", "Suspended")
+    wait_until(lambda: worker_pods(cluster, namespace, "pausable") == [], 30, "workers deleted")
+    # While suspended, the pod-shaping fields may change.
+    cluster.kubectl("patch", "tj", "pausable", "-n", namespace, "--type=merge",
+                    "-p", '{"spec":{"workers":1}}')  # fmt: skip
+
+
+def test_active_deadline_fails_the_job_and_stops_its_workers(cluster, namespace, running_operator):
+    apply(cluster, namespace, job_manifest("slow", workers=2, result=None,
+                                           run_policy={"activeDeadlineSeconds": 4}))  # fmt: skip
+    failed = wait_for_phase(cluster, namespace, "slow", "Failed", timeout=60)
+    assert failed["status"]["reason"] == "DeadlineExceeded"
+    wait_until(lambda: worker_pods(cluster, namespace, "slow") == [], 30, "running workers stopped")
+
+
+def test_ttl_deletes_the_finished_job_and_garbage_collection_its_children(
+    cluster, namespace, running_operator
+):
+    apply(cluster, namespace, job_manifest("brief", run_policy={"ttlSecondsAfterFinished": 2}))
+    wait_for_phase(cluster, namespace, "brief", "Succeeded")
+    wait_until(
+        lambda: cluster.kubectl("get", "tj", "brief", "-n", namespace, check=False).returncode != 0,
+        60, "the job deleted by its TTL",
+    )  # fmt: skip
+    wait_until(lambda: worker_pods(cluster, namespace, "brief") == [], 60, "pods collected")
+
+
+def test_deleting_a_running_job_deletes_its_pods_and_service(cluster, namespace, running_operator):
+    apply(cluster, namespace, job_manifest("doomed", workers=3, result=None))
+    wait_for_phase(cluster, namespace, "doomed", "Running")
+    cluster.kubectl("delete", "tj", "doomed", "-n", namespace, "--wait=true")
+    wait_until(lambda: worker_pods(cluster, namespace, "doomed") == [], 60, "pods collected")
+    wait_until(
+        lambda: cluster.kubectl("get", "svc", "doomed", "-n", namespace, check=False).returncode != 0,
+        60, "service collected",
+    )  # fmt: skip

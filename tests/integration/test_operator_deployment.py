@@ -1,0 +1,56 @@
+"""The chart installs into the real control plane, and its RBAC is exactly enough."""
+
+import re
+
+import pytest
+
+from cluster.deploy import NAMESPACE, SERVICE_ACCOUNT
+from integration.trainwave_fixtures import apply, job_manifest, wait_for_phase
+
+pytestmark = [pytest.mark.integration, pytest.mark.timeout(120)]
+
+OPERATOR = f"system:serviceaccount:{NAMESPACE}:{SERVICE_ACCOUNT}"
+
+
+@pytest.mark.parametrize(
+    ("verb", "resource", "allowed"),
+    [
+        ("get", "secrets", False),
+        ("list", "secrets", False),
+        ("create", "configmaps", False),
+        ("create", "pods", True),
+        ("patch", "trainingjobs.trainwave.io/status", True),
+        ("create", "trainingjobs.trainwave.io", False),
+        ("create", "events.events.k8s.io", True),
+        ("delete", "nodes", False),
+    ],
+    ids=str,
+)
+def test_operator_service_account_has_least_privilege(trainwave_installed, verb, resource, allowed):
+    result = trainwave_installed.kubectl(
+        "auth", "can-i", verb, resource, "--all-namespaces", f"--as={OPERATOR}", check=False
+    )
+    assert result.stdout.strip() == ("yes" if allowed else "no")
+
+
+def test_chart_deployment_is_available(trainwave_installed):
+    deployment = trainwave_installed.kubectl(
+        "get", "deploy", "-n", NAMESPACE, "-l", "app.kubernetes.io/name=trainwave",
+        "-o", "jsonpath={.items[0].status.availableReplicas}",
+    ).stdout  # fmt: skip
+    assert deployment == "1"
+
+
+def test_metrics_and_health(cluster, namespace, running_operator):
+    apply(cluster, namespace, job_manifest("measured"))
+    wait_for_phase(cluster, namespace, "measured", "Succeeded")
+    assert running_operator.healthy()
+    text = running_operator.metrics()
+    succeeded = re.search(r'^trainwave_jobs\{phase="Succeeded"\} (\d+)', text, re.MULTILINE)
+    assert succeeded
+    assert int(succeeded.group(1)) >= 1
+    assert re.search(r"^trainwave_reconcile_duration_seconds_count [1-9]", text, re.MULTILINE)
+    assert re.search(
+        r"^trainwave_time_to_all_workers_running_seconds_count [1-9]", text, re.MULTILINE
+    )
+    assert 'trainwave_job_phase_transitions_total{phase="Running"}' in text

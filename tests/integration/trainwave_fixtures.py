@@ -1,0 +1,139 @@
+"""Fixtures and helpers for tests that run the trainwave operator on the local cluster.
+
+The chart is installed once per session and the operator runs as a local
+process with the chart's ServiceAccount token; tests that kill it start it
+again through the same fixture object.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import pytest
+import yaml
+
+from cluster.controlplane import Cluster
+from cluster.deploy import OperatorProcess, install_chart, service_account_kubeconfig
+
+TERMINAL = ("Succeeded", "Failed")
+
+
+@pytest.fixture(scope="session")
+def trainwave_installed(cluster: Cluster) -> Cluster:
+    install_chart(cluster)
+    return cluster
+
+
+@pytest.fixture(scope="session")
+def operator(
+    trainwave_installed: Cluster, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[OperatorProcess]:
+    workdir = tmp_path_factory.mktemp("operator")
+    kubeconfig = service_account_kubeconfig(trainwave_installed, workdir / "kubeconfig")
+    process = OperatorProcess(kubeconfig=kubeconfig, log_path=workdir / "operator.log")
+    process.start()
+    yield process
+    process.stop()
+
+
+@pytest.fixture
+def running_operator(operator: OperatorProcess) -> OperatorProcess:
+    """The session operator, restarted first if an earlier test left it dead."""
+    if not operator.alive():
+        operator.start()
+    return operator
+
+
+def job_manifest(
+    name: str,
+    *,
+    workers: int = 1,
+    gpus: int = 1,
+    result: str | None = "Succeeded",
+    run_for: str = "1s",
+    exit_code: int | None = None,
+    run_policy: dict[str, Any] | None = None,
+    template_spec: dict[str, Any] | None = None,
+    **spec: Any,
+) -> dict[str, Any]:
+    annotations = {}
+    if result:
+        annotations["sim.trainwave.io/result"] = result
+        annotations["sim.trainwave.io/run-for"] = run_for
+    if exit_code is not None:
+        annotations["sim.trainwave.io/exit-code"] = str(exit_code)
+    return {
+        "apiVersion": "trainwave.io/v1alpha1",
+        "kind": "TrainingJob",
+        "metadata": {"name": name},
+        "spec": {
+            "workers": workers,
+            "gpusPerWorker": gpus,
+            "image": "trainwave/test-worker:1",
+            "command": ["python", "train.py"],
+            "runPolicy": run_policy or {},
+            "template": {"metadata": {"annotations": annotations}, "spec": template_spec or {}},
+            **spec,
+        },
+    }
+
+
+def apply(cluster: Cluster, namespace: str, *manifests: dict[str, Any]) -> None:
+    documents = yaml.safe_dump_all(manifests)
+    cluster.kubectl("apply", "-n", namespace, "-f", "-", input=documents)
+
+
+def get_json(cluster: Cluster, namespace: str, *args: str) -> Any:
+    return json.loads(cluster.kubectl("get", "-n", namespace, "-o", "json", *args).stdout)
+
+
+def job(cluster: Cluster, namespace: str, name: str) -> dict[str, Any]:
+    found: dict[str, Any] = get_json(cluster, namespace, "trainingjob", name)
+    return found
+
+
+def worker_pods(cluster: Cluster, namespace: str, name: str) -> list[dict[str, Any]]:
+    items: list[dict[str, Any]] = get_json(
+        cluster, namespace, "pods", "-l", f"trainwave.io/job-name={name}"
+    )["items"]
+    return items
+
+
+def wait_until(check: Callable[[], Any], timeout: float, what: str, interval: float = 0.5) -> Any:
+    deadline = time.monotonic() + timeout
+    last: Any = None
+    while time.monotonic() < deadline:
+        last = check()
+        if last:
+            return last
+        time.sleep(interval)
+    raise AssertionError(f"timed out after {timeout}s waiting for {what}; last seen: {last!r}")
+
+
+def wait_for_phase(
+    cluster: Cluster, namespace: str, name: str, phases: tuple[str, ...] | str, timeout: float = 90
+) -> dict[str, Any]:
+    wanted = (phases,) if isinstance(phases, str) else phases
+
+    def reached() -> dict[str, Any] | None:
+        body = job(cluster, namespace, name)
+        return body if body.get("status", {}).get("phase") in wanted else None
+
+    try:
+        found: dict[str, Any] = wait_until(reached, timeout, f"{name} in {wanted}")
+    except AssertionError:
+        status = job(cluster, namespace, name).get("status")
+        raise AssertionError(f"{name} never reached {wanted}; status: {status}") from None
+    return found
+
+
+def condition(body: dict[str, Any], kind: str) -> dict[str, Any] | None:
+    return next((c for c in body["status"].get("conditions", []) if c["type"] == kind), None)
+
+
+def env_of(pod: dict[str, Any]) -> dict[str, str]:
+    worker = next(c for c in pod["spec"]["containers"] if c["name"] == "worker")
+    return {e["name"]: e.get("value", "") for e in worker.get("env", [])}

@@ -1,0 +1,232 @@
+"""Factories for the pure core's inputs: TrainingJobs and observed worker pods.
+
+Both go through the real boundary (`parse_trainingjob`, `observe_pod`) from raw
+bodies, so every test also exercises the parsing the controller relies on.
+"""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime, timedelta
+from typing import Any
+
+from trainwave import contract
+from trainwave.api.trainingjob import TrainingJob, parse_trainingjob
+from trainwave.builders.names import worker_pod_name
+from trainwave.lifecycle.observed import WorkerPod, observe_pod
+
+NOW = datetime(2026, 1, 1, 12, 0, 0, tzinfo=UTC)
+NAMESPACE = "team-a"
+
+
+def ago(seconds: float) -> datetime:
+    return NOW - timedelta(seconds=seconds)
+
+
+def rule(action: str, operator: str, *codes: int) -> dict[str, Any]:
+    """One failurePolicy rule, as a user writes it."""
+    return {"action": action, "onExitCodes": {"operator": operator, "values": list(codes)}}
+
+
+def _time(value: datetime | None) -> str | None:
+    return None if value is None else value.isoformat().replace("+00:00", "Z")
+
+
+def make_body(
+    name: str = "demo",
+    *,
+    workers: int = 2,
+    gpus_per_worker: int = 0,
+    processes_per_worker: int = 1,
+    phase: str | None = None,
+    attempt: int = 0,
+    restarts: int = 0,
+    suspend: bool = False,
+    max_restarts: int = 3,
+    rules: tuple[dict[str, Any], ...] = (),
+    success_policy: str = "AllWorkers",
+    active_deadline_seconds: int | None = None,
+    ttl: int | None = None,
+    start_time: datetime | None = None,
+    completion_time: datetime | None = None,
+    template: dict[str, Any] | None = None,
+    env: tuple[tuple[str, str], ...] = (),
+    uid: str = "uid-1",
+    generation: int = 1,
+    **spec_overrides: Any,
+) -> dict[str, Any]:
+    """A raw TrainingJob body, camelCase, the way the API server sends it."""
+    run_policy: dict[str, Any] = {
+        "failurePolicy": {"maxRestarts": max_restarts, "rules": list(rules)},
+        "successPolicy": success_policy,
+        "suspend": suspend,
+    }
+    if active_deadline_seconds is not None:
+        run_policy["activeDeadlineSeconds"] = active_deadline_seconds
+    if ttl is not None:
+        run_policy["ttlSecondsAfterFinished"] = ttl
+    spec: dict[str, Any] = {
+        "workers": workers,
+        "processesPerWorker": processes_per_worker,
+        "gpusPerWorker": gpus_per_worker,
+        "image": "example/train:1.0",
+        "env": [{"name": n, "value": v} for n, v in env],
+        "runPolicy": run_policy,
+        **spec_overrides,
+    }
+    if template is not None:
+        spec["template"] = template
+    status: dict[str, Any] = {"attempt": attempt, "restarts": restarts}
+    if phase is not None:
+        status["phase"] = phase
+    for key, value in (("startTime", start_time), ("completionTime", completion_time)):
+        if value is not None:
+            status[key] = _time(value)
+    return {
+        "apiVersion": contract.API_VERSION,
+        "kind": contract.KIND,
+        "metadata": {
+            "name": name,
+            "namespace": NAMESPACE,
+            "uid": uid,
+            "generation": generation,
+            "resourceVersion": "100",
+        },
+        "spec": spec,
+        "status": status,
+    }
+
+
+def make_job(
+    name: str = "demo",
+    *,
+    workers: int = 2,
+    gpus_per_worker: int = 0,
+    processes_per_worker: int = 1,
+    phase: str | None = None,
+    attempt: int = 0,
+    restarts: int = 0,
+    suspend: bool = False,
+    max_restarts: int = 3,
+    rules: tuple[dict[str, Any], ...] = (),
+    success_policy: str = "AllWorkers",
+    active_deadline_seconds: int | None = None,
+    ttl: int | None = None,
+    start_time: datetime | None = None,
+    completion_time: datetime | None = None,
+    template: dict[str, Any] | None = None,
+    env: tuple[tuple[str, str], ...] = (),
+    uid: str = "uid-1",
+    generation: int = 1,
+    **spec_overrides: Any,
+) -> TrainingJob:
+    return parse_trainingjob(
+        make_body(
+            name=name,
+            workers=workers,
+            gpus_per_worker=gpus_per_worker,
+            processes_per_worker=processes_per_worker,
+            phase=phase,
+            attempt=attempt,
+            restarts=restarts,
+            suspend=suspend,
+            max_restarts=max_restarts,
+            rules=rules,
+            success_policy=success_policy,
+            active_deadline_seconds=active_deadline_seconds,
+            ttl=ttl,
+            start_time=start_time,
+            completion_time=completion_time,
+            template=template,
+            env=env,
+            uid=uid,
+            generation=generation,
+            **spec_overrides,
+        )
+    )
+
+
+def make_pod_body(
+    rank: int,
+    attempt: int = 0,
+    phase: str = "Running",
+    *,
+    ready: bool = True,
+    bound: bool = True,
+    exit_code: int | None = None,
+    deleting: bool = False,
+    owner_uid: str = "uid-1",
+    finished_at: datetime | None = None,
+    job: str = "demo",
+) -> dict[str, Any]:
+    """A raw worker Pod as the watch delivers it."""
+    metadata: dict[str, Any] = {
+        "name": worker_pod_name(job, rank, attempt),
+        "namespace": NAMESPACE,
+        "labels": {
+            contract.LABEL_JOB_NAME: job,
+            contract.LABEL_ROLE: contract.ROLE_WORKER,
+            contract.LABEL_RANK: str(rank),
+            contract.LABEL_ATTEMPT: str(attempt),
+        },
+        "ownerReferences": [
+            {"apiVersion": contract.API_VERSION, "kind": contract.KIND, "name": job,
+             "uid": owner_uid, "controller": True},
+        ],
+    }  # fmt: skip
+    if deleting:
+        metadata["deletionTimestamp"] = _time(NOW)
+    terminated: dict[str, Any] = {}
+    if exit_code is not None:
+        terminated = {"exitCode": exit_code, "reason": "Error" if exit_code else "Completed"}
+    if finished_at is not None:
+        terminated["finishedAt"] = _time(finished_at)
+    state = {"terminated": terminated} if terminated else {"running": {}}
+    status: dict[str, Any] = {
+        "phase": phase,
+        "conditions": [{"type": "Ready", "status": "True" if ready else "False"}],
+        "containerStatuses": [{"name": contract.WORKER_CONTAINER, "state": state}],
+    }
+    if phase == "Failed" and exit_code is None:
+        status["reason"] = "Evicted"
+    spec: dict[str, Any] = {"nodeName": f"node-{rank}"} if bound else {}
+    return {"apiVersion": "v1", "kind": "Pod", "metadata": metadata, "spec": spec, "status": status}
+
+
+def make_pod(
+    rank: int,
+    attempt: int = 0,
+    phase: str = "Running",
+    *,
+    ready: bool = True,
+    bound: bool = True,
+    exit_code: int | None = None,
+    deleting: bool = False,
+    owner_uid: str = "uid-1",
+    finished_at: datetime | None = None,
+    job: str = "demo",
+) -> WorkerPod:
+    pod = observe_pod(
+        make_pod_body(
+            rank,
+            attempt,
+            phase,
+            ready=ready,
+            bound=bound,
+            exit_code=exit_code,
+            deleting=deleting,
+            owner_uid=owner_uid,
+            finished_at=finished_at,
+            job=job,
+        )
+    )
+    assert pod is not None, "the factory must build a well-formed worker pod"
+    return pod
+
+
+def running(workers: int = 2, attempt: int = 0) -> list[WorkerPod]:
+    """A whole gang Running and ready."""
+    return [make_pod(rank, attempt) for rank in range(workers)]
+
+
+def pod_name(rank: int, attempt: int = 0, job: str = "demo") -> str:
+    return worker_pod_name(job, rank, attempt)

@@ -1,0 +1,278 @@
+"""Builders: worker pods and the headless Service, as pure functions of the job."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+from factories import NAMESPACE, make_job
+
+from trainwave import contract
+from trainwave.api.trainingjob import InvalidSpec, TrainingJob
+from trainwave.builders.names import master_address, worker_hostname, worker_pod_name
+from trainwave.builders.pods import build_worker_pods, check_template
+from trainwave.builders.service import build_service
+
+pytestmark = pytest.mark.timeout(10)
+
+
+def build(job: TrainingJob, rank: int = 0, attempt: int = 0) -> dict[str, Any]:
+    (pod,) = build_worker_pods(job, (rank,), attempt)
+    return pod
+
+
+def worker(pod: dict[str, Any]) -> dict[str, Any]:
+    container: dict[str, Any]
+    (container,) = [c for c in pod["spec"]["containers"] if c["name"] == "worker"]
+    return container
+
+
+def env_of(pod: dict[str, Any]) -> dict[str, str]:
+    return {e["name"]: e.get("value", "") for e in worker(pod)["env"]}
+
+
+# --- names and identity -------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("job", "rank", "attempt", "pod", "host"),
+    [
+        pytest.param("demo", 0, 0, "demo-a0-worker-0", "demo-worker-0", id="first"),
+        pytest.param("demo", 7, 3, "demo-a3-worker-7", "demo-worker-7", id="restarted"),
+        pytest.param("x" * 51, 9999, 0, "x" * 51 + "-a0-worker-9999", "x" * 51 + "-worker-9999",
+                     id="longest"),
+    ],
+)  # fmt: skip
+def test_names(job: str, rank: int, attempt: int, pod: str, host: str) -> None:
+    assert worker_pod_name(job, rank, attempt) == pod
+    assert worker_hostname(job, rank) == host
+    assert len(host) <= 63, "a hostname must fit a DNS label"
+
+
+def test_pod_identity_labels_and_owner() -> None:
+    job = make_job(template={"metadata": {"labels": {"team": "ml"}, "annotations": {"a": "b"}}})
+    pod = build(job, rank=1, attempt=2)
+    meta = pod["metadata"]
+    assert (meta["name"], meta["namespace"]) == ("demo-a2-worker-1", NAMESPACE)
+    assert meta["labels"] == {
+        "team": "ml",
+        contract.LABEL_JOB_NAME: "demo",
+        contract.LABEL_ROLE: "worker",
+        contract.LABEL_RANK: "1",
+        contract.LABEL_ATTEMPT: "2",
+    }
+    assert meta["annotations"] == {"a": "b"}
+    assert meta["ownerReferences"] == [
+        {"apiVersion": "trainwave.io/v1alpha1", "kind": "TrainingJob", "name": "demo",
+         "uid": "uid-1", "controller": True, "blockOwnerDeletion": True},
+    ]  # fmt: skip
+    spec = pod["spec"]
+    assert (spec["hostname"], spec["subdomain"]) == ("demo-worker-1", "demo")
+    assert spec["restartPolicy"] == "Never"
+
+
+def test_template_labels_cannot_override_trainwave_labels() -> None:
+    job = make_job(template={"metadata": {"labels": {contract.LABEL_RANK: "99"}}})
+    assert build(job, rank=1)["metadata"]["labels"][contract.LABEL_RANK] == "1"
+
+
+# --- the torch contract -------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(("workers", "per_worker"), [(1, 1), (2, 1), (4, 8), (3, 2)],
+                         ids=["single", "two-pods", "4x8", "3x2"])  # fmt: skip
+def test_torch_env_per_rank(workers: int, per_worker: int) -> None:
+    job = make_job(workers=workers, processes_per_worker=per_worker, masterPort=23456)
+    pods = build_worker_pods(job, tuple(range(workers)), attempt=5)
+    master = master_address("demo")
+    assert master == "demo-worker-0.demo"
+    for rank, pod in enumerate(pods):
+        assert env_of(pod) == {
+            "MASTER_ADDR": master,
+            "MASTER_PORT": "23456",
+            "WORLD_SIZE": str(workers * per_worker),
+            "RANK": str(rank * per_worker),
+            "LOCAL_RANK": "0",
+            "LOCAL_WORLD_SIZE": str(per_worker),
+            "NODE_RANK": str(rank),
+            "PET_NNODES": str(workers),
+            "PET_NPROC_PER_NODE": str(per_worker),
+            "PET_NODE_RANK": str(rank),
+            "PET_MASTER_ADDR": master,
+            "PET_MASTER_PORT": "23456",
+            "TRAINWAVE_JOB_NAME": "demo",
+            "TRAINWAVE_JOB_NAMESPACE": NAMESPACE,
+            "TRAINWAVE_ATTEMPT": "5",
+        }
+    assert sorted(int(env_of(p)["RANK"]) for p in pods) == list(range(0, workers * per_worker,
+                                                                      per_worker))  # fmt: skip
+
+
+def test_torch_env_comes_first_so_user_values_can_refer_to_it() -> None:
+    declared = {"name": "worker", "env": [{"name": "FROM_TPL", "value": "t"}, {"name": "B"}]}
+    template = {"spec": {"containers": [declared]}}
+    job = make_job(env=(("A", "1"), ("B", "2")), template=template)
+    names = [e["name"] for e in worker(build(job))["env"]]
+    reserved = len(contract.RESERVED_ENV)
+    assert names[:reserved] == list(contract.RESERVED_ENV), "$(RANK) needs RANK defined earlier"
+    assert names[reserved:] == ["FROM_TPL", "A", "B"], "template env, then spec.env (which wins)"
+    assert len(names) == len(set(names))
+    assert env_of(build(job))["B"] == "2"
+
+
+# --- the worker container and the template -----------------------------------------------
+
+TEMPLATE: dict[str, Any] = {
+    "spec": {
+        "tolerations": [{"key": "gpu", "operator": "Exists"}],
+        "volumes": [{"name": "data", "emptyDir": {}}],
+        "containers": [
+            {"name": "sidecar", "image": "busybox"},
+            {
+                "name": "worker",
+                "volumeMounts": [{"name": "data", "mountPath": "/data"}],
+                "ports": [{"name": "metrics", "containerPort": 9000}],
+                "resources": {"requests": {"cpu": "1"}, "limits": {"memory": "1Gi"}},
+            },
+        ],
+    }
+}
+
+
+def test_template_merge_keeps_the_users_pod() -> None:
+    job = make_job(
+        template=TEMPLATE,
+        gpus_per_worker=8,
+        resources={"requests": {"cpu": 16, "memory": "64Gi"}},
+        command=["torchrun"],
+        args=["train.py"],
+        imagePullPolicy="Always",
+    )
+    pod = build(job)
+    spec = pod["spec"]
+    assert spec["tolerations"] == [{"key": "gpu", "operator": "Exists"}]
+    assert spec["volumes"] == [{"name": "data", "emptyDir": {}}]
+    assert [c["name"] for c in spec["containers"]] == ["sidecar", "worker"]
+    assert spec["containers"][0] == {"name": "sidecar", "image": "busybox"}
+    container = worker(pod)
+    assert container["volumeMounts"] == [{"name": "data", "mountPath": "/data"}]
+    assert container["image"] == "example/train:1.0"
+    assert container["imagePullPolicy"] == "Always"
+    assert (container["command"], container["args"]) == (["torchrun"], ["train.py"])
+    assert container["ports"] == [
+        {"name": "metrics", "containerPort": 9000},
+        {"name": "rendezvous", "containerPort": 29500},
+    ]
+    assert container["resources"] == {
+        "requests": {"cpu": 16, "memory": "64Gi"},
+        "limits": {"memory": "1Gi", "nvidia.com/gpu": 8},
+    }
+    assert TEMPLATE["spec"]["containers"][1]["resources"]["requests"] == {"cpu": "1"}, (
+        "the job's template must not be mutated"
+    )
+
+
+def test_worker_container_is_added_first_when_not_declared() -> None:
+    pod = build(make_job(template={"spec": {"containers": [{"name": "sidecar", "image": "s"}]}}))
+    assert [c["name"] for c in pod["spec"]["containers"]] == ["worker", "sidecar"]
+
+
+@pytest.mark.parametrize(("gpus", "limits"), [(0, None), (1, {"nvidia.com/gpu": 1}),
+                                              (8, {"nvidia.com/gpu": 8})],
+                         ids=["cpu-only", "one-gpu", "eight-gpus"])  # fmt: skip
+def test_gpus_are_limits(gpus: int, limits: dict[str, int] | None) -> None:
+    resources = worker(build(make_job(gpus_per_worker=gpus)))["resources"]
+    assert resources.get("limits") == limits
+    assert "nvidia.com/gpu" not in resources.get("requests", {})
+
+
+def test_minimal_job_builds_a_minimal_pod() -> None:
+    container = worker(build(make_job()))
+    assert set(container) == {"name", "image", "ports", "resources", "env"}
+    assert container["resources"] == {}
+
+
+def test_pods_are_deterministic() -> None:
+    job = make_job(template=TEMPLATE, gpus_per_worker=2)
+    assert build_worker_pods(job, (0, 1), 1) == build_worker_pods(job, (0, 1), 1)
+
+
+# --- check_template -----------------------------------------------------------------------
+
+
+def _containers(*containers: Any) -> dict[str, Any]:
+    return {"spec": {"containers": list(containers)}}
+
+
+@pytest.mark.parametrize(
+    ("template", "expected"),
+    [
+        pytest.param({"spec": {"hostname": "h"}}, "spec.template.spec.hostname", id="hostname"),
+        pytest.param({"spec": {"subdomain": "s"}}, "spec.template.spec.subdomain", id="subdomain"),
+        pytest.param({"spec": {"restartPolicy": "Always"}},
+                     "spec.template.spec.restartPolicy is 'Always'", id="restart-always"),
+        pytest.param({"spec": {"restartPolicy": "OnFailure"}}, "accepted: 'Never'",
+                     id="restart-on-failure"),
+        pytest.param(_containers({"name": "worker", "env": [{"name": "RANK", "value": "3"}]}),
+                     "containers[worker].env sets RANK", id="reserved-env-worker"),
+        pytest.param(_containers({"name": "side", "env": [{"name": "MASTER_ADDR"},
+                                                          {"name": "WORLD_SIZE"}]}),
+                     "containers[side].env sets MASTER_ADDR, WORLD_SIZE", id="reserved-env-side"),
+        pytest.param({"spec": {"containers": {"name": "worker"}}}, "spec.template.spec.containers",
+                     id="containers-not-a-list"),
+        pytest.param(_containers({"image": "x"}), "containers with names", id="container-no-name"),
+        pytest.param(_containers("worker"), "containers with names", id="container-a-string"),
+        pytest.param(_containers({"name": "worker", "env": {"A": "1"}}),
+                     "containers[worker].env must be a list", id="env-a-map"),
+        pytest.param(_containers({"name": "worker", "env": ["A=1"]}),
+                     "containers[worker].env must be a list", id="env-of-strings"),
+        pytest.param(_containers({"name": "worker", "ports": None}),
+                     "containers[worker].ports must be a list", id="ports-null"),
+        pytest.param(_containers({"name": "worker", "resources": {"limits": ["cpu"]}}),
+                     "containers[worker].resources must be an object", id="limits-a-list"),
+    ],
+)  # fmt: skip
+def test_check_template_names_the_field(template: dict[str, Any], expected: str) -> None:
+    job = make_job(template=template)
+    with pytest.raises(InvalidSpec) as raised:
+        check_template(job)
+    assert expected in str(raised.value)
+    with pytest.raises(InvalidSpec):
+        build_worker_pods(job, (0,), 0)
+
+
+@pytest.mark.parametrize(
+    "template",
+    [
+        pytest.param({}, id="empty"),
+        pytest.param({"spec": {"restartPolicy": "Never"}}, id="restart-never"),
+        pytest.param(TEMPLATE, id="full"),
+        pytest.param(_containers({"name": "side", "ports": "not-ours-to-check"}), id="sidecar"),
+    ],
+)
+def test_check_template_accepts(template: dict[str, Any]) -> None:
+    check_template(make_job(template=template))
+
+
+# --- the headless Service -----------------------------------------------------------------
+
+
+def test_service_is_headless_and_publishes_not_ready_workers() -> None:
+    service = build_service(make_job(masterPort=23456))
+    assert service["metadata"]["name"] == "demo"
+    assert service["metadata"]["namespace"] == NAMESPACE
+    assert service["metadata"]["labels"] == {contract.LABEL_JOB_NAME: "demo"}
+    assert service["metadata"]["ownerReferences"][0]["uid"] == "uid-1"
+    spec = service["spec"]
+    assert spec["clusterIP"] == "None"
+    assert spec["publishNotReadyAddresses"] is True
+    assert spec["selector"] == {contract.LABEL_JOB_NAME: "demo", contract.LABEL_ROLE: "worker"}
+    assert spec["ports"] == [{"name": "rendezvous", "port": 23456, "targetPort": 23456}]
+
+
+def test_service_selects_every_worker_pod() -> None:
+    job = make_job(workers=3)
+    selector = build_service(job)["spec"]["selector"]
+    for pod in build_worker_pods(job, (0, 1, 2), 4):
+        assert selector.items() <= pod["metadata"]["labels"].items()
+        assert pod["spec"]["subdomain"] == build_service(job)["metadata"]["name"]

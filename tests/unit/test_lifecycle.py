@@ -1,0 +1,336 @@
+"""The job state machine: decision tables for `decide`, conditions, and idempotence."""
+
+from __future__ import annotations
+
+from datetime import timedelta
+from typing import Any
+
+import pytest
+from factories import NOW, ago, make_job, make_pod, pod_name, rule, running
+
+from trainwave.api.status import Condition, ConditionType, Phase
+from trainwave.api.trainingjob import TrainingJob
+from trainwave.lifecycle.conditions import clear_condition, set_condition
+from trainwave.lifecycle.decide import Decision, decide, decide_invalid
+from trainwave.lifecycle.observed import WorkerPod
+
+pytestmark = pytest.mark.timeout(10)
+
+START = ago(100)
+
+
+def failed(rank: int, code: int | None = 1, attempt: int = 0, at: float = 5) -> WorkerPod:
+    return make_pod(rank, attempt, phase="Failed", ready=False, exit_code=code, finished_at=ago(at))
+
+
+def done(rank: int, attempt: int = 0) -> WorkerPod:
+    return make_pod(rank, attempt, phase="Succeeded", ready=False, exit_code=0, finished_at=ago(1))
+
+
+def pending(rank: int, attempt: int = 0, bound: bool = False) -> WorkerPod:
+    return make_pod(rank, attempt, phase="Pending", ready=False, bound=bound)
+
+
+# (job kwargs, observed pods, expected). Expected keys: phase, reason, create, delete
+# (pod names), events ([(type, reason)]), attempt, restarts, requeue, delete_job.
+RUNNING: dict[str, Any] = {"phase": "Running", "start_time": START}
+CASES = [
+    pytest.param({}, [], {"phase": "Pending", "reason": "CreatingWorkers", "create": (0, 1),
+                          "events": [("Normal", "Created")]}, id="new-job"),
+    pytest.param({"phase": "Pending", "start_time": START}, [pending(0)],
+                 {"phase": "Pending", "create": (1,), "events": []}, id="one-missing"),
+    pytest.param({"phase": "Pending", "start_time": START}, [pending(0), pending(1)],
+                 {"phase": "Scheduling", "reason": "WaitingForNodes",
+                  "events": [("Normal", "WaitingForNodes")]}, id="all-unbound"),
+    pytest.param({"phase": "Scheduling", "start_time": START},
+                 [pending(0, bound=True), pending(1, bound=True)],
+                 {"phase": "Starting", "events": [("Normal", "WorkersStarting")]},
+                 id="bound-not-running"),
+    pytest.param({"phase": "Starting", "start_time": START}, running(),
+                 {"phase": "Running", "reason": "AllWorkersRunning",
+                  "events": [("Normal", "AllWorkersRunning")]}, id="all-running"),
+    pytest.param(RUNNING, running(), {"phase": "Running", "events": []}, id="still-running"),
+    pytest.param(RUNNING, [make_pod(0), failed(1)],
+                 {"phase": "Restarting", "reason": "WorkerFailed", "attempt": 1, "restarts": 1,
+                  "delete": [pod_name(0)], "events": [("Warning", "WorkerFailed")]},
+                 id="worker-failed-restarts-gang"),
+    pytest.param({**RUNNING, "restarts": 3}, [make_pod(0), failed(1)],
+                 {"phase": "Failed", "reason": "MaxRestartsExceeded", "attempt": 0, "restarts": 3,
+                  "delete": [pod_name(0)], "events": [("Warning", "MaxRestartsExceeded")]},
+                 id="max-restarts-exceeded"),
+    pytest.param({**RUNNING, "max_restarts": 0}, [failed(0), failed(1)],
+                 {"phase": "Failed", "reason": "MaxRestartsExceeded", "delete": []},
+                 id="max-restarts-zero"),
+    pytest.param({**RUNNING, "rules": (rule("FailJob", "In", 2),)}, [make_pod(0), failed(1, 2)],
+                 {"phase": "Failed", "reason": "FailedByRule", "delete": [pod_name(0)]},
+                 id="fail-job-rule"),
+    pytest.param({**RUNNING, "restarts": 3, "rules": (rule("Ignore", "In", 137),)},
+                 [make_pod(0), failed(1, 137)],
+                 {"phase": "Restarting", "attempt": 1, "restarts": 3}, id="ignore-not-counted"),
+    pytest.param({**RUNNING, "rules": (rule("RestartGang", "In", 3),)}, [failed(0, 3)],
+                 {"phase": "Restarting", "restarts": 1}, id="restart-gang-rule-counted"),
+    pytest.param({**RUNNING, "rules": (rule("FailJob", "NotIn", 1),)}, [failed(0, 2)],
+                 {"phase": "Failed", "reason": "FailedByRule"}, id="not-in-matches-other-code"),
+    pytest.param({**RUNNING, "rules": (rule("FailJob", "NotIn", 1),)}, [failed(0, 1)],
+                 {"phase": "Restarting", "restarts": 1}, id="not-in-skips-listed-code"),
+    pytest.param({**RUNNING, "rules": (rule("FailJob", "NotIn", 1), rule("FailJob", "In", 1))},
+                 [failed(0, None)], {"phase": "Restarting", "restarts": 1},
+                 id="no-exit-code-falls-to-default"),
+    pytest.param({**RUNNING, "rules": (rule("Ignore", "In", 1), rule("FailJob", "In", 1))},
+                 [failed(0, 1)], {"phase": "Restarting", "restarts": 0}, id="first-rule-wins"),
+    pytest.param({**RUNNING, "rules": (rule("FailJob", "In", 2),)},
+                 [failed(0, 1, at=5), failed(1, 2, at=10)],
+                 {"phase": "Failed", "reason": "FailedByRule"}, id="earliest-failure-decides"),
+    pytest.param({**RUNNING, "rules": (rule("FailJob", "In", 2),)},
+                 [failed(0, 1, at=10), failed(1, 2, at=5)],
+                 {"phase": "Restarting"}, id="later-failure-ignored"),
+    pytest.param(RUNNING, [done(0), done(1)],
+                 {"phase": "Succeeded", "reason": "Succeeded", "delete": [],
+                  "events": [("Normal", "Succeeded")]}, id="all-workers-succeeded"),
+    pytest.param(RUNNING, [done(0), make_pod(1)], {"phase": "Running", "delete": []},
+                 id="all-workers-one-still-running"),
+    pytest.param({**RUNNING, "success_policy": "Rank0"}, [done(0), make_pod(1)],
+                 {"phase": "Succeeded", "delete": [pod_name(1)]}, id="rank0-succeeded"),
+    pytest.param({**RUNNING, "success_policy": "Rank0"}, [make_pod(0), done(1)],
+                 {"phase": "Running", "delete": []}, id="rank0-waits-for-rank0"),
+    pytest.param({**RUNNING, "success_policy": "Rank0"}, [done(0), failed(1)],
+                 {"phase": "Succeeded", "delete": []}, id="rank0-peer-failed-after-success"),
+    pytest.param({**RUNNING, "active_deadline_seconds": 60}, running(),
+                 {"phase": "Failed", "reason": "DeadlineExceeded",
+                  "delete": [pod_name(0), pod_name(1)]}, id="deadline-exceeded"),
+    pytest.param({**RUNNING, "active_deadline_seconds": 130}, running(),
+                 {"phase": "Running", "requeue": 30.0}, id="deadline-ahead-requeues"),
+    pytest.param({**RUNNING, "suspend": True}, [make_pod(0), done(1)],
+                 {"phase": "Suspended", "delete": [pod_name(0)],
+                  "events": [("Normal", "Suspended")]}, id="suspend"),
+    pytest.param({"phase": "Suspended", "attempt": 2}, [make_pod(0, 2, deleting=True)],
+                 {"phase": "Pending", "reason": "CreatingWorkers", "attempt": 3, "create": (0, 1),
+                  "delete": [], "events": [("Normal", "Resumed")]}, id="resume"),
+    pytest.param({"phase": "Succeeded", "completion_time": ago(1)}, [done(0), make_pod(1)],
+                 {"phase": "Succeeded", "delete": [pod_name(1)], "events": []},
+                 id="terminal-stops-active-keeps-finished"),
+    pytest.param({"phase": "Failed", "completion_time": ago(10), "ttl": 60}, [],
+                 {"phase": "Failed", "requeue": 50.0, "delete_job": False}, id="ttl-ahead"),
+    pytest.param({"phase": "Succeeded", "completion_time": ago(60), "ttl": 60}, [done(0)],
+                 {"delete_job": True, "requeue": None}, id="ttl-passed"),
+    pytest.param({"phase": "Pending", "start_time": START},
+                 [make_pod(0, owner_uid="uid-old"),
+                  make_pod(1, phase="Failed", exit_code=1, owner_uid="uid-old")],
+                 {"phase": "Pending", "create": (0, 1), "delete": []}, id="other-uid-ignored"),
+    pytest.param({"phase": "Restarting", "attempt": 1, "start_time": START},
+                 [make_pod(0), failed(1)],
+                 {"phase": "Restarting", "create": (0, 1), "delete": [pod_name(0)], "events": []},
+                 id="stale-active-pods-deleted"),
+    pytest.param({"phase": "Running", "attempt": 2, "start_time": START},
+                 [failed(0, attempt=0), failed(1, attempt=1), make_pod(0, 2), make_pod(1, 2),
+                  make_pod(1, 0, deleting=True)],
+                 {"phase": "Running", "delete": [pod_name(0, 0)]}, id="old-finished-pods-deleted"),
+    pytest.param(RUNNING, [make_pod(0)],
+                 {"phase": "Restarting", "reason": "WorkerFailed", "attempt": 1, "restarts": 1,
+                  "create": (), "delete": [pod_name(0)]}, id="vanished-worker-restarts-gang"),
+    pytest.param(RUNNING, [make_pod(0), make_pod(1, deleting=True)],
+                 {"phase": "Restarting", "attempt": 1, "restarts": 1, "delete": [pod_name(0)]},
+                 id="worker-deleted-by-someone-restarts-gang"),
+    pytest.param({**RUNNING, "restarts": 3}, [make_pod(0)],
+                 {"phase": "Failed", "reason": "MaxRestartsExceeded"}, id="lost-worker-past-budget"),
+    pytest.param({"phase": "Pending", "start_time": START}, [make_pod(0)],
+                 {"phase": "Pending", "create": (1,), "restarts": 0},
+                 id="missing-while-pending-is-created-not-lost"),
+]  # fmt: skip
+
+
+def check(decision: Decision, expected: dict[str, Any]) -> None:
+    status = decision.status
+    actual = {
+        "phase": status.phase,
+        "reason": status.reason,
+        "create": decision.create_ranks,
+        "delete": list(decision.delete_pods),
+        "events": [(e.type, e.reason) for e in decision.events],
+        "attempt": status.attempt,
+        "restarts": status.restarts,
+        "requeue": decision.requeue_after,
+        "delete_job": decision.delete_job,
+    }
+    assert {k: actual[k] for k in expected} == expected
+
+
+@pytest.mark.parametrize(("job", "pods", "expected"), CASES)
+def test_decide(job: dict[str, Any], pods: list[WorkerPod], expected: dict[str, Any]) -> None:
+    decision = decide(make_job(**job), pods, NOW)
+    check(decision, expected)
+    assert decision.status.observed_generation == 1
+    if "create" not in expected:
+        assert decision.create_ranks == ()
+
+
+def test_new_job_starts_the_clock_and_is_created() -> None:
+    status = decide(make_job(), [], NOW).status
+    assert status.start_time == NOW
+    created = status.condition(ConditionType.CREATED)
+    assert created is not None
+    assert (created.status, created.last_transition_time) == ("True", NOW)
+    assert (status.total_workers, status.ready) == (2, "0/2")
+
+
+def test_all_running_after_counts_from_the_current_gang_not_the_first_start() -> None:
+    job = make_job(phase="Starting", start_time=ago(500), attempt=1)
+    job = job.model_copy(
+        update={"status": job.status.model_copy(update={"attempt_start_time": ago(7)})}
+    )
+    decision = decide(job, running(attempt=1), NOW)
+    assert decision.all_running_after == pytest.approx(7)
+
+
+def test_all_running_after_is_measured_once() -> None:
+    first = decide(make_job(phase="Starting", start_time=ago(42)), running(), NOW)
+    assert first.all_running_after == 42.0
+    assert first.status.all_running_time == NOW
+    again = decide(make_job(phase="Running", start_time=ago(42)), running(), NOW)
+    assert again.all_running_after is None
+
+
+def test_running_status_counts_ready_workers_and_gpus() -> None:
+    pods = [make_pod(0), make_pod(1, ready=False), pending(2, bound=True)]
+    status = decide(make_job(workers=3, gpus_per_worker=8, phase="Starting"), pods, NOW).status
+    assert (status.ready_workers, status.ready, status.gpus) == (1, "1/3", 24)
+
+
+def test_restart_message_names_the_culprit_and_the_count() -> None:
+    decision = decide(make_job(**RUNNING), [make_pod(0), failed(1, 7)], NOW)
+    assert decision.status.message == (
+        "worker 1 (demo-a0-worker-1) exited with code 7; restarting the gang (restart 1 of 3)"
+    )
+    restarting = decision.status.condition(ConditionType.RESTARTING)
+    assert restarting is not None
+    assert restarting.status == "True"
+
+
+def test_rule_verdict_message_names_the_rule() -> None:
+    job = make_job(**RUNNING, rules=(rule("Ignore", "In", 9), rule("FailJob", "In", 2)))
+    message = decide(job, [failed(0, 2)], NOW).status.message
+    assert message.endswith("(failurePolicy.rules[1]: FailJob); the job failed")
+
+
+def test_failure_completes_the_job() -> None:
+    status = decide(make_job(**RUNNING, active_deadline_seconds=1), running(), NOW).status
+    assert (status.completion_time, status.gpus, status.ready_workers) == (NOW, 0, 0)
+    failed_condition = status.condition(ConditionType.FAILED)
+    assert failed_condition is not None
+    assert failed_condition.reason == "DeadlineExceeded"
+
+
+def test_decide_invalid_fails_once_and_stops_pods() -> None:
+    job = make_job(phase="Running")
+    pods = [make_pod(0), done(1), make_pod(0, owner_uid="other")]
+    first = decide_invalid(job.metadata, job.status, pods, "spec.x: bad", NOW)
+    check(first, {"phase": "Failed", "reason": "InvalidSpec", "delete": [pod_name(0)],
+                  "events": [("Warning", "InvalidSpec")]})  # fmt: skip
+    assert first.status.message == "spec.x: bad"
+    again = decide_invalid(job.metadata, first.status, pods, "spec.x: bad", NOW)
+    assert (again.events, again.status) == ((), first.status)
+
+
+# --- conditions ---------------------------------------------------------------------------
+
+
+def _set(conditions: list[Condition], kind: ConditionType, true: bool, at: int) -> list[Condition]:
+    return set_condition(conditions, kind, true=true, reason="R", message=f"m{at}",
+                         now=NOW + timedelta(seconds=at), generation=at)  # fmt: skip
+
+
+def test_conditions_are_keyed_by_type_and_transition_only_on_change() -> None:
+    conditions = _set([], ConditionType.RUNNING, True, 1)
+    conditions = _set(conditions, ConditionType.CREATED, True, 2)
+    assert [c.type for c in conditions] == [ConditionType.CREATED, ConditionType.RUNNING]
+    conditions = _set(conditions, ConditionType.RUNNING, True, 3)
+    (running_condition,) = [c for c in conditions if c.type == ConditionType.RUNNING]
+    assert running_condition.last_transition_time == NOW + timedelta(seconds=1)
+    assert (running_condition.message, running_condition.observed_generation) == ("m3", 3)
+    conditions = _set(conditions, ConditionType.RUNNING, False, 4)
+    assert len(conditions) == 2
+    assert conditions[1].last_transition_time == NOW + timedelta(seconds=4)
+
+
+def test_clear_condition_leaves_absent_conditions_absent() -> None:
+    kwargs: dict[str, Any] = {"reason": "R", "message": "m", "now": NOW, "generation": 1}
+    assert clear_condition([], ConditionType.RUNNING, **kwargs) == []
+    present = _set([], ConditionType.RUNNING, True, 0)
+    (cleared,) = clear_condition(present, ConditionType.RUNNING, **kwargs)
+    assert cleared.status == "False"
+
+
+def test_condition_time_does_not_move_across_reconciles() -> None:
+    first = decide(make_job(phase="Starting", start_time=START), running(), NOW)
+    later = make_job(phase="Running", start_time=START).model_copy(update={"status": first.status})
+    second = decide(later, running(), NOW + timedelta(minutes=5))
+    assert second.status.conditions == first.status.conditions
+    assert second.events == ()
+
+
+# --- idempotence --------------------------------------------------------------------------
+
+
+def with_status(job: TrainingJob, decision: Decision) -> TrainingJob:
+    return job.model_copy(update={"status": decision.status})
+
+
+@pytest.mark.parametrize(("job", "pods", "expected"), CASES)
+def test_decide_is_idempotent(
+    job: dict[str, Any], pods: list[WorkerPod], expected: dict[str, Any]
+) -> None:
+    """Replaying a decision's status against the same pods adds no news.
+
+    A restart writes its new attempt before creating the new gang, so the replay
+    may create that gang; from then on nothing changes at all.
+    """
+    del expected
+    start = make_job(**job)
+    first = decide(start, pods, NOW)
+    if first.delete_job:
+        return
+    second = decide(with_status(start, first), pods, NOW)
+    assert second.events == ()
+    assert second.all_running_after is None
+    if first.status.attempt == start.status.attempt:
+        assert second.status == first.status
+        assert second.create_ranks == first.create_ranks
+    assert set(second.delete_pods) >= set(first.delete_pods), "unapplied deletes are asked again"
+    third = decide(with_status(start, second), pods, NOW)
+    assert third == second
+
+
+def test_a_gang_lives_through_a_restart_to_success() -> None:
+    """Drive one job through a scripted cluster; each step feeds the last status back."""
+    job = make_job(workers=2, gpus_per_worker=1)
+    phases: list[Phase | None] = []
+    events: list[str] = []
+
+    def step(pods: list[WorkerPod], seconds: int) -> Decision:
+        nonlocal job
+        decision = decide(job, pods, NOW + timedelta(seconds=seconds))
+        job = with_status(job, decision)
+        phases.append(decision.status.phase)
+        events.extend(e.reason for e in decision.events)
+        return decision
+
+    assert step([], 0).create_ranks == (0, 1)
+    step([pending(0), pending(1)], 1)
+    step([pending(0, bound=True), pending(1, bound=True)], 2)
+    assert step(running(), 10).all_running_after == 10.0
+    assert step([make_pod(0), failed(1)], 20).delete_pods == (pod_name(0),)
+    assert step([failed(1)], 21).create_ranks == (0, 1), "the new gang, under new names"
+    restarted = step([failed(1), *running(attempt=1)], 30)
+    assert restarted.all_running_after is not None, "observed once per attempt"
+    finished = step([failed(1), done(0, 1), done(1, 1)], 40)
+    assert finished.delete_pods == (), "the last attempt's failed pod stays for its logs"
+    assert phases == ["Pending", "Scheduling", "Starting", "Running", "Restarting", "Restarting",
+                      "Running", "Succeeded"]  # fmt: skip
+    assert events == ["Created", "WaitingForNodes", "WorkersStarting", "AllWorkersRunning",
+                      "WorkerFailed", "AllWorkersRunning", "Succeeded"]  # fmt: skip
+    status = job.status
+    assert (status.attempt, status.restarts, status.gpus) == (1, 1, 0)
+    assert status.completion_time == NOW + timedelta(seconds=40)
+    kinds = {c.type: c.status for c in status.conditions}
+    assert kinds == {"Created": "True", "Scheduled": "True", "Running": "False",
+                     "Restarting": "False", "Succeeded": "True"}  # fmt: skip
