@@ -78,5 +78,5 @@ demo: venv tools ## the main job: cluster, chart, operator, every example to its
 	$(PY) hack/demo.py
 
 .PHONY: bench
-bench: venv tools ## benchmarks (see README, Performance)
-	$(PY) -m pytest tests/benchmarks -s --timeout 1800
+bench: venv tools ## benchmarks, each on its own local cluster (see README, Performance)
+	$(PY) tests/benchmarks/bench_apply_to_running.py

@@ -42,7 +42,7 @@ HERE = Path(__file__).resolve().parent
 DEFAULT_TOPOLOGY = HERE / "topologies" / "small.yaml"
 STAGES = sorted((HERE / "stages").glob("*.yaml"))
 START_TIMEOUT = 120.0
-STOP_GRACE = 10.0
+STOP_GRACE = 5.0
 # Clients first, etcd last, so no component spends its shutdown retrying a
 # dependency that is already gone.
 _STOP_WAVES = (
@@ -182,6 +182,7 @@ def _start(layout: Layout, timeout: float) -> dict[str, Any]:
     make_pki(layout.pki.directory)
     write_kubeconfig(layout.kubeconfig, server, layout.pki)
     layout.scheduler_config.write_text(yaml.safe_dump(components.scheduler_config(layout)))
+    layout.kwok_config.write_text(yaml.safe_dump(components.kwok_config()))
     layout.kwok_workdir.mkdir()
     state: dict[str, Any] = {"server": server, "ports": ports.to_json(), "processes": []}
     # Loopback never goes through a proxy, whatever the environment says.

@@ -33,11 +33,13 @@ SERVICE_ACCOUNT = "trainwave"
 def install_chart(cluster: Cluster, *extra: str) -> None:
     """`helm upgrade --install` the chart: CRDs, RBAC, ServiceAccount, Deployment."""
     environment = os.environ | {"KUBECONFIG": str(cluster.kubeconfig)}
-    subprocess.run(
+    result = subprocess.run(
         [str(tool("helm")), "upgrade", "--install", RELEASE, str(CHART),
          "--namespace", NAMESPACE, "--create-namespace", "--wait", "--timeout", "120s", *extra],
-        check=True, env=environment, capture_output=True, text=True,
+        check=False, env=environment, capture_output=True, text=True,
     )  # fmt: skip
+    if result.returncode != 0:
+        raise RuntimeError(f"helm install failed: {result.stderr.strip()}")
     cluster.kubectl("wait", "--for=condition=Established", "--timeout=60s",
                     "crd/trainingjobs.trainwave.io")  # fmt: skip
 

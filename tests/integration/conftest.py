@@ -42,3 +42,13 @@ def namespace_name(test_name: str) -> str:
     """A valid, unique namespace name that still says which test made it."""
     slug = re.sub(r"[^a-z0-9]+", "-", test_name.lower()).strip("-")[:40].strip("-")
     return f"t-{slug}-{uuid.uuid4().hex[:6]}"
+
+
+# trainwave itself: the chart installed once, the operator as its ServiceAccount.
+from integration.trainwave_fixtures import (  # noqa: E402
+    operator,
+    running_operator,
+    trainwave_installed,
+)
+
+__all__ = ["cluster", "namespace", "operator", "running_operator", "trainwave_installed"]

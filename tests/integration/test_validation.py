@@ -8,7 +8,11 @@ import yaml
 
 from integration.trainwave_fixtures import apply, job_manifest, wait_for_phase
 
-pytestmark = [pytest.mark.integration, pytest.mark.timeout(120)]
+pytestmark = [
+    pytest.mark.integration,
+    pytest.mark.timeout(120),
+    pytest.mark.usefixtures("trainwave_installed"),
+]
 
 
 def _with(path: str, value, base=None):
