@@ -63,7 +63,9 @@ def run_operator(options: argparse.Namespace) -> int:
         format="%(asctime)s %(levelname)s %(name)s: %(message)s",
     )
     # kopf logs every handler call at INFO; ours are the ones worth reading.
-    logging.getLogger("kopf").setLevel(max(logging.WARNING, logging.getLogger().level))
+    quiet = max(logging.WARNING, logging.getLogger().level)
+    logging.getLogger("kopf").setLevel(quiet)
+    logging.getLogger("aiohttp.access").setLevel(quiet)  # a line per health probe
     handlers.OPTIONS.metrics_port = options.metrics_port
     handlers.OPTIONS.workers = options.workers
     kopf.run(

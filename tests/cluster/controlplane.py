@@ -325,8 +325,12 @@ def _etcd_healthy(ports: Ports) -> bool:
 
 
 def _http_ok(url: str, context: ssl.SSLContext | None = None) -> bool:
+    # An empty ProxyHandler: urllib would otherwise honour http_proxy even for 127.0.0.1.
+    opener = urllib.request.build_opener(
+        urllib.request.ProxyHandler({}), urllib.request.HTTPSHandler(context=context)
+    )
     try:
-        with urllib.request.urlopen(url, timeout=2, context=context) as response:
+        with opener.open(url, timeout=2) as response:
             return bool(response.status == 200)
     except OSError:
         return False

@@ -19,8 +19,10 @@ OPERATOR = f"system:serviceaccount:{NAMESPACE}:{SERVICE_ACCOUNT}"
         ("list", "secrets", False),
         ("create", "configmaps", False),
         ("create", "pods", True),
-        ("patch", "trainingjobs.trainwave.io/status", True),
+        ("patch", "trainingjobs.trainwave.io --subresource=status", True),
+        ("patch", "trainingjobs.trainwave.io", False),
         ("create", "trainingjobs.trainwave.io", False),
+        ("delete", "trainingjobs.trainwave.io", True),
         ("create", "events.events.k8s.io", True),
         ("delete", "nodes", False),
     ],
@@ -28,7 +30,8 @@ OPERATOR = f"system:serviceaccount:{NAMESPACE}:{SERVICE_ACCOUNT}"
 )
 def test_operator_service_account_has_least_privilege(trainwave_installed, verb, resource, allowed):
     result = trainwave_installed.kubectl(
-        "auth", "can-i", verb, resource, "--all-namespaces", f"--as={OPERATOR}", check=False
+        "auth", "can-i", verb, *resource.split(), "--all-namespaces", f"--as={OPERATOR}",
+        check=False,
     )
     assert result.stdout.strip() == ("yes" if allowed else "no")
 
