@@ -59,6 +59,10 @@ KWOK_NODE_VALUE = "fake"
 KWOK_NODE_TYPE_LABEL = "type"
 KWOK_NODE_TYPE = "kwok"
 
+# Far beyond what 2 cores serve well (1,024 nodes idle at ~22% of a core), but
+# a typo such as `count: 1000` on a spine should fail fast, not exhaust memory.
+MAX_NODES = 20_000
+
 # The label value each RDMA link layer is advertised as.
 RDMA_LINK_LAYER_LABELS = {"IB": "infiniband", "RoCE": "roce"}
 
@@ -157,7 +161,10 @@ class SpineGroup(_Model):
 class Topology(_Model):
     name: str = Field(max_length=30, pattern=_DNS_LABEL, description="name: of the cluster.")
     node_name_prefix: str = Field(
-        default="gpu", max_length=20, pattern=_DNS_LABEL, description="nodeNamePrefix."
+        default="gpu",
+        max_length=20,
+        pattern=_DNS_LABEL,
+        description="nodeNamePrefix: nodes are named <prefix>-r<rack>-n<node>.",
     )
     node: NodeShape = Field(default_factory=NodeShape, description="node: the default shape.")
     spines: list[SpineGroup] = Field(min_length=1, description="spines: spine groups.")
@@ -180,6 +187,11 @@ def parse_topology(document: Any, source: str = "topology") -> Topology:
         topology = Topology.model_validate(document)
     except ValidationError as error:
         raise TopologyError(_describe(error, source, prefix=())) from error
+    total = sum(s.count * sum(r.count * r.nodes for r in s.racks) for s in topology.spines)
+    if total > MAX_NODES:
+        raise TopologyError(
+            f"{source}: spines: {total} nodes in all; at most {MAX_NODES} fit a local control plane"
+        )
     # Overrides are free-form until merged; resolve each once so a bad one is
     # reported now, with its position, rather than in the middle of `up`.
     for spine_index, spine in enumerate(topology.spines):

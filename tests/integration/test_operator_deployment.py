@@ -30,7 +30,12 @@ OPERATOR = f"system:serviceaccount:{NAMESPACE}:{SERVICE_ACCOUNT}"
 )
 def test_operator_service_account_has_least_privilege(trainwave_installed, verb, resource, allowed):
     result = trainwave_installed.kubectl(
-        "auth", "can-i", verb, *resource.split(), "--all-namespaces", f"--as={OPERATOR}",
+        "auth",
+        "can-i",
+        verb,
+        *resource.split(),
+        "--all-namespaces",
+        f"--as={OPERATOR}",
         check=False,
     )
     assert result.stdout.strip() == ("yes" if allowed else "no")

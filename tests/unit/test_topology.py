@@ -237,6 +237,8 @@ def test_names_are_numbered_across_spines_and_padded() -> None:
                      "name: expected a DNS label", id="bad-name"),
         pytest.param({"name": "x", "spine": []}, "spines: Field required", id="no-spines"),
         pytest.param(["not", "a", "mapping"], "expected a mapping, got list", id="not-a-mapping"),
+        pytest.param(make_topology(spines=[{"count": 1000, "racks": [{"count": 64, "nodes": 16}]}]),
+                     "spines: 1024000 nodes in all; at most 20000", id="too-many-nodes"),
     ],
 )  # fmt: skip
 def test_errors_name_the_field(document: Any, message: str) -> None:
