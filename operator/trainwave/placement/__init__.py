@@ -1,0 +1,1 @@
+"""Placement: pure decisions about where workers go."""
