@@ -10,6 +10,7 @@ reconciles after a restart already see every existing pod.
 import asyncio
 import logging
 from collections import Counter
+from concurrent.futures import ThreadPoolExecutor
 from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any
@@ -80,7 +81,14 @@ async def start(
     settings.scanning.disabled = True
     settings.watching.server_timeout = 300
     settings.networking.request_timeout = 60
-    kube = KubeClient(load_config(pool_size=OPTIONS.workers * 4))
+    # API calls are blocking and run in threads: enough of them for every
+    # reconcile worker to create a gang's pods in parallel, and as many
+    # pooled connections, or the pool (not the API server) sets the pace.
+    threads = OPTIONS.workers * 8
+    asyncio.get_running_loop().set_default_executor(
+        ThreadPoolExecutor(max_workers=threads, thread_name_prefix="kube")
+    )
+    kube = KubeClient(load_config(pool_size=threads))
 
     def pods_of(key: JobKey) -> Iterable[WorkerPod]:
         return list(worker_pods.get(key, []))

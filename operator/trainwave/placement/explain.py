@@ -1,0 +1,98 @@
+"""Sentences for every "no" the placement engine and its queue give. Pure.
+
+Each message goes to a person reading `kubectl describe tj`: it says what the job needs and
+what the cluster has, in numbers, so they can tell "wait" from "change the job".
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+
+
+def plural(count: int, noun: str, many: str | None = None) -> str:
+    return f"{count} {noun if count == 1 else many or noun + 's'}"
+
+
+def gang(workers: int, gpus_per_worker: int) -> str:
+    """'32 GPUs (4 workers x 8)'."""
+    total = workers * gpus_per_worker
+    if workers == 1:
+        return f"{plural(total, 'GPU')} (1 worker)"
+    return f"{total} GPUs ({workers} workers x {gpus_per_worker})"
+
+
+def scope(selector: Mapping[str, str]) -> str:
+    """' matching gpu.product=H200' for a job with a node selector, else ''."""
+    if not selector:
+        return ""
+    terms = ", ".join(
+        f"{key.rsplit('/', 1)[-1]}={value}" for key, value in sorted(selector.items())
+    )
+    return f" matching {terms}"
+
+
+def unknown_level(which: str, level: str, levels: str) -> str:
+    return f"{which} level {level!r} is not a topology level; the levels are: {levels}"
+
+
+def no_matching_nodes(selector: Mapping[str, str]) -> str:
+    return f"no schedulable node{scope(selector)} with GPUs"
+
+
+def worker_too_large(gpus_per_worker: int, largest: int, selector: Mapping[str, str]) -> str:
+    return (
+        f"each worker needs {plural(gpus_per_worker, 'GPU')}, "
+        f"but the largest node{scope(selector)} has {largest}"
+    )
+
+
+def not_enough_gpus(
+    workers: int, gpus_per_worker: int, room: int, free: int, selector: Mapping[str, str]
+) -> str:
+    pieces = "" if free <= room * gpus_per_worker else f", some in pieces under {gpus_per_worker}"
+    return (
+        f"needs {gang(workers, gpus_per_worker)}; the free GPUs{scope(selector)} have room "
+        f"for {plural(room, 'such worker')} ({free} GPUs free{pieces})"
+    )
+
+
+def tensor_groups_do_not_fit(
+    tensor: int, group_workers: int, domain: str, have: int, need: int
+) -> str:
+    return (
+        f"each tensor-parallel group of {tensor} GPUs ({plural(group_workers, 'worker')}) "
+        f"must sit in one {domain}; the free ones hold {plural(have, 'such group')}, "
+        f"{need} needed"
+    )
+
+
+def replicas_do_not_fit(
+    *, tensor: int, pipeline: int, replica_workers: int, domain: str, have: int, need: int
+) -> str:
+    return (
+        f"each model replica ({plural(pipeline, 'pipeline stage')} x {tensor} GPUs, "
+        f"{plural(replica_workers, 'worker')}) must sit in one {domain}; the free ones hold "
+        f"{plural(have, 'such replica')}, {need} needed"
+    )
+
+
+def required_domain_too_small(
+    *, level: str, workers: int, gpus_per_worker: int, roomiest: str, room: int, free: int
+) -> str:
+    return (
+        f"needs {gang(workers, gpus_per_worker)} within one {level}; the roomiest {level}, "
+        f"{roomiest}, has room for {plural(room, 'such worker')} ({free} GPUs free)"
+    )
+
+
+def never_fits(reason: str) -> str:
+    return f"cannot fit even on an empty cluster: {reason}"
+
+
+def waiting_for(key: str, skipped: int, nodes: int, own: str | None) -> str:
+    """A job held back because an older job has used up its backfill allowance."""
+    held = (
+        f"waiting for {key}, which later jobs have overtaken {plural(skipped, 'time')}: "
+        f"until it starts, nothing else may start on the {plural(nodes, 'node')} it can use"
+    )
+    return held if own is None else f"{held}; on the other nodes alone: {own}"

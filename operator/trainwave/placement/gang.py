@@ -1,0 +1,348 @@
+"""Gang placement: (snapshot, request) -> where every worker goes, or why none can. Pure.
+
+Algorithm overview
+------------------
+A request is a gang of N workers of G GPUs each, with an optional required level (hard: all
+workers inside one domain of it), an optional preferred level (soft) and optional
+tensor/pipeline degrees. The topology tree is cluster -> configured levels (spine, rack) ->
+NVLink domain (when multi-node) -> node.
+
+Phase 1, capacity. Every node offers free // G worker slots (0 when it is cordoned, not
+Ready, or outside the request's node selector). Capacity is summed bottom-up in *units*:
+one worker at the node, one tensor block (ranks.Blocks) at the NVLink domain, one model
+replica block at the pipeline level (the rack) and above. A level holds
+floor(children's total / blocks per unit), so a unit is never split across domains.
+
+Phase 2, the domain. Walking up from the node level to the required level (or the root),
+the first level where one domain can hold the whole gang is the tightest possible. Among
+the domains there that can, take the one that
+  a) needs the fewest domains at each level below (a trial descent, phase 3, counts them),
+  b) then fits best: the least spare capacity, then the fewest free GPUs, then (nodes)
+     the most GPUs already in use: large holes stay whole for large jobs,
+  c) then sits in the fullest parent, grandparent...; then the lowest index.
+If none can, the job is unschedulable and the reason names the first constraint that
+fails: matching nodes, worker size, free GPUs, tensor groups, model replicas, the level.
+
+Phase 3, descent. Inside a domain, if one child can hold what is asked, the best-fitting
+child gets all of it (b). Otherwise children are taken largest first, each filled
+completely, until the rest fits in one; that rest goes to the best-fitting child that can
+hold it. This uses the fewest children possible and leaves the biggest of the rest intact.
+
+Phase 4, ranks. Workers are numbered in node-index order, which is depth-first (see
+topology.py), so consecutive ranks are neighbours (ranks.py).
+
+Invariants:
+- All or nothing: the result is a Placement for all N workers or an Unschedulable.
+- No node gets more than its free GPUs; no worker is split across nodes.
+- With a required level, every worker is inside one domain of that level.
+- Each tensor block lies in one NVLink domain (or node), each replica block in one rack.
+- Deterministic: the same snapshot and request give the same answer; no clock, no I/O.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from enum import StrEnum
+
+from trainwave.placement import explain
+from trainwave.placement.ranks import Blocks, Parallelism, order_workers, plan_blocks
+from trainwave.placement.snapshot import ClusterSnapshot
+from trainwave.placement.topology import Topology
+
+
+class Blocker(StrEnum):
+    """Why a gang cannot be placed; short enough for a condition's `reason`."""
+
+    INVALID_REQUEST = "InvalidRequest"
+    NO_MATCHING_NODES = "NoMatchingNodes"
+    WORKER_TOO_LARGE = "WorkerTooLarge"
+    NOT_ENOUGH_GPUS = "NotEnoughGPUs"
+    PARALLELISM = "ParallelismDoesNotFit"
+    REQUIRED_LEVEL = "RequiredDomainTooSmall"
+
+
+@dataclass(frozen=True)
+class GangRequest:
+    """N workers x G GPUs; levels by label key ("trainwave.io/rack") or name ("rack")."""
+
+    name: str
+    workers: int
+    gpus_per_worker: int
+    required_level: str | None = None
+    preferred_level: str | None = None
+    parallelism: Parallelism | None = None
+    node_selector: Mapping[str, str] = field(default_factory=dict)
+
+    @property
+    def gpus(self) -> int:
+        return self.workers * self.gpus_per_worker
+
+
+@dataclass(frozen=True)
+class LevelUsage:
+    level: str
+    domains: tuple[str, ...]  # in rank order
+
+
+@dataclass(frozen=True)
+class Placement:
+    job: str
+    gpus_per_worker: int
+    nodes: tuple[str, ...]  # nodes[rank]: where worker `rank` goes
+    usage: tuple[LevelUsage, ...]  # each level below the cluster, top to bottom
+    preferred_met: bool | None = None  # None: no preferred level was asked for
+
+    def gpus_by_node(self) -> dict[str, int]:
+        gpus: dict[str, int] = {}
+        for node in self.nodes:
+            gpus[node] = gpus.get(node, 0) + self.gpus_per_worker
+        return gpus
+
+    def domains(self, level: str) -> tuple[str, ...]:
+        for usage in self.usage:
+            if usage.level == level:
+                return usage.domains
+        raise KeyError(level)
+
+    def describe(self) -> str:
+        """'4 workers x 8 GPUs on 4 nodes, 1 rack (rack-03), 1 spine (spine-0)'."""
+        parts = []
+        for usage in reversed(self.usage):
+            count = explain.plural(len(usage.domains), usage.level)
+            named = f" ({', '.join(usage.domains)})" if len(usage.domains) <= 3 else ""
+            parts.append(count if usage is self.usage[-1] else count + named)
+        workers = explain.plural(len(self.nodes), "worker")
+        return f"{workers} x {self.gpus_per_worker} GPUs on {', '.join(parts)}"
+
+
+@dataclass(frozen=True)
+class Unschedulable:
+    job: str
+    code: Blocker
+    reason: str
+
+
+def place(snapshot: ClusterSnapshot, request: GangRequest) -> Placement | Unschedulable:
+    """Place the whole gang or explain why it cannot be placed now."""
+    topology = snapshot.topology
+
+    def refuse(code: Blocker, reason: str) -> Unschedulable:
+        return Unschedulable(request.name, code, reason)
+
+    if request.workers < 1 or request.gpus_per_worker < 1:
+        return refuse(Blocker.INVALID_REQUEST, "workers and GPUs per worker must be at least 1")
+    blocks = plan_blocks(request.parallelism, request.workers, request.gpus_per_worker)
+    if isinstance(blocks, str):
+        return refuse(Blocker.INVALID_REQUEST, blocks)
+    levels: list[int | None] = []
+    for which, name in (
+        ("required", request.required_level),
+        ("preferred", request.preferred_level),
+    ):
+        level = None if name is None else topology.level_of(name)
+        if name is not None and level is None:
+            reason = explain.unknown_level(which, name, topology.describe_levels())
+            return refuse(Blocker.INVALID_REQUEST, reason)
+        levels.append(level)
+    required, preferred = levels
+
+    planner = _Planner(snapshot, request, blocks)
+    problem = planner.shortfall(required or 0)
+    if problem is not None:
+        return refuse(*problem)
+    allocation = planner.allocate(required or 0)
+    nodes = order_workers(topology, allocation)
+    usage = _usage(topology, [node for node, _ in sorted(allocation)])
+    met = None if preferred is None else len(_domains_at(topology, allocation, preferred)) == 1
+    return Placement(request.name, request.gpus_per_worker, nodes, usage, met)
+
+
+class _Planner:
+    """Capacities of one request over one snapshot (phase 1), and phases 2 and 3 on them."""
+
+    def __init__(self, snapshot: ClusterSnapshot, request: GangRequest, blocks: Blocks):
+        topology = snapshot.topology
+        self.topology = topology
+        self.snapshot = snapshot
+        self.request = request
+        self.blocks = blocks
+        gpus = request.gpus_per_worker
+        selector = request.node_selector.items()
+        self.eligible = [
+            node.schedulable and (not selector or all(node.labels.get(k) == v for k, v in selector))
+            for node in snapshot.nodes
+        ]
+        self.node_free = [
+            f if ok else 0 for f, ok in zip(snapshot.free, self.eligible, strict=True)
+        ]
+        self.node_used = [node.used for node in snapshot.nodes]
+
+        node_level = self.node_level = topology.node_level
+        units = [blocks.pipeline_workers] * len(topology.levels)
+        if topology.nvlink_level is not None:
+            units[topology.nvlink_level] = blocks.tensor_workers
+            units[node_level] = 1
+        else:
+            units[node_level] = blocks.tensor_workers
+        self.units = units
+
+        prefix = [0]
+        for free in self.node_free:
+            prefix.append(prefix[-1] + free)
+        self.caps: list[list[int]] = [[] for _ in units]
+        self.free: list[list[int]] = [[] for _ in units]
+        self.caps[node_level] = [free // gpus // units[node_level] for free in self.node_free]
+        self.free[node_level] = self.node_free
+        for level in reversed(range(node_level)):
+            ratio = units[level] // units[level + 1]
+            below = self.caps[level + 1]
+            domains = topology.domains[level]
+            self.caps[level] = [sum(below[c] for c in d.children) // ratio for d in domains]
+            self.free[level] = [prefix[d.stop] - prefix[d.first] for d in domains]
+
+    def need(self, level: int) -> int:
+        return self.request.workers // self.units[level]
+
+    def shortfall(self, top: int) -> tuple[Blocker, str] | None:
+        """The first constraint the gang fails, with its sentence; None when it fits."""
+        request, topology, blocks = self.request, self.topology, self.blocks
+        gpus, selector = request.gpus_per_worker, request.node_selector
+        sizes = [n.gpus for n, ok in zip(self.snapshot.nodes, self.eligible, strict=True) if ok]
+        if not sizes or max(sizes) == 0:
+            return Blocker.NO_MATCHING_NODES, explain.no_matching_nodes(selector)
+        if gpus > max(sizes):
+            return Blocker.WORKER_TOO_LARGE, explain.worker_too_large(gpus, max(sizes), selector)
+        room = sum(free // gpus for free in self.node_free)
+        if room < request.workers:
+            reason = explain.not_enough_gpus(
+                request.workers, gpus, room, sum(self.node_free), selector
+            )
+            return Blocker.NOT_ENOUGH_GPUS, reason
+        parallelism = request.parallelism or Parallelism()
+        tensor_level = (
+            topology.node_level if topology.nvlink_level is None else topology.nvlink_level
+        )
+        have = sum(self.caps[tensor_level])
+        if have < self.need(tensor_level):
+            reason = explain.tensor_groups_do_not_fit(
+                parallelism.tensor,
+                blocks.tensor_workers,
+                topology.levels[tensor_level].name,
+                have,
+                self.need(tensor_level),
+            )
+            return Blocker.PARALLELISM, reason
+        if self.caps[0][0] < self.need(0):
+            reason = explain.replicas_do_not_fit(
+                tensor=parallelism.tensor,
+                pipeline=parallelism.pipeline,
+                replica_workers=blocks.pipeline_workers,
+                domain=topology.levels[topology.pipeline_level].name,
+                have=self.caps[0][0],
+                need=self.need(0),
+            )
+            return Blocker.PARALLELISM, reason
+        if max(self.caps[top]) < self.need(top):
+            caps, free = self.caps[top], self.free[top]
+            roomiest = max(range(len(caps)), key=lambda d: (caps[d], free[d], -d))
+            reason = explain.required_domain_too_small(
+                level=topology.levels[top].name,
+                workers=request.workers,
+                gpus_per_worker=gpus,
+                roomiest=topology.domains[top][roomiest].value,
+                room=sum(self.node_free[i] // gpus for i in self._span(top, roomiest)),
+                free=free[roomiest],
+            )
+            return Blocker.REQUIRED_LEVEL, reason
+        return None
+
+    def allocate(self, top: int) -> list[tuple[int, int]]:
+        """Phases 2 and 3: (node index, workers) for the whole gang; `shortfall` was None."""
+        for level in range(self.node_level, top - 1, -1):
+            need, caps = self.need(level), self.caps[level]
+            candidates = [d for d, cap in enumerate(caps) if cap >= need]
+            if not candidates:
+                continue
+            if level == self.node_level:
+                best = min(candidates, key=lambda d: self._choice(level, d, ()))
+                return [(best, need * self.units[level])]
+            best_rank: tuple[object, ...] | None = None
+            best_out: list[tuple[int, int]] = []
+            for domain in candidates:
+                out: list[tuple[int, int]] = []
+                counts = [0] * len(self.units)
+                self._descend(level, domain, need, out, counts)
+                rank = self._choice(level, domain, tuple(counts[level + 1 :]))
+                if best_rank is None or rank < best_rank:
+                    best_rank, best_out = rank, out
+            return best_out
+        raise AssertionError("allocate() called for a gang that does not fit")
+
+    def _choice(self, level: int, domain: int, spread: tuple[int, ...]) -> tuple[object, ...]:
+        """Phase 2's order: fewest domains below, best fit, fullest ancestors, index."""
+        return (spread, self._fit(level, domain), self._parents(level, domain), domain)
+
+    def _descend(
+        self, level: int, domain: int, amount: int, out: list[tuple[int, int]], counts: list[int]
+    ) -> None:
+        """Give `amount` units of `level` inside `domain`, to the fewest children (phase 3)."""
+        counts[level] += 1
+        if level == self.node_level:
+            out.append((domain, amount * self.units[level]))
+            return
+        child_level = level + 1
+        caps = self.caps[child_level]
+        wanted = amount * (self.units[level] // self.units[child_level])
+        children = self.topology.domains[level][domain].children
+        fitting = [c for c in children if caps[c] >= wanted]
+        if fitting:
+            best = min(fitting, key=lambda c: (self._fit(child_level, c), c))
+            self._descend(child_level, best, wanted, out, counts)
+            return
+        free = self.free[child_level]
+        largest = sorted((c for c in children if caps[c]), key=lambda c: (-caps[c], free[c], c))
+        taken = 0
+        for child in largest:
+            if caps[child] >= wanted:
+                break
+            self._descend(child_level, child, caps[child], out, counts)
+            wanted -= caps[child]
+            taken += 1
+        rest = [c for c in largest[taken:] if caps[c] >= wanted]
+        last = min(rest, key=lambda c: (self._fit(child_level, c), c))
+        self._descend(child_level, last, wanted, out, counts)
+
+    def _fit(self, level: int, domain: int) -> tuple[int, ...]:
+        """Best fit: least spare capacity, fewest free GPUs, most GPUs in use (nodes)."""
+        used = -self.node_used[domain] if level == self.node_level else 0
+        return (self.caps[level][domain], self.free[level][domain], used)
+
+    def _parents(self, level: int, domain: int) -> tuple[int, ...]:
+        """Free capacity of each ancestor, nearest first: the fullest parent wins ties."""
+        caps: list[int] = []
+        parent = self.topology.domains[level][domain].parent
+        for above in range(level - 1, 0, -1):
+            caps.append(self.caps[above][parent])
+            parent = self.topology.domains[above][parent].parent
+        return tuple(caps)
+
+    def _span(self, level: int, domain: int) -> range:
+        found = self.topology.domains[level][domain]
+        return range(found.first, found.stop)
+
+
+def _domains_at(topology: Topology, allocation: list[tuple[int, int]], level: int) -> set[int]:
+    return {topology.node_domains[level][node] for node, _ in allocation}
+
+
+def _usage(topology: Topology, nodes: list[int]) -> tuple[LevelUsage, ...]:
+    """The domains a gang uses at each level below the cluster, in rank order."""
+    usage = []
+    for level in range(1, len(topology.levels)):
+        seen: dict[int, str] = {}
+        for node in nodes:
+            domain = topology.node_domains[level][node]
+            seen.setdefault(domain, topology.domains[level][domain].value)
+        usage.append(LevelUsage(topology.levels[level].name, tuple(seen.values())))
+    return tuple(usage)
