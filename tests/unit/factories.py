@@ -96,53 +96,9 @@ def make_body(
     }
 
 
-def make_job(
-    name: str = "demo",
-    *,
-    workers: int = 2,
-    gpus_per_worker: int = 0,
-    processes_per_worker: int = 1,
-    phase: str | None = None,
-    attempt: int = 0,
-    restarts: int = 0,
-    suspend: bool = False,
-    max_restarts: int = 3,
-    rules: tuple[dict[str, Any], ...] = (),
-    success_policy: str = "AllWorkers",
-    active_deadline_seconds: int | None = None,
-    ttl: int | None = None,
-    start_time: datetime | None = None,
-    completion_time: datetime | None = None,
-    template: dict[str, Any] | None = None,
-    env: tuple[tuple[str, str], ...] = (),
-    uid: str = "uid-1",
-    generation: int = 1,
-    **spec_overrides: Any,
-) -> TrainingJob:
-    return parse_trainingjob(
-        make_body(
-            name=name,
-            workers=workers,
-            gpus_per_worker=gpus_per_worker,
-            processes_per_worker=processes_per_worker,
-            phase=phase,
-            attempt=attempt,
-            restarts=restarts,
-            suspend=suspend,
-            max_restarts=max_restarts,
-            rules=rules,
-            success_policy=success_policy,
-            active_deadline_seconds=active_deadline_seconds,
-            ttl=ttl,
-            start_time=start_time,
-            completion_time=completion_time,
-            template=template,
-            env=env,
-            uid=uid,
-            generation=generation,
-            **spec_overrides,
-        )
-    )
+def make_job(name: str = "demo", **options: Any) -> TrainingJob:
+    """A parsed TrainingJob: `make_body` through the operator's own parser."""
+    return parse_trainingjob(make_body(name, **options))
 
 
 def make_pod_body(

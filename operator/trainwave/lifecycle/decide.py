@@ -56,7 +56,6 @@ class _Draft:
     """Status under construction, plus the actions that go with it."""
 
     meta: ObjectMeta
-    old: TrainingJobStatus
     now: datetime
     status: TrainingJobStatus
     create: list[int] = field(default_factory=list)
@@ -121,7 +120,7 @@ class _Draft:
 
 
 def decide(job: TrainingJob, pods: Sequence[WorkerPod], now: datetime) -> Decision:
-    draft = _Draft(meta=job.metadata, old=job.status, now=now, status=job.status)
+    draft = _Draft(meta=job.metadata, now=now, status=job.status)
     mine = [p for p in pods if p.owner_uid == job.metadata.uid]
     if draft.status.phase is None:
         draft.condition(ConditionType.CREATED, True, "Created", "job accepted")
@@ -146,7 +145,7 @@ def decide_invalid(
     now: datetime,
 ) -> Decision:
     """A spec the schema let through but that cannot run: Failed, InvalidSpec."""
-    draft = _Draft(meta=meta, old=status, now=now, status=status)
+    draft = _Draft(meta=meta, now=now, status=status)
     if status.phase is None or not status.phase.terminal:
         _fail(draft, "InvalidSpec", message)
     draft.stop([p for p in pods if p.owner_uid == meta.uid])
