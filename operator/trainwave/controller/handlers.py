@@ -10,8 +10,8 @@ reconciles after a restart already see every existing pod.
 import asyncio
 import logging
 from collections import Counter
-from concurrent.futures import ThreadPoolExecutor
 from collections.abc import Iterable
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any
 

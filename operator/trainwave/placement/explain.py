@@ -36,7 +36,7 @@ def unknown_level(which: str, level: str, levels: str) -> str:
 
 
 def no_matching_nodes(selector: Mapping[str, str]) -> str:
-    return f"no schedulable node{scope(selector)} with GPUs"
+    return f"no schedulable node with GPUs{scope(selector)}"
 
 
 def worker_too_large(gpus_per_worker: int, largest: int, selector: Mapping[str, str]) -> str:
@@ -89,10 +89,9 @@ def never_fits(reason: str) -> str:
     return f"cannot fit even on an empty cluster: {reason}"
 
 
-def waiting_for(key: str, skipped: int, nodes: int, own: str | None) -> str:
-    """A job held back because an older job has used up its backfill allowance."""
-    held = (
+def waiting_for(key: str, skipped: int, nodes: int) -> str:
+    """A gang held back because an earlier one has used up its backfill allowance."""
+    return (
         f"waiting for {key}, which later jobs have overtaken {plural(skipped, 'time')}: "
         f"until it starts, nothing else may start on the {plural(nodes, 'node')} it can use"
     )
-    return held if own is None else f"{held}; on the other nodes alone: {own}"

@@ -44,6 +44,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from enum import StrEnum
+from itertools import accumulate
 
 from trainwave.placement import explain
 from trainwave.placement.ranks import Blocks, Parallelism, order_workers, plan_blocks
@@ -168,15 +169,13 @@ class _Planner:
         self.request = request
         self.blocks = blocks
         gpus = request.gpus_per_worker
-        selector = request.node_selector.items()
-        self.eligible = [
-            node.schedulable and (not selector or all(node.labels.get(k) == v for k, v in selector))
-            for node in snapshot.nodes
-        ]
-        self.node_free = [
-            f if ok else 0 for f, ok in zip(snapshot.free, self.eligible, strict=True)
-        ]
-        self.node_used = [node.used for node in snapshot.nodes]
+        self.node_free = list(snapshot.free)  # 0 on nodes that take no new pods
+        if request.node_selector:
+            matching = snapshot.matching(request.node_selector)
+            self.node_free = [
+                f if ok else 0 for f, ok in zip(self.node_free, matching, strict=True)
+            ]
+        self.slots = [free // gpus for free in self.node_free]
 
         node_level = self.node_level = topology.node_level
         units = [blocks.pipeline_workers] * len(topology.levels)
@@ -187,19 +186,29 @@ class _Planner:
             units[node_level] = blocks.tensor_workers
         self.units = units
 
-        prefix = [0]
-        for free in self.node_free:
-            prefix.append(prefix[-1] + free)
+        # Phase 1 runs for every decision, so it leans on prefix sums over the node order:
+        # a domain's free GPUs, and its capacity while every unit below it is one worker.
+        free_prefix = [0, *accumulate(self.node_free)]
+        node_caps = (
+            self.slots if units[node_level] == 1 else [s // units[node_level] for s in self.slots]
+        )
+        caps_prefix = [0, *accumulate(node_caps)]
         self.caps: list[list[int]] = [[] for _ in units]
         self.free: list[list[int]] = [[] for _ in units]
-        self.caps[node_level] = [free // gpus // units[node_level] for free in self.node_free]
+        self.caps[node_level] = node_caps
         self.free[node_level] = self.node_free
+        self.room = caps_prefix[-1] if units[node_level] == 1 else sum(self.slots)
+        exact = True  # no floor division between this level and the nodes yet
         for level in reversed(range(node_level)):
             ratio = units[level] // units[level + 1]
-            below = self.caps[level + 1]
             domains = topology.domains[level]
-            self.caps[level] = [sum(below[c] for c in d.children) // ratio for d in domains]
-            self.free[level] = [prefix[d.stop] - prefix[d.first] for d in domains]
+            exact = exact and ratio == 1
+            if exact:
+                self.caps[level] = [caps_prefix[d.stop] - caps_prefix[d.first] for d in domains]
+            else:
+                below = self.caps[level + 1]
+                self.caps[level] = [sum(below[c] for c in d.children) // ratio for d in domains]
+            self.free[level] = [free_prefix[d.stop] - free_prefix[d.first] for d in domains]
 
     def need(self, level: int) -> int:
         return self.request.workers // self.units[level]
@@ -208,15 +217,16 @@ class _Planner:
         """The first constraint the gang fails, with its sentence; None when it fits."""
         request, topology, blocks = self.request, self.topology, self.blocks
         gpus, selector = request.gpus_per_worker, request.node_selector
-        sizes = [n.gpus for n, ok in zip(self.snapshot.nodes, self.eligible, strict=True) if ok]
-        if not sizes or max(sizes) == 0:
-            return Blocker.NO_MATCHING_NODES, explain.no_matching_nodes(selector)
-        if gpus > max(sizes):
-            return Blocker.WORKER_TOO_LARGE, explain.worker_too_large(gpus, max(sizes), selector)
-        room = sum(free // gpus for free in self.node_free)
-        if room < request.workers:
+        if self.room < request.workers:
+            nodes, matching = self.snapshot.nodes, self.snapshot.matching(selector)
+            sizes = [n.gpus for n, ok in zip(nodes, matching, strict=True) if ok and n.schedulable]
+            if not sizes or max(sizes) == 0:
+                return Blocker.NO_MATCHING_NODES, explain.no_matching_nodes(selector)
+            if gpus > max(sizes):
+                reason = explain.worker_too_large(gpus, max(sizes), selector)
+                return Blocker.WORKER_TOO_LARGE, reason
             reason = explain.not_enough_gpus(
-                request.workers, gpus, room, sum(self.node_free), selector
+                request.workers, gpus, self.room, sum(self.node_free), selector
             )
             return Blocker.NOT_ENOUGH_GPUS, reason
         parallelism = request.parallelism or Parallelism()
@@ -251,7 +261,7 @@ class _Planner:
                 workers=request.workers,
                 gpus_per_worker=gpus,
                 roomiest=topology.domains[top][roomiest].value,
-                room=sum(self.node_free[i] // gpus for i in self._span(top, roomiest)),
+                room=sum(self.slots[i] for i in self._span(top, roomiest)),
                 free=free[roomiest],
             )
             return Blocker.REQUIRED_LEVEL, reason
@@ -265,7 +275,12 @@ class _Planner:
             if not candidates:
                 continue
             if level == self.node_level:
-                best = min(candidates, key=lambda d: self._choice(level, d, ()))
+                # Nodes: the spread is always one, so only best fit and parents decide;
+                # ancestors are looked up only for the nodes that tie on fit.
+                fits = {d: self._fit(level, d) for d in candidates}
+                tightest = min(fits.values())
+                tied = [d for d, fit in fits.items() if fit == tightest]
+                best = min(tied, key=lambda d: (self._parents(level, d), d))
                 return [(best, need * self.units[level])]
             best_rank: tuple[object, ...] | None = None
             best_out: list[tuple[int, int]] = []
@@ -315,7 +330,7 @@ class _Planner:
 
     def _fit(self, level: int, domain: int) -> tuple[int, ...]:
         """Best fit: least spare capacity, fewest free GPUs, most GPUs in use (nodes)."""
-        used = -self.node_used[domain] if level == self.node_level else 0
+        used = -self.snapshot.nodes[domain].used if level == self.node_level else 0
         return (self.caps[level][domain], self.free[level][domain], used)
 
     def _parents(self, level: int, domain: int) -> tuple[int, ...]:

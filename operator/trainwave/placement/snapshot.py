@@ -13,7 +13,7 @@ the caller passes for gangs it has placed but kube-scheduler has not bound yet.
 from __future__ import annotations
 
 from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from functools import cached_property
 from typing import Any
 
@@ -51,6 +51,10 @@ class ClusterSnapshot:
 
     topology: Topology
     nodes: tuple[NodeInfo, ...]
+    # Selector matches depend on labels only, so snapshots derived from this one share them.
+    _matches: dict[tuple[tuple[str, str], ...], tuple[bool, ...]] = field(
+        default_factory=dict, repr=False
+    )
 
     @classmethod
     def of(
@@ -70,6 +74,15 @@ class ClusterSnapshot:
         """Free GPUs per node index; 0 on nodes that take no new pods."""
         return tuple(node.free for node in self.nodes)
 
+    def matching(self, selector: Mapping[str, str]) -> tuple[bool, ...]:
+        """Per node index: whether its labels match every term of `selector`."""
+        key = tuple(sorted(selector.items()))
+        if key not in self._matches:
+            self._matches[key] = tuple(
+                all(node.labels.get(k) == v for k, v in key) for node in self.nodes
+            )
+        return self._matches[key]
+
     def node(self, name: str) -> NodeInfo:
         return self.nodes[self.topology.node_index[name]]
 
@@ -79,18 +92,26 @@ class ClusterSnapshot:
         for name, gpus in gpus_by_node.items():
             index = self.topology.node_index[name]
             nodes[index] = replace(nodes[index], used=nodes[index].used + gpus)
-        return ClusterSnapshot(self.topology, tuple(nodes))
+        return ClusterSnapshot(self.topology, tuple(nodes), self._matches)
 
     def emptied(self) -> ClusterSnapshot:
         """The same cluster with nothing running: what could ever fit, for now."""
-        return ClusterSnapshot(self.topology, tuple(replace(n, used=0) for n in self.nodes))
+        return ClusterSnapshot(
+            self.topology,
+            tuple(NodeInfo(n.name, n.labels, n.gpus, 0, n.schedulable) for n in self.nodes),
+            self._matches,
+        )
 
     def restricted(self, names: Iterable[str]) -> ClusterSnapshot:
         """The same snapshot with only `names` open to new pods."""
         keep = set(names)
         return ClusterSnapshot(
             self.topology,
-            tuple(n if n.name in keep else replace(n, schedulable=False) for n in self.nodes),
+            tuple(
+                n if n.name in keep else NodeInfo(n.name, n.labels, n.gpus, n.used, False)
+                for n in self.nodes
+            ),
+            self._matches,
         )
 
 
