@@ -38,6 +38,13 @@ def main(argv: list[str] | None = None) -> int:
         default="",
         help="comma-separated node labels, highest level first (used by placement)",
     )
+    planner = commands.add_parser("plan", help="dry-run placement of a TrainingJob manifest")
+    planner.add_argument("manifest", help="a TrainingJob YAML file")
+    planner.add_argument(
+        "--topology-levels",
+        default="",
+        help="comma-separated node labels, highest level first (default: spine, rack, host)",
+    )
     commands.add_parser("crd", help="print the TrainingJob CustomResourceDefinition")
     commands.add_parser("version", help="print the version")
 
@@ -50,7 +57,30 @@ def main(argv: list[str] | None = None) -> int:
 
         sys.stdout.write(render_crd())
         return 0
+    if options.command == "plan":
+        return run_plan(options)
     return run_operator(options)
+
+
+def run_plan(options: argparse.Namespace) -> int:
+    import yaml
+
+    from trainwave.api.trainingjob import InvalidSpec
+    from trainwave.controller.kube import load_config
+    from trainwave.controller.planning import plan, render
+    from trainwave.placement.gang import Placement
+    from trainwave.placement.topology import DEFAULT_LEVELS
+
+    with open(options.manifest) as stream:
+        manifest = yaml.safe_load(stream)
+    levels = [x for x in options.topology_levels.split(",") if x] or list(DEFAULT_LEVELS)
+    try:
+        result = plan(manifest, load_config(pool_size=2), levels)
+    except InvalidSpec as invalid:
+        print(f"{options.manifest}: invalid: {invalid}", file=sys.stderr)
+        return 2
+    print(render(result))
+    return 0 if isinstance(result, Placement) else 1
 
 
 def run_operator(options: argparse.Namespace) -> int:
