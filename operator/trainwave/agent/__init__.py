@@ -1,0 +1,1 @@
+"""Node agent: discovers GPUs, NVLink islands and RDMA NICs and describes the node."""
