@@ -91,6 +91,11 @@ NODE_LABEL_GPU_CLIQUE: Final = "nvidia.com/gpu.clique"
 NODE_LABEL_RDMA: Final = "trainwave.io/rdma"
 NODE_LABEL_RDMA_NICS: Final = "trainwave.io/rdma-nics"
 RDMA_RESOURCE: Final = "rdma/rdma_shared_device_a"
+# The value of NODE_LABEL_RDMA for each RDMA link layer.
+RDMA_LINK_LAYER_LABELS: Final = {"IB": "infiniband", "RoCE": "roce"}
+# The node agent's full inventory (GPUs, NVLink islands, NICs, GPU-to-NIC
+# distances, GPUDirect readiness) as a JSON annotation on the node.
+ANNOTATION_INVENTORY: Final = "trainwave.io/inventory"
 
 # Operator process defaults (the chart sets the same ports).
 DEFAULT_METRICS_PORT: Final = 9090

@@ -50,6 +50,7 @@ from trainwave.contract import (
     NODE_LABEL_RDMA,
     NODE_LABEL_RDMA_NICS,
     NODE_LABEL_SPINE,
+    RDMA_LINK_LAYER_LABELS,
     RDMA_RESOURCE,
 )
 
@@ -64,7 +65,6 @@ KWOK_NODE_TYPE = "kwok"
 MAX_NODES = 20_000
 
 # The label value each RDMA link layer is advertised as.
-RDMA_LINK_LAYER_LABELS = {"IB": "infiniband", "RoCE": "roce"}
 
 _QUANTITY = (
     r"^(\+|-)?(([0-9]+(\.[0-9]*)?)|(\.[0-9]+))(([KMGTPE]i)|[numkMGTPE]|([eE](\+|-)?[0-9]+))?$"
