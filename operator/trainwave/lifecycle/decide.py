@@ -334,7 +334,8 @@ def _succeeded(job: TrainingJob, current: list[WorkerPod]) -> bool:
 def _success_message(job: TrainingJob) -> str:
     if job.spec.run_policy.success_policy == "Rank0":
         return "worker 0 completed (successPolicy Rank0)"
-    return f"all {job.spec.workers} workers completed"
+    workers = job.spec.workers
+    return f"all {workers} workers completed" if workers > 1 else "the worker completed"
 
 
 def _past_deadline(draft: _Draft, job: TrainingJob) -> bool:
