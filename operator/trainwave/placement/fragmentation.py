@@ -94,7 +94,7 @@ class _ModelTable:
     """The typical shapes as seen by one GPU model, pre-split for a fast F."""
 
     always: float  # weight of shapes that never fit this model (CPU-only or model refused)
-    gpu_shapes: tuple[tuple[int, int, int, float], ...]  # (cpu, milli, count, weight)
+    gpu_shapes: tuple[tuple[int, int, int, float], ...]  # (cpu, milli-GPU, GPU count, weight)
 
 
 @dataclass(frozen=True)
@@ -102,47 +102,31 @@ class FragmentationMeasure:
     """F(node) for one set of typical shapes, memoised (a pure function of its key)."""
 
     typical: TypicalShapes
-    weights: str = "count"  # "count": p_m as in FGD; "gpu": p_m scaled by m's GPU request
     _tables: dict[str, _ModelTable] = field(default_factory=dict, repr=False, compare=False)
     _memo: dict[tuple[str, int, tuple[int, ...]], float] = field(
         default_factory=dict, repr=False, compare=False
     )
-
-    def __post_init__(self) -> None:
-        if self.weights not in ("count", "gpu"):
-            raise ValueError(f"weights must be 'count' or 'gpu', got {self.weights!r}")
-
-    def _table(self, gpu_model: str) -> _ModelTable:
-        table = self._tables.get(gpu_model)
-        if table is None:
-            pairs = [(shape, self._weight(shape, w)) for shape, w in self.typical.weighted]
-            norm = sum(w for _, w in pairs)
-            always = 0.0
-            gpu_shapes: list[tuple[int, int, int, float]] = []
-            for shape, weight in pairs:
-                if shape.gpu_milli == 0 or not shape.accepts(gpu_model):
-                    always += weight / norm
-                else:
-                    gpu_shapes.append(
-                        (shape.cpu_milli, shape.gpu_milli, shape.num_gpu, weight / norm)
-                    )
-            table = _ModelTable(always, tuple(gpu_shapes))
-            self._tables[gpu_model] = table
-        return table
-
-    def _weight(self, shape: Shape, count_weight: float) -> float:
-        if self.weights == "gpu" and shape.gpu_milli:
-            return count_weight * (shape.gpu_milli * shape.num_gpu) / MILLI
-        return count_weight
 
     def of(self, gpu_model: str, cpu_free: int, gpu_free: tuple[int, ...]) -> float:
         """F in milli-GPU for a node of `gpu_model` with this free CPU and free milli-GPU."""
         key = (gpu_model, cpu_free, tuple(sorted(gpu_free)))
         value = self._memo.get(key)
         if value is None:
-            value = self._compute(gpu_model, cpu_free, key[2])
-            self._memo[key] = value
+            value = self._memo[key] = self._compute(gpu_model, cpu_free, key[2])
         return value
+
+    def _table(self, gpu_model: str) -> _ModelTable:
+        table = self._tables.get(gpu_model)
+        if table is None:
+            always = 0.0
+            gpu_shapes: list[tuple[int, int, int, float]] = []
+            for shape, weight in self.typical.weighted:
+                if shape.gpu_milli == 0 or not shape.accepts(gpu_model):
+                    always += weight
+                else:
+                    gpu_shapes.append((shape.cpu_milli, shape.gpu_milli, shape.num_gpu, weight))
+            table = self._tables[gpu_model] = _ModelTable(always, tuple(gpu_shapes))
+        return table
 
     def _compute(self, gpu_model: str, cpu_free: int, gpus: tuple[int, ...]) -> float:
         idle = sum(gpus)
