@@ -99,7 +99,11 @@ class KubeClient:
         self._apply(self.core.patch_namespaced_pod, meta["name"], meta["namespace"], pod)
 
     def delete_pod(self, namespace: str, name: str) -> None:
-        self._ignore_gone(self.core.delete_namespaced_pod, name, namespace, _preload_content=False)
+        self._ignore_gone(
+            lambda: _release(
+                self.core.delete_namespaced_pod(name, namespace, _preload_content=False)
+            )
+        )
 
     def post_event(self, job: dict[str, Any], event: JobEvent) -> None:
         meta = job["metadata"]
@@ -127,7 +131,9 @@ class KubeClient:
             },
         }
         try:
-            self.events.create_namespaced_event(meta["namespace"], body, _preload_content=False)
+            _release(
+                self.events.create_namespaced_event(meta["namespace"], body, _preload_content=False)
+            )
         except ApiException as error:
             # An Event is news, not state: losing one must not stop a reconcile.
             logger.warning(
@@ -136,7 +142,7 @@ class KubeClient:
 
     def _apply(self, patch: Any, name: str, namespace: str, body: dict[str, Any]) -> None:
         try:
-            patch(
+            response = patch(
                 name,
                 namespace,
                 body,
@@ -147,6 +153,7 @@ class KubeClient:
                 # more CPU than the request itself.
                 _preload_content=False,
             )
+            _release(response)
         except ApiException as error:
             if error.status == 422:
                 raise Rejected(_status_message(error)) from None
@@ -159,6 +166,16 @@ class KubeClient:
         except ApiException as error:
             if error.status not in (404, 409):
                 raise
+
+
+def _release(response: Any) -> None:
+    """Read an unparsed response to its end and hand its connection back to the pool.
+
+    Without this every call would leave its connection checked out, and the
+    next one would pay for a new TLS handshake.
+    """
+    response.read()
+    response.release_conn()
 
 
 def _status_message(error: ApiException) -> str:
