@@ -10,9 +10,8 @@ Workloads with Fragmentation Gradient Descent" (USENIX ATC'23), on the trace the
   1.3x the cluster's GPUs: random pods dropped while above; pods sampled with replacement from
   the name-sorted list and appended while below (the reference stops when one more pod's
   per-GPU milli would overshoot, and so do we);
-- node names: the reference simulator prefixes every node name with "%04d-" of a seeded random
-  permutation before scheduling, so "lexicographically smallest name" is a random but fixed
-  node order per seed; `--node-names trace` keeps the trace's names instead;
+- node names: the reference prefixes every node name with "%04d-" of a seeded permutation, so
+  "smallest name" is a random but fixed node order per seed (`--node-names trace`: no prefix);
 - pods arrive one at a time and never leave; one that fits nowhere fails;
 - typical shapes for FGD: from the variant's whole pod list, 95% coverage, CPU-only pods in;
 - metric: GPU allocation (% of cluster milli-GPU) against arrived GPU request (% of capacity),
@@ -24,8 +23,7 @@ means over 10 seeds are what is compared. Calibration gate: Best-fit and FGD wit
 of the published means (allocation at 100% and 130%) on the default trace.
 
 Run: python tests/benchmarks/fgd_trace.py [TRACE_DIR] [--variants default,...] [--seeds 42-51]
-       [--policies best-fit,fgd,trainwave] [--jobs 1]
-TRACE_DIR defaults to $TRAINWAVE_TRACE_DIR, else ../shared/data/openb-gpu-2023 from the repo root.
+[--policies best-fit,fgd,trainwave] [--jobs 1] [--node-stride 20 (quick)]. TRACE_DIR defaults to $TRAINWAVE_TRACE_DIR, else ../shared/data/openb-gpu-2023 from the repo root.
 Writes tests/benchmarks/results/fgd_trace.{json,md}; exits 1 when the calibration gate fails.
 """
 
@@ -69,7 +67,6 @@ RESULTS = Path(__file__).resolve().parent / "results"
 NODE_FILE = "openb_node_list_gpu_node.csv"
 PUBLISHED_FILE = "published_fgd_allocation.csv"
 PUBLISHED_NAMES = {"best-fit": "05-BestFit", "fgd": "06-FGD"}
-SEEDS = tuple(range(42, 52))
 TUNE = 1.3
 GATE_POINTS = 0.5
 GATE_VARIANT = "default"
@@ -80,12 +77,6 @@ POLICIES: dict[str, Factory] = {
     "fgd": Fgd,
     "trainwave": Trainwave,
 }
-
-
-@dataclass(frozen=True)
-class Pod:
-    name: str
-    task: Task
 
 
 @dataclass(frozen=True)
@@ -127,25 +118,19 @@ def load_nodes(directory: Path, stride: int = 1) -> list[NodeState]:
     ]
 
 
-def load_pods(path: Path) -> list[Pod]:
+def load_pods(path: Path) -> list[Task]:
+    """The variant's tasks, in pod-name order."""
     with path.open(newline="") as handle:
-        rows = list(csv.DictReader(handle))
-    pods = []
-    for r in rows:
-        models = frozenset(m for m in (r.get("gpu_spec") or "").split("|") if m)
-        task = Task(
-            int(r["cpu_milli"]),
-            int(r["memory_mib"]),
-            int(r["num_gpu"]),
-            int(r["gpu_milli"]),
-            models,
-        )
-        pods.append(Pod(r["name"], task))
-    return sorted(pods, key=lambda p: p.name)
+        rows = sorted(csv.DictReader(handle), key=lambda r: r["name"])
+    return [
+        Task(int(r["cpu_milli"]), int(r["memory_mib"]), int(r["num_gpu"]), int(r["gpu_milli"]),
+             frozenset(m for m in (r.get("gpu_spec") or "").split("|") if m))
+        for r in rows
+    ]  # fmt: skip
 
 
 def workload(
-    pods: Sequence[Pod], nodes: Sequence[NodeState], seed: int, names: str, tune: float = TUNE
+    pods: Sequence[Task], nodes: Sequence[NodeState], seed: int, names: str, tune: float = TUNE
 ) -> tuple[list[Task], list[NodeState]]:
     """Arrival order for one seed, and the nodes renamed the way the reference renames them."""
     rng = random.Random(seed)
@@ -153,16 +138,16 @@ def workload(
     rng.shuffle(order)
     capacity = sum(len(n.gpu_free) for n in nodes) * 1000
     target = tune * capacity
-    total = sum(p.task.gpu_request for p in order)
+    total = sum(p.gpu_request for p in order)
     if total > target:
         while total > target:
-            total -= order.pop(rng.randrange(len(order))).task.gpu_request
+            total -= order.pop(rng.randrange(len(order))).gpu_request
     else:
         while True:
             extra = pods[rng.randrange(len(pods))]
-            if total + extra.task.gpu_milli > target:  # sic: per-GPU milli, as the reference
+            if total + extra.gpu_milli > target:  # sic: per-GPU milli, as the reference
                 break
-            total += extra.task.gpu_request
+            total += extra.gpu_request
             order.append(extra)
     ordered = sorted(nodes, key=lambda n: n.name)
     if names == "simulator":
@@ -171,8 +156,8 @@ def workload(
             NodeState(f"{p:04d}-{n.name}", n.gpu_model, n.cpu_free, n.memory_free, n.gpu_free)
             for p, n in zip(prefix, ordered, strict=True)
         ]
-        return [p.task for p in order], renamed
-    return [p.task for p in order], ordered
+        return order, renamed
+    return order, ordered
 
 
 def simulate(
@@ -217,7 +202,7 @@ def run_one(job: Job) -> Run:
     started = time.perf_counter()
     nodes = load_nodes(job.directory, job.stride)
     pods = load_pods(job.directory / f"openb_pod_list_{job.variant}.csv")
-    measure = FragmentationMeasure(typical_shapes(p.task.shape for p in pods))
+    measure = FragmentationMeasure(typical_shapes(p.shape for p in pods))
     tasks, named = workload(pods, nodes, job.seed, job.names)
     points, failed = simulate(POLICIES[job.policy](measure), named, tasks)
     curve = allocation_curve(points, sum(len(n.gpu_free) for n in nodes) * 1000)
@@ -258,7 +243,7 @@ def summarise(runs: Sequence[Run]) -> dict[str, dict[str, dict[str, float]]]:
                 continue
             unalloc = [r.unallocated_100 for r in chosen]
             alloc = [r.allocated_130 for r in chosen]
-            table.setdefault(variant, {})[policy] = {
+            entry = table.setdefault(variant, {})[policy] = {
                 "seeds": len(chosen),
                 "unallocated_100": round(statistics.fmean(unalloc), 2),
                 "unallocated_100_sd": round(statistics.pstdev(unalloc), 2),
@@ -266,6 +251,13 @@ def summarise(runs: Sequence[Run]) -> dict[str, dict[str, dict[str, float]]]:
                 "allocated_130_sd": round(statistics.pstdev(alloc), 2),
                 "failed": round(statistics.fmean(r.failed for r in chosen), 1),
             }
+            fgd = {r.seed: r for r in runs if r.variant == variant and r.policy == "fgd"}
+            paired = [
+                r.unallocated_100 - fgd[r.seed].unallocated_100 for r in chosen if r.seed in fgd
+            ]
+            if policy != "fgd" and paired:  # same seed = same arrival order: compare per seed
+                entry["vs_fgd_unallocated_100"] = round(statistics.fmean(paired), 2)
+                entry["vs_fgd_better_seeds"] = sum(d < 0 for d in paired)
     return table
 
 
@@ -301,9 +293,9 @@ def markdown(
     head = (
         "| variant | "
         + " | ".join(f"{p} unalloc@100 | {p} alloc@130" for p in policies)
-        + " | published BestFit / FGD unalloc@100 |"
+        + " | published BestFit / FGD unalloc@100 | trainwave - FGD, paired (seeds better) |"
     )
-    lines = [head, "|---" * (2 * len(policies) + 2) + "|"]
+    lines = [head, "|---" * (2 * len(policies) + 3) + "|"]
     for variant, row in table.items():
         cells = []
         for p in policies:
@@ -314,7 +306,12 @@ def markdown(
             )  # fmt: skip
         refs = [published.get((variant, p)) for p in PUBLISHED_NAMES]
         ref = " / ".join("-" if r is None else f"{100 - r[0]:.2f}" for r in refs)
-        lines.append(f"| {variant} | " + " | ".join(cells) + f" | {ref} |")
+        ours = row.get("trainwave", {})
+        paired = (
+            f"{ours['vs_fgd_unallocated_100']:+.2f} ({ours['vs_fgd_better_seeds']}/{ours['seeds']})"
+            if "vs_fgd_unallocated_100" in ours else "-"
+        )  # fmt: skip
+        lines.append(f"| {variant} | " + " | ".join(cells) + f" | {ref} | {paired} |")
     return "\n".join(lines) + "\n"
 
 
