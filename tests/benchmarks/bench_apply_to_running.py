@@ -23,7 +23,6 @@ import os
 import platform
 import re
 import statistics
-import subprocess
 import sys
 import time
 from datetime import datetime
@@ -34,6 +33,7 @@ sys.path.insert(0, str(REPO / "tests"))
 
 import yaml  # noqa: E402
 
+from benchmarks.provenance import git_commit  # noqa: E402
 from cluster.controlplane import cache_dir, ensure_cluster  # noqa: E402
 from cluster.deploy import OperatorProcess, install_chart, service_account_kubeconfig  # noqa: E402
 
@@ -155,7 +155,7 @@ def run(cluster, operator) -> dict:
             # Everything shares 2 cores: the load before the run says how quiet it was.
             "load_average_1m_before": round(load_before, 2),
             "kernel": platform.release(),
-            "commit": _commit(),
+            "commit": git_commit(),
         },
     }
 
@@ -163,14 +163,6 @@ def run(cluster, operator) -> dict:
 def _metric(text: str, name: str) -> float:
     found = re.search(rf"^{name} ([0-9.e+]+)$", text, re.MULTILINE)
     return float(found.group(1)) if found else 0.0
-
-
-def _commit() -> str:
-    try:
-        return subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=REPO, capture_output=True,
-                              text=True, check=True).stdout.strip()  # fmt: skip
-    except (OSError, subprocess.CalledProcessError):
-        return "unknown"
 
 
 if __name__ == "__main__":

@@ -34,7 +34,6 @@ import os
 import platform
 import random
 import statistics
-import subprocess
 import sys
 import time
 from collections import Counter
@@ -45,6 +44,7 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[2]
 sys.path[:0] = [str(REPO / "operator"), str(REPO / "tests")]
 
+from benchmarks.provenance import git_commit  # noqa: E402
 from cluster.topology import build_nodes, load_topology  # noqa: E402
 from trainwave.contract import NODE_LABEL_GPU_PRODUCT  # noqa: E402
 from trainwave.placement.gang import GangRequest, Placement, place  # noqa: E402
@@ -308,17 +308,9 @@ def run() -> dict[str, object]:
             # Others share the 2 cores: the load before the run says how quiet it was.
             "load_average_1m_before": round(load_before, 2),
             "date": time.strftime("%Y-%m-%d"),
-            "commit": _commit(),
+            "commit": git_commit(),
         },
     }  # fmt: skip
-
-
-def _commit() -> str:
-    try:
-        return subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=REPO, capture_output=True,
-                              text=True, check=True).stdout.strip()  # fmt: skip
-    except (OSError, subprocess.CalledProcessError):
-        return "unknown"
 
 
 def main() -> int:
