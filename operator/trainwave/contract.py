@@ -97,6 +97,63 @@ RDMA_LINK_LAYER_LABELS: Final = {"IB": "infiniband", "RoCE": "roce"}
 # distances, GPUDirect readiness) as a JSON annotation on the node.
 ANNOTATION_INVENTORY: Final = "trainwave.io/inventory"
 
+# --- Placement mechanism -------------------------------------------------
+# Worker pods are created behind this scheduling gate; the operator lifts it
+# on every pod of the gang together once the whole gang has a place.
+SCHEDULING_GATE: Final = "trainwave.io/placement"
+# Set on each pod when its gate is lifted: the node the engine chose, and the
+# environment that depends on that node (NCCL_IB_HCA for the GPU's nearest
+# NIC, the pinned GPU's UUID, ...) as a JSON object. Pod env is immutable
+# after creation; annotations are not, and the downward API volume below
+# hands them to the launcher, which exports them before it starts training.
+ANNOTATION_PLACED_NODE: Final = "trainwave.io/node"
+ANNOTATION_WORKER_ENV: Final = "trainwave.io/worker-env"
+
+# --- Acceleration runtime (runs inside the worker container) -------------
+# The init container copies the runtime here; PYTHONPATH points at it.
+RUNTIME_VOLUME: Final = "trainwave-runtime"
+RUNTIME_MOUNT_PATH: Final = "/opt/trainwave"
+# Downward API volume with the pod's annotations (file "annotations").
+PODINFO_VOLUME: Final = "trainwave-podinfo"
+PODINFO_MOUNT_PATH: Final = "/etc/trainwave/podinfo"
+ENV_PODINFO_DIR: Final = "TRAINWAVE_PODINFO_DIR"
+# One variable per feature, value "on", "off" or "auto" (compression also
+# takes "fp16", "bf16" or "powersgd"): TRAINWAVE_FEATURE_AMP=auto, ...
+ENV_FEATURE_PREFIX: Final = "TRAINWAVE_FEATURE_"
+RUNTIME_FEATURES: Final = (
+    "tf32",
+    "amp",
+    "fused_optimizer",
+    "ddp_buckets",
+    "compression",
+    "hierarchical_allreduce",
+    "prefetch",
+    "length_grouping",
+    "checkpoint",
+    "doctor",
+    "telemetry",
+    "cuda_graphs",
+    "compile",
+    "submodel",
+)
+FEATURE_MODES: Final = ("on", "off", "auto")
+COMPRESSION_MODES: Final = ("off", "auto", "fp16", "bf16", "powersgd")
+ENV_CHECKPOINT_DIR: Final = "TRAINWAVE_CHECKPOINT_DIR"
+ENV_CHECKPOINT_EVERY_STEPS: Final = "TRAINWAVE_CHECKPOINT_EVERY_STEPS"
+# Topology hints the operator passes so `auto` can choose a comm strategy.
+ENV_INTER_NODE_GBPS: Final = "TRAINWAVE_INTER_NODE_GBPS"
+ENV_INTRA_NODE_GBPS: Final = "TRAINWAVE_INTRA_NODE_GBPS"
+# Shared GPUs: this worker's device-memory budget and the node-local arbiter.
+ENV_GPU_MEMORY_BUDGET: Final = "TRAINWAVE_GPU_MEMORY_BUDGET_BYTES"
+ENV_ARBITER_SOCKET: Final = "TRAINWAVE_ARBITER_SOCKET"
+# Where the runtime writes its reports (doctor, telemetry) as JSON files.
+ENV_REPORT_DIR: Final = "TRAINWAVE_REPORT_DIR"
+# Each worker's runtime serves GET /status (JSON: doctor report, progress)
+# on this port; the operator reads it and writes the job's status.
+ENV_STATUS_PORT: Final = "TRAINWAVE_STATUS_PORT"
+DEFAULT_STATUS_PORT: Final = 29600
+STATUS_PATH: Final = "/status"
+
 # Operator process defaults (the chart sets the same ports).
 DEFAULT_METRICS_PORT: Final = 9090
 DEFAULT_HEALTH_PORT: Final = 8080
