@@ -36,7 +36,7 @@ def main(argv: list[str] | None = None) -> int:
     operator.add_argument(
         "--topology-levels",
         default="",
-        help="comma-separated node labels, highest level first (used by placement)",
+        help="comma-separated node labels, highest level first (default: spine, rack, host)",
     )
     planner = commands.add_parser("plan", help="dry-run placement of a TrainingJob manifest")
     planner.add_argument("manifest", help="a TrainingJob YAML file")
@@ -66,7 +66,7 @@ def run_plan(options: argparse.Namespace) -> int:
     import yaml
 
     from trainwave.api.trainingjob import InvalidSpec
-    from trainwave.controller.kube import load_config
+    from trainwave.controller.kube import KubeClient, load_config
     from trainwave.controller.planning import plan, render
     from trainwave.placement.gang import Placement
     from trainwave.placement.topology import DEFAULT_LEVELS
@@ -75,7 +75,7 @@ def run_plan(options: argparse.Namespace) -> int:
         manifest = yaml.safe_load(stream)
     levels = [x for x in options.topology_levels.split(",") if x] or list(DEFAULT_LEVELS)
     try:
-        result = plan(manifest, load_config(pool_size=2), levels)
+        result = plan(manifest, KubeClient(load_config(pool_size=2)), levels)
     except InvalidSpec as invalid:
         print(f"{options.manifest}: invalid: {invalid}", file=sys.stderr)
         return 2
@@ -98,6 +98,9 @@ def run_operator(options: argparse.Namespace) -> int:
     logging.getLogger("aiohttp.access").setLevel(quiet)  # a line per health probe
     handlers.OPTIONS.metrics_port = options.metrics_port
     handlers.OPTIONS.workers = options.workers
+    levels = tuple(x for x in options.topology_levels.split(",") if x)
+    if levels:
+        handlers.OPTIONS.topology_levels = levels
     kopf.run(
         standalone=True,
         clusterwide=not options.namespace,

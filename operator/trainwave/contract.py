@@ -108,6 +108,10 @@ SCHEDULING_GATE: Final = "trainwave.io/placement"
 # hands them to the launcher, which exports them before it starts training.
 ANNOTATION_PLACED_NODE: Final = "trainwave.io/node"
 ANNOTATION_WORKER_ENV: Final = "trainwave.io/worker-env"
+# When the gate was lifted (RFC 3339): the bind timeout counts from here.
+ANNOTATION_RELEASED_AT: Final = "trainwave.io/released-at"
+# How tightly the gang sits ("4 workers x 8 GPUs on 4 nodes, 1 rack"), on every pod.
+ANNOTATION_PLACEMENT_SUMMARY: Final = "trainwave.io/placement"
 
 # --- Acceleration runtime (runs inside the worker container) -------------
 # The init container copies the runtime here; PYTHONPATH points at it.

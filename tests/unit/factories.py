@@ -113,6 +113,9 @@ def make_pod_body(
     owner_uid: str = "uid-1",
     finished_at: datetime | None = None,
     job: str = "demo",
+    gated: bool = False,
+    placed_node: str | None = None,
+    released_at: datetime | None = None,
 ) -> dict[str, Any]:
     """A raw worker Pod as the watch delivers it."""
     metadata: dict[str, Any] = {
@@ -144,7 +147,15 @@ def make_pod_body(
     }
     if phase == "Failed" and exit_code is None:
         status["reason"] = "Evicted"
-    spec: dict[str, Any] = {"nodeName": f"node-{rank}"} if bound else {}
+    spec: dict[str, Any] = {"nodeName": placed_node or f"node-{rank}"} if bound else {}
+    if gated:
+        spec["schedulingGates"] = [{"name": contract.SCHEDULING_GATE}]
+    annotations = metadata.setdefault("annotations", {})
+    if placed_node is not None:
+        annotations[contract.ANNOTATION_PLACED_NODE] = placed_node
+        annotations[contract.ANNOTATION_PLACEMENT_SUMMARY] = "placed by the test"
+    if released_at is not None:
+        annotations[contract.ANNOTATION_RELEASED_AT] = _time(released_at)
     return {"apiVersion": "v1", "kind": "Pod", "metadata": metadata, "spec": spec, "status": status}
 
 
@@ -160,6 +171,9 @@ def make_pod(
     owner_uid: str = "uid-1",
     finished_at: datetime | None = None,
     job: str = "demo",
+    gated: bool = False,
+    placed_node: str | None = None,
+    released_at: datetime | None = None,
 ) -> WorkerPod:
     pod = observe_pod(
         make_pod_body(
@@ -173,6 +187,9 @@ def make_pod(
             owner_uid=owner_uid,
             finished_at=finished_at,
             job=job,
+            gated=gated,
+            placed_node=placed_node,
+            released_at=released_at,
         )
     )
     assert pod is not None, "the factory must build a well-formed worker pod"

@@ -154,6 +154,7 @@ EXPECTED_RULES = {
     ("trainwave.io", "trainingjobs/finalizers"): {"update"},
     ("", "pods"): {"list", "watch", "create", "patch", "delete"},
     ("", "services"): {"list", "watch", "create", "patch", "delete"},
+    ("", "nodes"): {"list"},
     ("", "events"): {"create", "patch"},
     ("events.k8s.io", "events"): {"create", "patch"},
 }

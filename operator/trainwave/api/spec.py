@@ -12,6 +12,7 @@ from pydantic import ConfigDict, Field
 
 from trainwave import contract
 from trainwave.api.base import ApiModel, OpenObject, Quantity, cel, validations
+from trainwave.api.scheduling import PlacementSpec
 
 ENV_NAME_PATTERN = r"^[-._a-zA-Z][-._a-zA-Z0-9]*$"
 MAX_WORKERS = 10_000
@@ -263,6 +264,11 @@ class TrainingJobSpec(ApiModel):
     run_policy: RunPolicy = Field(
         default_factory=RunPolicy,
         description="runPolicy: restarts, success, deadlines, cleanup and suspension.",
+        json_schema_extra={"default": {}},
+    )
+    placement: PlacementSpec = Field(
+        default_factory=PlacementSpec,
+        description="placement: topology constraints, priority and parallelism of the gang.",
         json_schema_extra={"default": {}},
     )
 

@@ -62,6 +62,19 @@ class Condition(ApiModel):
     )
 
 
+class PlacementStatus(ApiModel):
+    model_config = _LENIENT
+
+    nodes: list[str] = Field(
+        default_factory=list,
+        description="nodes: the node of each rank, in rank order.",
+        json_schema_extra={"items": {"type": "string", "maxLength": 253}},
+    )
+    summary: str = Field(
+        default="", description="summary: how tightly the gang sits, per topology level."
+    )
+
+
 class TrainingJobStatus(ApiModel):
     model_config = _LENIENT
 
@@ -100,6 +113,9 @@ class TrainingJobStatus(ApiModel):
     )
     observed_generation: int | None = Field(
         default=None, description="observedGeneration: the spec generation last acted on."
+    )
+    placement: PlacementStatus | None = Field(
+        default=None, description="placement: where the current gang's ranks went."
     )
 
     def condition(self, kind: ConditionType) -> Condition | None:

@@ -13,6 +13,7 @@ from typing import Any
 
 from trainwave import contract
 from trainwave.api.trainingjob import InvalidSpec, TrainingJob
+from trainwave.builders.gating import set_scheduling_gate
 from trainwave.builders.names import (
     master_address,
     service_name,
@@ -214,4 +215,10 @@ def _worker_container(pod: dict[str, Any]) -> dict[str, Any]:
     return next(c for c in pod["spec"]["containers"] if c["name"] == contract.WORKER_CONTAINER)
 
 
-MUTATORS: tuple[Mutator, ...] = (set_identity, set_worker_container, set_torch_env, set_gpus)
+MUTATORS: tuple[Mutator, ...] = (
+    set_identity,
+    set_worker_container,
+    set_torch_env,
+    set_gpus,
+    set_scheduling_gate,
+)

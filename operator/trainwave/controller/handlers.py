@@ -20,9 +20,11 @@ import kopf
 from trainwave import contract
 from trainwave.controller import metrics
 from trainwave.controller.kube import KubeClient, load_config
+from trainwave.controller.placer import Placer
 from trainwave.controller.queue import WorkQueue
 from trainwave.controller.reconciler import JobKey, Reconciler
 from trainwave.lifecycle.observed import WorkerPod, observe_pod
+from trainwave.placement.topology import DEFAULT_LEVELS
 
 logger = logging.getLogger(__name__)
 
@@ -34,10 +36,12 @@ class Options:
     metrics_port: int = contract.DEFAULT_METRICS_PORT
     workers: int = 4
     resync_seconds: float = 300.0
+    topology_levels: tuple[str, ...] = DEFAULT_LEVELS
 
 
 OPTIONS = Options()
 _QUEUE: dict[str, WorkQueue] = {}
+_PLACER: dict[str, Placer] = {}
 
 
 @kopf.index("", "v1", "pods", labels=WORKER_SELECTOR)
@@ -64,6 +68,9 @@ def job_changed(namespace: str, name: str, **_: Any) -> None:
 @kopf.on.event("", "v1", "pods", labels=WORKER_SELECTOR)
 def worker_changed(namespace: str, labels: Any, **_: Any) -> None:
     _wake((namespace, labels[contract.LABEL_JOB_NAME]))
+    placer = _PLACER.get("gangs")
+    if placer is not None:
+        placer.poke()  # a worker that finished or went away freed room
 
 
 @kopf.on.startup()
@@ -93,10 +100,15 @@ async def start(
     def pods_of(key: JobKey) -> Iterable[WorkerPod]:
         return list(worker_pods.get(key, []))
 
-    reconciler = Reconciler(kube, pods_of, lambda key: key in job_services)
+    placer = Placer(kube, OPTIONS.topology_levels, _wake)
+    reconciler = Reconciler(
+        kube, pods_of, lambda key: key in job_services, placer, OPTIONS.topology_levels
+    )
     queue = WorkQueue(reconciler)
     queue.start(OPTIONS.workers)
     _QUEUE["jobs"] = queue
+    _PLACER["gangs"] = placer
+    memo.placer = asyncio.create_task(placer.run())
     memo.resync = asyncio.create_task(_resync(queue, job_phases))
     metrics.serve(
         OPTIONS.metrics_port, lambda: Counter({p: len(keys) for p, keys in job_phases.items()})
@@ -106,8 +118,10 @@ async def start(
 
 @kopf.on.cleanup()
 async def stop(memo: Any, **_: Any) -> None:
-    if getattr(memo, "resync", None):
-        memo.resync.cancel()
+    for task in ("resync", "placer"):
+        if getattr(memo, task, None):
+            getattr(memo, task).cancel()
+    _PLACER.pop("gangs", None)
     queue = _QUEUE.pop("jobs", None)
     if queue:
         await queue.stop()

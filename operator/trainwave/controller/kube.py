@@ -23,6 +23,9 @@ from trainwave.lifecycle.decide import JobEvent
 logger = logging.getLogger(__name__)
 
 APPLY = "application/apply-patch+yaml"
+MERGE = "application/merge-patch+json"
+# Pods that hold nothing are left out of the listings placement needs.
+ACTIVE_PODS = "status.phase!=Succeeded,status.phase!=Failed"
 
 
 class Conflict(Exception):
@@ -97,6 +100,37 @@ class KubeClient:
     def apply_pod(self, pod: dict[str, Any]) -> None:
         meta = pod["metadata"]
         self._apply(self.core.patch_namespaced_pod, meta["name"], meta["namespace"], pod)
+
+    def list_nodes(self) -> list[dict[str, Any]]:
+        return _items(self.core.list_node(_preload_content=False))
+
+    def list_active_pods(self) -> list[dict[str, Any]]:
+        """Every pod that holds or may hold GPUs, in all namespaces: placement needs them all."""
+        return _items(
+            self.core.list_pod_for_all_namespaces(
+                field_selector=ACTIVE_PODS, _preload_content=False
+            )
+        )
+
+    def patch_pod(self, namespace: str, name: str, patch: dict[str, Any]) -> None:
+        """A merge patch; one that carries a stale resourceVersion raises Conflict."""
+        try:
+            _release(
+                self.core.patch_namespaced_pod(
+                    name,
+                    namespace,
+                    patch,
+                    field_manager=contract.FIELD_MANAGER,
+                    _content_type=MERGE,
+                    _preload_content=False,
+                )
+            )
+        except ApiException as error:
+            if error.status in (404, 409):
+                raise Conflict(f"pod {namespace}/{name} changed: {error.reason}") from None
+            if error.status == 422:
+                raise Rejected(_status_message(error)) from None
+            raise
 
     def delete_pod(self, namespace: str, name: str) -> None:
         self._ignore_gone(
@@ -176,6 +210,14 @@ def _release(response: Any) -> None:
     """
     response.read()
     response.release_conn()
+
+
+def _items(response: Any) -> list[dict[str, Any]]:
+    try:
+        items: list[dict[str, Any]] = json.loads(response.data)["items"]
+    finally:
+        response.release_conn()
+    return items
 
 
 def _status_message(error: ApiException) -> str:

@@ -6,7 +6,7 @@ counters, so the numbers are right after a restart without any bookkeeping.
 
 from collections.abc import Callable, Iterator, Mapping
 
-from prometheus_client import REGISTRY, Counter, Histogram, start_http_server
+from prometheus_client import REGISTRY, Counter, Gauge, Histogram, start_http_server
 from prometheus_client.core import GaugeMetricFamily
 from prometheus_client.registry import Collector
 
@@ -32,6 +32,18 @@ PHASE_TRANSITIONS = Counter(
 )
 GANG_RESTARTS = Counter(
     "trainwave_gang_restarts_total", "Gang restarts started after a worker failed."
+)
+
+GANGS_PLACED = Counter(
+    "trainwave_gangs_placed_total", "Gangs the placer released onto the nodes it chose."
+)
+GANGS_WAITING = Gauge(
+    "trainwave_gangs_waiting", "Gangs behind the scheduling gate after the last placement round."
+)
+PLACEMENT_ROUND_SECONDS = Histogram(
+    "trainwave_placement_round_duration_seconds",
+    "One placement round: list nodes and pods, schedule the queue, release admitted gangs.",
+    buckets=(0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5),
 )
 
 

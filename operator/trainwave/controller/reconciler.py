@@ -18,14 +18,17 @@ from trainwave.api.status import Phase, TrainingJobStatus
 from trainwave.api.trainingjob import (
     InvalidSpec,
     ObjectMeta,
+    TrainingJob,
     parse_metadata,
     parse_status,
     parse_trainingjob,
 )
+from trainwave.builders.gangs import gang_request
 from trainwave.builders.pods import build_worker_pods, check_template
 from trainwave.builders.service import build_service
 from trainwave.controller import metrics
 from trainwave.controller.kube import Conflict, KubeClient, Rejected
+from trainwave.controller.placer import Placer, Ticket
 from trainwave.lifecycle.decide import Decision, decide, decide_invalid
 from trainwave.lifecycle.observed import WorkerPod
 
@@ -42,9 +45,14 @@ class Reconciler:
         kube: KubeClient,
         worker_pods: Callable[[JobKey], Iterable[WorkerPod]],
         has_service: Callable[[JobKey], bool],
+        placer: Placer,
+        levels: tuple[str, ...],
+        *,
         clock: Callable[[], datetime] = lambda: datetime.now(UTC),
     ):
         self._kube = kube
+        self._placer = placer
+        self._levels = levels
         self._worker_pods = worker_pods
         self._has_service = has_service
         self._clock = clock
@@ -63,10 +71,15 @@ class Reconciler:
         namespace, name = key
         body = await asyncio.to_thread(self._kube.get_job, namespace, name)
         if body is None or body["metadata"].get("deletionTimestamp"):
+            self._placer.withdraw(key)
             return None  # garbage collection removes the children
         meta = parse_metadata(body)
         pods = list(self._worker_pods(key))
-        decision = self._decide(body, meta, pods)
+        decision, job = self._decide(key, body, meta, pods)
+        if decision.wants_placement and job is not None:
+            self._placer.submit(key, self._ticket(job, decision))
+        else:
+            self._placer.withdraw(key)
         try:
             body = await self._write_status(body, meta, decision)
         except Conflict as conflict:
@@ -84,14 +97,25 @@ class Reconciler:
             await self._act(body, meta, invalid)
         return decision.requeue_after
 
-    def _decide(self, body: dict[str, Any], meta: ObjectMeta, pods: list[WorkerPod]) -> Decision:
+    def _decide(
+        self, key: JobKey, body: dict[str, Any], meta: ObjectMeta, pods: list[WorkerPod]
+    ) -> tuple[Decision, TrainingJob | None]:
         now = self._clock()
         try:
             job = parse_trainingjob(body)
             check_template(job)
         except InvalidSpec as invalid:
-            return decide_invalid(meta, parse_status(body), pods, str(invalid), now)
-        return decide(job, pods, now)
+            return decide_invalid(meta, parse_status(body), pods, str(invalid), now), None
+        return decide(job, pods, now, self._placer.waiting(key)), job
+
+    def _ticket(self, job: TrainingJob, decision: Decision) -> Ticket:
+        created = job.metadata.creationTimestamp
+        return Ticket(
+            attempt=decision.status.attempt,
+            request=gang_request(job, self._levels),
+            priority=job.spec.placement.priority,
+            arrival=created.timestamp() if created else 0.0,
+        )
 
     async def _write_status(
         self, body: dict[str, Any], meta: ObjectMeta, decision: Decision

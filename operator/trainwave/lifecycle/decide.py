@@ -19,7 +19,7 @@ from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from typing import Literal
 
-from trainwave.api.status import ConditionType, Phase, TrainingJobStatus
+from trainwave.api.status import ConditionType, Phase, PlacementStatus, TrainingJobStatus
 from trainwave.api.trainingjob import ObjectMeta, TrainingJob
 from trainwave.lifecycle.conditions import clear_condition, set_condition
 from trainwave.lifecycle.failures import judge_failure
@@ -38,6 +38,18 @@ class JobEvent:
     message: str
 
 
+# The placer's code for a request the engine refuses as such (an unknown level).
+INVALID_PLACEMENT = "InvalidRequest"
+
+
+@dataclass(frozen=True)
+class PlacementWait:
+    """The placer's latest word on a gang it could not place: a Blocker code and why."""
+
+    code: str
+    reason: str
+
+
 @dataclass(frozen=True)
 class Decision:
     status: TrainingJobStatus
@@ -49,6 +61,8 @@ class Decision:
     # Seconds from the start of this attempt's gang to every worker running, set only
     # on the decision that first saw it (the metric is observed once).
     all_running_after: float | None = None
+    # Every worker of the attempt exists behind the gate: hand the gang to the placer.
+    wants_placement: bool = False
 
 
 @dataclass
@@ -64,6 +78,7 @@ class _Draft:
     requeue_after: float | None = None
     delete_job: bool = False
     all_running_after: float | None = None
+    wants_placement: bool = False
 
     def update(self, **changes: object) -> None:
         self.status = self.status.model_copy(update=changes)
@@ -91,10 +106,11 @@ class _Draft:
         )
         self.update(conditions=conditions)
 
-    def enter(self, phase: Phase, reason: str, message: str) -> None:
+    def enter(self, phase: Phase, reason: str, message: str, *, warning: bool = False) -> None:
         """Move to `phase`; an Event is recorded for every change of phase."""
         if self.status.phase != phase:
-            self.events.append(JobEvent(_EVENT_TYPES.get(phase, "Normal"), reason, message))
+            kind = "Warning" if warning else _EVENT_TYPES.get(phase, "Normal")
+            self.events.append(JobEvent(kind, reason, message))
         self.update(phase=phase, reason=reason, message=message)
 
     def stop(self, pods: Sequence[WorkerPod]) -> None:
@@ -116,10 +132,16 @@ class _Draft:
             requeue_after=self.requeue_after,
             delete_job=self.delete_job,
             all_running_after=self.all_running_after,
+            wants_placement=self.wants_placement,
         )
 
 
-def decide(job: TrainingJob, pods: Sequence[WorkerPod], now: datetime) -> Decision:
+def decide(
+    job: TrainingJob,
+    pods: Sequence[WorkerPod],
+    now: datetime,
+    waiting: PlacementWait | None = None,
+) -> Decision:
     draft = _Draft(meta=job.metadata, now=now, status=job.status)
     mine = [p for p in pods if p.owner_uid == job.metadata.uid]
     if draft.status.phase is None:
@@ -133,7 +155,7 @@ def decide(job: TrainingJob, pods: Sequence[WorkerPod], now: datetime) -> Decisi
     else:
         if phase == Phase.SUSPENDED:
             _resume(draft)
-        _run(draft, job, mine)
+        _run(draft, job, mine, waiting)
     return draft.finish()
 
 
@@ -184,7 +206,9 @@ def _resume(draft: _Draft) -> None:
     draft.enter(Phase.PENDING, "Resumed", "job resumed; starting a new gang")
 
 
-def _run(draft: _Draft, job: TrainingJob, mine: list[WorkerPod]) -> None:
+def _run(
+    draft: _Draft, job: TrainingJob, mine: list[WorkerPod], waiting: PlacementWait | None
+) -> None:
     attempt = draft.status.attempt
     current = [p for p in mine if p.attempt == attempt]
     _clear_stale(draft, [p for p in mine if p.attempt != attempt])
@@ -219,7 +243,7 @@ def _run(draft: _Draft, job: TrainingJob, mine: list[WorkerPod]) -> None:
         _past_deadline(draft, job)  # only to schedule the deadline's wake-up
     if draft.create and draft.status.attempt_start_time is None:
         draft.update(attempt_start_time=draft.now)
-    _progress(draft, job, current)
+    _progress(draft, job, current, waiting)
 
 
 def _lost_ranks(draft: _Draft, job: TrainingJob, current: list[WorkerPod]) -> list[int]:
@@ -276,7 +300,9 @@ def _restart_or_fail(
     draft.enter(Phase.RESTARTING, "WorkerFailed", message)
 
 
-def _progress(draft: _Draft, job: TrainingJob, current: list[WorkerPod]) -> None:
+def _progress(
+    draft: _Draft, job: TrainingJob, current: list[WorkerPod], waiting: PlacementWait | None
+) -> None:
     total = job.spec.workers
     existing = [p for p in current if not p.deleting]
     bound = sum(1 for p in existing if p.bound)
@@ -287,7 +313,17 @@ def _progress(draft: _Draft, job: TrainingJob, current: list[WorkerPod]) -> None
                 Phase.PENDING, "CreatingWorkers", f"{len(existing)}/{total} workers created"
             )
         return
+    if any(p.gated for p in existing):
+        if waiting is not None and waiting.code == INVALID_PLACEMENT:
+            draft.stop(existing)
+            _fail(draft, "InvalidSpec", f"spec.placement: {waiting.reason}")
+            return
+        _await_placement(draft, job, waiting)
+        return
+    _record_placement(draft, existing)
     if bound < total:
+        if _bind_timed_out(draft, job, existing):
+            return
         message = f"{bound}/{total} workers bound to nodes"
         draft.condition(ConditionType.SCHEDULED, False, "WaitingForNodes", message)
         draft.enter(Phase.SCHEDULING, "WaitingForNodes", message)
@@ -303,6 +339,59 @@ def _progress(draft: _Draft, job: TrainingJob, current: list[WorkerPod]) -> None
     draft.condition(ConditionType.RUNNING, True, "AllWorkersRunning", f"{total} workers running")
     draft.clear(ConditionType.RESTARTING, "AllWorkersRunning", "the gang is running again")
     draft.enter(Phase.RUNNING, "AllWorkersRunning", f"{total} workers running")
+
+
+def _await_placement(draft: _Draft, job: TrainingJob, waiting: PlacementWait | None) -> None:
+    """The gang exists behind the gate; the placer decides when and where it starts."""
+    draft.wants_placement = True
+    draft.update(placement=None)
+    if waiting is None:
+        spec = job.spec
+        reason = "Placing"
+        message = f"finding room for {spec.workers} worker(s) x {spec.gpus_per_worker} GPU(s)"
+    else:
+        reason, message = waiting.code, waiting.reason
+    draft.condition(ConditionType.SCHEDULED, False, reason, message)
+    draft.enter(Phase.SCHEDULING, reason, message)
+
+
+def _record_placement(draft: _Draft, existing: list[WorkerPod]) -> None:
+    ranks = sorted(existing, key=lambda p: p.rank)
+    if not any(p.placed_node for p in ranks):
+        return
+    summary = next((p.placement_summary for p in ranks if p.placement_summary), "")
+    nodes = [p.placed_node for p in ranks]
+    if draft.status.placement is None or draft.status.placement.nodes != nodes:
+        draft.update(placement=PlacementStatus(nodes=nodes, summary=summary))
+
+
+def _bind_timed_out(draft: _Draft, job: TrainingJob, existing: list[WorkerPod]) -> bool:
+    """Re-plan a placed gang whose pods did not bind in time: someone else took the room.
+
+    A released pod's node can no longer change, so re-planning means a new
+    attempt with new pods. It is not a counted restart: nothing ran.
+    """
+    released = [p.released_at for p in existing if not p.bound and p.released_at is not None]
+    if not released:
+        return False
+    timeout = job.spec.placement.bind_timeout_seconds
+    waited = (draft.now - min(released)).total_seconds()
+    if waited < timeout:
+        draft.requeue(timeout - waited)
+        return False
+    unbound = sorted(p.rank for p in existing if not p.bound)
+    message = (
+        f"worker(s) {', '.join(map(str, unbound[:5]))} not bound {timeout}s after placement "
+        "(bindTimeoutSeconds); the room was taken: re-planning the gang"
+    )
+    draft.stop(existing)
+    draft.update(attempt=draft.status.attempt + 1, attempt_start_time=None, all_running_time=None)
+    draft.condition(ConditionType.SCHEDULED, False, "BindTimeout", message)
+    draft.update(placement=None)
+    # Pending, not Scheduling: the new attempt has no pods yet, and in
+    # Scheduling missing pods would count as lost workers.
+    draft.enter(Phase.PENDING, "BindTimeout", message, warning=True)
+    return True
 
 
 def _clear_stale(draft: _Draft, stale: list[WorkerPod]) -> None:

@@ -33,6 +33,12 @@ class WorkerPod:
     exit_code: int | None
     reason: str
     finished_at: datetime | None
+    # Placement: still behind trainwave's scheduling gate; once released, the
+    # node the engine chose, when, and how the gang sits.
+    gated: bool = False
+    placed_node: str = ""
+    released_at: datetime | None = None
+    placement_summary: str = ""
 
     @property
     def active(self) -> bool:
@@ -62,6 +68,8 @@ def observe_pod(body: dict[str, Any]) -> WorkerPod | None:
         "",
     )
     status = body.get("status") or {}
+    annotations = metadata.get("annotations") or {}
+    gates = (body.get("spec") or {}).get("schedulingGates") or []
     try:
         phase = PodPhase(status.get("phase", "Pending"))
     except ValueError:
@@ -79,6 +87,10 @@ def observe_pod(body: dict[str, Any]) -> WorkerPod | None:
         exit_code=terminated.get("exitCode"),
         reason=terminated.get("reason") or status.get("reason") or "",
         finished_at=_parse_time(terminated.get("finishedAt")),
+        gated=any(g.get("name") == contract.SCHEDULING_GATE for g in gates),
+        placed_node=annotations.get(contract.ANNOTATION_PLACED_NODE, ""),
+        released_at=_parse_time(annotations.get(contract.ANNOTATION_RELEASED_AT)),
+        placement_summary=annotations.get(contract.ANNOTATION_PLACEMENT_SUMMARY, ""),
     )
 
 

@@ -1,0 +1,218 @@
+"""The placer: one serialized loop that starts gangs whole, where the engine says.
+
+Reconciles run concurrently; placement must not: two gangs decided at once
+against the same snapshot could both count on the same free GPUs. So a
+reconcile only hands its gang over (a Ticket) once every worker exists behind
+the scheduling gate, and reads back the latest reason it waits.
+
+One round:
+1. List nodes and active pods, fresh, in all namespaces (other workloads use
+   GPUs too). Pods released but not yet bound count on the node they were
+   pinned to (annotation): the reservation lives in the API, so it survives an
+   operator restart and every trainwave replica or instance sees it.
+2. schedule() every ticketed gang whose gated pods are all there: priority,
+   FIFO, bounded backfill, all or nothing (placement/queueing.py).
+3. Release each admitted gang: pin every pod to its node and lift its gate.
+   A pod that changed meanwhile refuses the patch (resourceVersion); its
+   gang's released pods keep their reservation and the rest are placed again
+   next round.
+4. Remember why each other gang waits; wake its reconcile when that changed,
+   so the Scheduled condition tells the user.
+Rounds run when a ticket arrives, when a worker pod changes (room may have
+been freed) and every few seconds while anything waits (foreign pods, nodes).
+"""
+
+import asyncio
+import contextlib
+import logging
+import time
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, replace
+from datetime import UTC, datetime
+from typing import Any
+
+from trainwave import contract
+from trainwave.builders.gating import build_release_patch, is_gated
+from trainwave.controller import metrics
+from trainwave.controller.kube import Conflict, KubeClient, Rejected
+from trainwave.lifecycle.decide import PlacementWait
+from trainwave.placement.gang import GangRequest, Placement
+from trainwave.placement.queueing import PendingJob, QueuePolicy, schedule
+from trainwave.placement.snapshot import build_snapshot, pod_gpus
+
+logger = logging.getLogger(__name__)
+
+JobKey = tuple[str, str]
+Pod = dict[str, Any]
+
+
+@dataclass(frozen=True)
+class Ticket:
+    """A gang waiting for a place: its attempt and what it needs."""
+
+    attempt: int
+    request: GangRequest
+    priority: int = 0
+    arrival: float = 0.0
+
+
+class Placer:
+    def __init__(
+        self,
+        kube: KubeClient,
+        levels: Sequence[str],
+        wake: Callable[[JobKey], None],
+        *,
+        policy: QueuePolicy | None = None,
+        retry_seconds: float = 5.0,
+        debounce_seconds: float = 0.05,
+    ):
+        self._kube = kube
+        self._levels = tuple(levels)
+        self._wake = wake
+        self._policy = policy or QueuePolicy()
+        self._retry = retry_seconds
+        self._debounce = debounce_seconds
+        self._tickets: dict[JobKey, Ticket] = {}
+        self._skips: dict[JobKey, int] = {}
+        self._waits: dict[JobKey, PlacementWait] = {}
+        self._event = asyncio.Event()
+
+    def submit(self, key: JobKey, ticket: Ticket) -> None:
+        if self._tickets.get(key) != ticket:
+            self._tickets[key] = ticket
+            self._event.set()
+
+    def withdraw(self, key: JobKey) -> None:
+        self._tickets.pop(key, None)
+        self._skips.pop(key, None)
+        self._waits.pop(key, None)
+
+    def waiting(self, key: JobKey) -> PlacementWait | None:
+        return self._waits.get(key)
+
+    def poke(self) -> None:
+        """Room may have been freed: try the waiting gangs again soon."""
+        if self._tickets:
+            self._event.set()
+
+    async def run(self) -> None:
+        while True:
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._event.wait(), timeout=self._retry)
+            self._event.clear()
+            if not self._tickets:
+                continue
+            await asyncio.sleep(self._debounce)  # let a burst of arrivals share a round
+            started = time.perf_counter()
+            try:
+                await self.round()
+            except Exception:
+                # The next round starts from a fresh listing; nothing is half-remembered.
+                logger.exception("placement round failed; retrying in %.0fs", self._retry)
+            finally:
+                metrics.PLACEMENT_ROUND_SECONDS.observe(time.perf_counter() - started)
+
+    async def round(self) -> None:
+        tickets = dict(self._tickets)
+        nodes, pods = await asyncio.gather(
+            asyncio.to_thread(self._kube.list_nodes),
+            asyncio.to_thread(self._kube.list_active_pods),
+        )
+        gangs = _gated_gangs(pods, tickets)
+        for key in tickets.keys() - gangs.keys():
+            self._tickets.pop(key, None)  # released, gone, or a newer attempt took over
+        snapshot = build_snapshot(nodes, pods, levels=self._levels, reserved=reserved_gpus(pods))
+        pending: dict[str, JobKey] = {}
+        jobs = []
+        for key, gang in gangs.items():
+            ticket = tickets[key]
+            request = ticket.request
+            if len(gang) != request.workers:  # a partly released gang: place the rest
+                request = replace(request, workers=len(gang))
+            if request.gpus_per_worker == 0:  # nothing to place: kube-scheduler spreads them
+                await self._release(key, gang, None, "no GPUs requested")
+                continue
+            name = f"{key[0]}/{key[1]}"
+            pending[name] = key
+            jobs.append(
+                PendingJob(name, request, ticket.priority, ticket.arrival, self._skips.get(key, 0))
+            )
+        result = schedule(snapshot, jobs, self._policy)
+        for admit in result.admitted:
+            key = pending[admit.job.key]
+            await self._release(key, gangs[key], admit.placement, admit.placement.describe())
+        for wait in result.waiting:
+            self._note_wait(pending[wait.job.key], wait.code, wait.reason, wait.skipped)
+        metrics.GANGS_WAITING.set(len(result.waiting))
+
+    async def _release(
+        self, key: JobKey, gang: list[Pod], placement: Placement | None, summary: str
+    ) -> None:
+        nodes: list[str | None] = list(placement.nodes) if placement else [None] * len(gang)
+        now = datetime.now(UTC).isoformat(timespec="seconds").replace("+00:00", "Z")
+        notes = {
+            contract.ANNOTATION_RELEASED_AT: now,
+            contract.ANNOTATION_PLACEMENT_SUMMARY: summary,
+        }
+        results = await asyncio.gather(
+            *(
+                asyncio.to_thread(
+                    self._kube.patch_pod,
+                    pod["metadata"]["namespace"],
+                    pod["metadata"]["name"],
+                    build_release_patch(pod, node, notes),
+                )
+                for pod, node in zip(gang, nodes, strict=True)
+            ),
+            return_exceptions=True,
+        )
+        failed = [r for r in results if isinstance(r, BaseException)]
+        for error in failed:
+            if not isinstance(error, Conflict | Rejected):
+                raise error
+            logger.warning("%s/%s: releasing a worker failed: %s", *key, error)
+        if not failed:
+            self._tickets.pop(key, None)
+            self._skips.pop(key, None)
+            self._waits.pop(key, None)
+            logger.info("%s/%s: placed: %s", *key, summary)
+            metrics.GANGS_PLACED.inc()
+        self._wake(key)
+
+    def _note_wait(self, key: JobKey, code: str, reason: str, skipped: int) -> None:
+        self._skips[key] = skipped
+        wait = PlacementWait(code, reason)
+        if self._waits.get(key) != wait:
+            self._waits[key] = wait
+            self._wake(key)
+
+
+def _gated_gangs(pods: list[Pod], tickets: Mapping[JobKey, Ticket]) -> dict[JobKey, list[Pod]]:
+    """The gated pods of each ticket's attempt, in rank order."""
+    gangs: dict[JobKey, list[Pod]] = {}
+    for pod in pods:
+        meta = pod.get("metadata") or {}
+        labels = meta.get("labels") or {}
+        key = (meta.get("namespace", ""), labels.get(contract.LABEL_JOB_NAME, ""))
+        ticket = tickets.get(key)
+        if ticket is None or meta.get("deletionTimestamp") or not is_gated(pod):
+            continue
+        if labels.get(contract.LABEL_ATTEMPT) == str(ticket.attempt):
+            gangs.setdefault(key, []).append(pod)
+    for gang in gangs.values():
+        gang.sort(key=lambda pod: int(pod["metadata"]["labels"][contract.LABEL_RANK]))
+    return gangs
+
+
+def reserved_gpus(pods: list[Pod]) -> dict[str, int]:
+    """GPUs of released pods not bound yet, on the node each was pinned to."""
+    reserved: dict[str, int] = {}
+    for pod in pods:
+        meta = pod.get("metadata") or {}
+        node = (meta.get("annotations") or {}).get(contract.ANNOTATION_PLACED_NODE)
+        if not node or (pod.get("spec") or {}).get("nodeName") or meta.get("deletionTimestamp"):
+            continue
+        if not is_gated(pod):
+            reserved[node] = reserved.get(node, 0) + pod_gpus(pod)
+    return reserved

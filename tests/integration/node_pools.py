@@ -1,0 +1,89 @@
+"""Private pools of simulated GPU nodes for tests that need an exact cluster shape.
+
+A pool is a handful of kwok nodes with their own racks and a pool label; jobs
+reach them through a nodeSelector, so a test can fragment or fill its pool
+without racing other tests on the shared nodes. Pools are deleted afterwards.
+"""
+
+from __future__ import annotations
+
+import json
+import uuid
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+from typing import Any
+
+from cluster.controlplane import Cluster
+from cluster.topology import NodeShape, build_node
+
+POOL_LABEL = "test.trainwave.io/pool"
+H100 = {"product": "NVIDIA-H100-80GB-HBM3", "count": 8, "memoryMiB": 81559}
+
+
+@dataclass(frozen=True)
+class Pool:
+    name: str
+    racks: dict[str, list[str]]  # rack -> node names, in order
+
+    @property
+    def selector(self) -> dict[str, str]:
+        return {POOL_LABEL: self.name}
+
+    @property
+    def nodes(self) -> list[str]:
+        return [node for nodes in self.racks.values() for node in nodes]
+
+    def rack_of(self, node: str) -> str:
+        return next(rack for rack, nodes in self.racks.items() if node in nodes)
+
+
+@contextmanager
+def node_pool(
+    cluster: Cluster, rack_sizes: tuple[int, ...], shape: dict[str, Any] | None = None
+) -> Iterator[Pool]:
+    pool_id = f"p{uuid.uuid4().hex[:6]}"
+    node_shape = NodeShape.model_validate(shape or {"cpu": "192", "gpu": H100})
+    manifests, racks = [], {}
+    for index, size in enumerate(rack_sizes):
+        rack = f"{pool_id}-rack-{index}"
+        racks[rack] = []
+        for position in range(size):
+            name = f"{pool_id}-r{index}-n{position}"
+            node = build_node(
+                pool_id, name, spine=f"{pool_id}-spine", rack=rack, position=position,
+                shape=node_shape,
+            )  # fmt: skip
+            node["metadata"]["labels"][POOL_LABEL] = pool_id
+            manifests.append(node)
+            racks[rack].append(name)
+    document = json.dumps({"apiVersion": "v1", "kind": "List", "items": manifests})
+    cluster.kubectl("create", "-f", "-", input=document)
+    pool = Pool(pool_id, racks)
+    try:
+        names = [f"node/{n}" for n in pool.nodes]
+        cluster.kubectl("wait", "--for=condition=Ready", *names, "--timeout=60s")
+        yield pool
+    finally:
+        cluster.kubectl(
+            "delete", "nodes", "-l", f"{POOL_LABEL}={pool_id}", "--wait=false", check=False
+        )
+
+
+def blocker_pod(name: str, node: str, gpus: int) -> dict[str, Any]:
+    """A plain pod bound straight to `node` (no scheduler) that holds `gpus` GPUs."""
+    return {
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": {"name": name},
+        "spec": {
+            "nodeName": node,
+            "containers": [
+                {
+                    "name": "hold",
+                    "image": "busybox",
+                    "resources": {"limits": {"nvidia.com/gpu": gpus}},
+                }
+            ],
+        },
+    }

@@ -1,0 +1,201 @@
+"""Gang placement end to end: pods behind the gate, released together where the engine says.
+
+Each test gets a private pool of simulated H100 nodes (node_pools.py) so it
+can fragment or fill it exactly; kube-scheduler does the binding.
+"""
+
+from __future__ import annotations
+
+import pytest
+
+from integration.node_pools import blocker_pod, node_pool
+from integration.trainwave_fixtures import (
+    apply,
+    condition,
+    get_json,
+    job,
+    job_manifest,
+    wait_for_phase,
+    wait_until,
+    worker_pods,
+)
+
+pytestmark = [pytest.mark.integration, pytest.mark.timeout(240)]
+
+GATE = "trainwave.io/placement"
+
+
+def pool_job(name, pool, *, workers, gpus, run_for="60s", placement=None, **spec):
+    manifest = job_manifest(
+        name, workers=workers, gpus=gpus, run_for=run_for,
+        template_spec={"nodeSelector": pool.selector}, **spec,
+    )  # fmt: skip
+    if placement:
+        manifest["spec"]["placement"] = placement
+    return manifest
+
+
+def by_rank(pods):
+    return sorted(pods, key=lambda p: int(p["metadata"]["labels"]["trainwave.io/rank"]))
+
+
+def gated(pod) -> bool:
+    return any(g["name"] == GATE for g in pod["spec"].get("schedulingGates") or [])
+
+
+def scheduled(cluster, namespace, name):
+    found = condition(job(cluster, namespace, name), "Scheduled")
+    return found or {}
+
+
+def test_a_gang_lands_on_the_nodes_the_engine_chose_in_one_rack(
+    cluster, namespace, running_operator
+):
+    with node_pool(cluster, rack_sizes=(4, 4)) as pool:
+        rack_a, rack_b = pool.racks.values()
+        # Fragment rack A: 2 GPUs taken on each node, 6 left; rack B is empty.
+        apply(cluster, namespace, *(blocker_pod(f"hold-{i}", n, 2) for i, n in enumerate(rack_a)))
+        apply(cluster, namespace, pool_job("whole", pool, workers=4, gpus=8))
+        body = wait_for_phase(cluster, namespace, "whole", "Running")
+        pods = by_rank(worker_pods(cluster, namespace, "whole"))
+        nodes = [p["spec"]["nodeName"] for p in pods]
+        assert nodes == rack_b, "full nodes only exist in rack B; ranks follow node order"
+        assert [p["metadata"]["annotations"]["trainwave.io/node"] for p in pods] == nodes
+        assert body["status"]["placement"]["nodes"] == nodes
+        assert "1 rack" in body["status"]["placement"]["summary"]
+        assert not any(gated(p) for p in pods)
+
+        # Workers of 6 GPUs fit the holes of rack A exactly (best fit), not rack B.
+        apply(cluster, namespace, pool_job("holes", pool, workers=4, gpus=6))
+        wait_for_phase(cluster, namespace, "holes", "Running")
+        holes = [p["spec"]["nodeName"] for p in by_rank(worker_pods(cluster, namespace, "holes"))]
+        assert holes == rack_a
+
+
+def test_tensor_parallel_pairs_share_a_node(cluster, namespace, running_operator):
+    with node_pool(cluster, rack_sizes=(2, 2)) as pool:
+        manifest = pool_job("tp", pool, workers=8, gpus=4, placement={"parallelism": {"tensor": 8}})
+        apply(cluster, namespace, manifest)
+        wait_for_phase(cluster, namespace, "tp", "Running")
+        nodes = [p["spec"]["nodeName"] for p in by_rank(worker_pods(cluster, namespace, "tp"))]
+        pairs = [nodes[i : i + 2] for i in range(0, 8, 2)]
+        assert all(a == b for a, b in pairs), f"each tensor group (2 workers) on one node: {nodes}"
+        assert len(set(nodes)) == 4
+
+
+def test_a_gang_waits_whole_with_the_reason_and_starts_when_room_frees(
+    cluster, namespace, running_operator
+):
+    with node_pool(cluster, rack_sizes=(2, 2)) as pool:
+        apply(cluster, namespace, pool_job("first", pool, workers=4, gpus=8, run_for="12s"))
+        wait_for_phase(cluster, namespace, "first", "Running")
+        apply(cluster, namespace, pool_job("second", pool, workers=2, gpus=8))
+        why = wait_until(
+            lambda: scheduled(cluster, namespace, "second").get("reason") == "NotEnoughGPUs"
+            and scheduled(cluster, namespace, "second"),
+            30, "second to wait for GPUs",
+        )  # fmt: skip
+        assert why["status"] == "False"
+        assert "needs 16 GPUs" in why["message"], why["message"]
+        pods = worker_pods(cluster, namespace, "second")
+        assert len(pods) == 2
+        assert all(gated(p) for p in pods), "the whole gang waits gated"
+        assert not any(p["spec"].get("nodeName") for p in pods), "no worker holds a node"
+        status = job(cluster, namespace, "second")["status"]
+        assert status["phase"] == "Scheduling"
+
+        wait_for_phase(cluster, namespace, "first", "Succeeded", timeout=60)
+        body = wait_for_phase(cluster, namespace, "second", "Running", timeout=60)
+        assert condition(body, "Scheduled")["status"] == "True"
+
+
+def test_two_gangs_that_fit_only_one_at_a_time_never_both_start(
+    cluster, namespace, running_operator
+):
+    with node_pool(cluster, rack_sizes=(3,)) as pool:
+        # Two gangs of 2 x 8 on 3 nodes: with per-pod scheduling each could get
+        # one node and both would hang half-placed. Exactly one starts.
+        apply(
+            cluster, namespace,
+            pool_job("left", pool, workers=2, gpus=8, run_for="6s"),
+            pool_job("right", pool, workers=2, gpus=8, run_for="6s"),
+        )  # fmt: skip
+        seen_half = []
+
+        def one_running():
+            phases = {
+                n: job(cluster, namespace, n).get("status", {}).get("phase")
+                for n in ("left", "right")
+            }
+            for name in ("left", "right"):
+                bound = [
+                    p for p in worker_pods(cluster, namespace, name) if p["spec"].get("nodeName")
+                ]
+                if len(bound) == 1:
+                    seen_half.append(name)
+            return list(phases.values()).count("Running") == 1 and phases
+
+        phases = wait_until(one_running, 60, "one gang running")
+        waiting = next(n for n, p in phases.items() if p != "Running")
+        assert phases[waiting] == "Scheduling"
+        for name in ("left", "right"):
+            wait_for_phase(cluster, namespace, name, "Succeeded", timeout=90)
+        assert not seen_half, f"a gang was seen half bound: {seen_half}"
+
+
+@pytest.mark.parametrize(
+    "case",
+    [
+        (5, None, "NeverFits", "needs 40 GPUs"),
+        (3, {"requiredLevel": "rack"}, "NeverFits", "rack"),
+    ],
+    ids=["more-than-the-pool", "larger-than-any-required-rack"],
+)
+def test_a_gang_that_can_never_fit_says_why(cluster, namespace, running_operator, case):
+    workers, placement, reason, words = case
+    with node_pool(cluster, rack_sizes=(2, 2)) as pool:
+        # Only the pool's 4 nodes match; with requiredLevel rack only 2 nodes do.
+        apply(
+            cluster, namespace, pool_job("big", pool, workers=workers, gpus=8, placement=placement)
+        )
+        why = wait_until(
+            lambda: scheduled(cluster, namespace, "big").get("reason") == reason
+            and scheduled(cluster, namespace, "big"),
+            30, f"Scheduled=False {reason}",
+        )  # fmt: skip
+        assert words in why["message"], why["message"]
+        assert all(gated(p) for p in worker_pods(cluster, namespace, "big"))
+
+
+def test_an_unknown_level_fails_the_job_naming_the_levels(cluster, namespace, running_operator):
+    with node_pool(cluster, rack_sizes=(1,)) as pool:
+        apply(
+            cluster,
+            namespace,
+            pool_job("lost", pool, workers=1, gpus=8, placement={"requiredLevel": "row"}),
+        )
+        body = wait_for_phase(cluster, namespace, "lost", "Failed", timeout=30)
+        assert body["status"]["reason"] == "InvalidSpec"
+        assert "spec.placement" in body["status"]["message"]
+        assert "rack" in body["status"]["message"], "the message lists the known levels"
+
+
+def test_a_gang_that_does_not_bind_is_replanned(cluster, namespace, running_operator):
+    with node_pool(cluster, rack_sizes=(1,)) as pool:
+        # The engine counts GPUs; the nodes have 192 CPUs, so kube-scheduler
+        # can never bind a worker asking for 500: after the bind timeout the
+        # operator gives the room back and plans the gang again, uncounted.
+        manifest = pool_job(
+            "greedy", pool, workers=1, gpus=8, placement={"bindTimeoutSeconds": 5},
+            resources={"requests": {"cpu": "500"}},
+        )  # fmt: skip
+        apply(cluster, namespace, manifest)
+        body = wait_until(
+            lambda: (b := job(cluster, namespace, "greedy")).get("status", {}).get("attempt", 0) >= 1 and b,
+            40, "a re-planned attempt",
+        )  # fmt: skip
+        assert body["status"]["restarts"] == 0
+        events = get_json(cluster, namespace, "events.events.k8s.io")["items"]
+        notes = [e.get("note", "") for e in events if e.get("reason") == "BindTimeout"]
+        assert notes, "a BindTimeout Event"
+        assert "not bound 5s after placement" in notes[0]
