@@ -66,9 +66,7 @@ def load_fake_gpus(path: Path) -> FakeGpuBackend:
             for item in error.errors()
         )
         raise FakeGpusError(f"--fake-gpus {path}: {problems}") from error
-    devices = [
-        GpuDevice(gpu.uuid, gpu.name, gpu.memory_mib, gpu.pci_bus_id) for gpu in parsed.gpus
-    ]
+    devices = [GpuDevice(gpu.uuid, gpu.name, gpu.memory_mib, gpu.pci_bus_id) for gpu in parsed.gpus]
     return FakeGpuBackend(devices, nvlinks=parsed.nvlinks, switched=parsed.switched)
 
 

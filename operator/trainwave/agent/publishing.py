@@ -70,7 +70,8 @@ class NodePublisher:
         return patches.changes
 
     def _read(self) -> dict[str, Any]:
-        response = self.core.read_node(
+        # The raw JSON, not the client's model: the diff reads the API's own field names.
+        response: Any = self.core.read_node(
             self.node_name, _preload_content=False, _request_timeout=REQUEST_TIMEOUT
         )
         node: dict[str, Any] = json.loads(response.data)

@@ -14,7 +14,7 @@ import logging
 import threading
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from trainwave.agent.changes import Change, DesiredNode
@@ -49,7 +49,7 @@ RECOVERABLE: tuple[type[Exception], ...] = (GpuBackendError, FakeGpusError, Shar
 class AgentOptions:
     node_name: str
     root: Path = Path("/")
-    shared: SharedSelection = SharedSelection()
+    shared: SharedSelection = field(default_factory=SharedSelection)
     fake_gpus: Path | None = None  # a JSON file instead of NVML (fake_gpus.py)
 
 
