@@ -130,6 +130,10 @@ def run_agent(options: argparse.Namespace) -> int:
         level=options.log_level.upper(),
         format="%(asctime)s %(levelname)s %(name)s: %(message)s",
     )
+    # urllib3 logs each retry of a refused connection; the pass's own error says it once.
+    logging.getLogger("urllib3.connectionpool").setLevel(
+        max(logging.ERROR, logging.getLogger().level)
+    )
     if not options.node_name:
         print(
             f"trainwave agent: no node name: pass --node-name or set ${contract.ENV_NODE_NAME} "

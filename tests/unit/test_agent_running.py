@@ -8,6 +8,10 @@ with it is tested against the real control plane (tests/integration/test_agent.p
 from __future__ import annotations
 
 import json
+import os
+import socket
+import subprocess
+import sys
 import threading
 from collections.abc import Sequence
 from pathlib import Path
@@ -15,6 +19,7 @@ from pathlib import Path
 import pytest
 from agent_trees import GPU_MEMORY_MIB, make_backend, make_node
 
+import trainwave
 from trainwave import cli
 from trainwave.agent.changes import Change, DesiredNode
 from trainwave.agent.discovery import discover
@@ -24,6 +29,8 @@ from trainwave.agent.sharing import SharedSelection, SharingError, parse_selecti
 from trainwave.contract import ANNOTATION_INVENTORY, SHARED_GPU_MEMORY_RESOURCE
 
 pytestmark = pytest.mark.timeout(10)
+
+SOURCE_ROOT = Path(trainwave.__file__).resolve().parents[1]  # this checkout's operator/
 
 
 class Refused(Exception):
@@ -253,3 +260,36 @@ def test_cli_needs_a_node_name(
     monkeypatch.delenv("NODE_NAME", raising=False)
     assert cli.main(["agent", "--once"]) == 2
     assert "no node name: pass --node-name or set $NODE_NAME" in capsys.readouterr().err
+
+
+@pytest.mark.timeout(40)  # a Python process importing the Kubernetes client, on 2 busy cores
+def test_unreachable_api_server_is_reported(tmp_path: Path) -> None:
+    """A real client against a closed port on loopback: one clear line, exit code 1."""
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]  # closed again below: nothing listens there
+    kubeconfig = tmp_path / "kubeconfig"
+    kubeconfig.write_text(
+        json.dumps(
+            {
+                "apiVersion": "v1",
+                "kind": "Config",
+                "clusters": [{"name": "c", "cluster": {"server": f"https://127.0.0.1:{port}"}}],
+                "users": [{"name": "u", "user": {"token": "t"}}],
+                "contexts": [{"name": "x", "context": {"cluster": "c", "user": "u"}}],
+                "current-context": "x",
+            }
+        )
+    )
+    agent = make_agent(tmp_path, Recorder())
+    result = subprocess.run(
+        [sys.executable, "-m", "trainwave.cli", "agent", "--once", "--node-name", "node-a",
+         "--root", str(agent.options.root), "--fake-gpus", str(agent.options.fake_gpus)],
+        env=os.environ | {"KUBECONFIG": str(kubeconfig), "PYTHONPATH": str(SOURCE_ROOT)},
+        capture_output=True, text=True, timeout=30, check=False,
+    )  # fmt: skip
+
+    assert result.returncode == 1
+    assert f"get nodes/node-a: cannot reach the API server at https://127.0.0.1:{port}" in (
+        result.stderr
+    )
