@@ -1,13 +1,16 @@
 """`trainwave`: the command the operator image runs, and tools for people.
 
 trainwave operator [--namespace NS]... [--metrics-port N] [--health-port N]
+trainwave agent [--node-name N] [--root DIR] [--interval S] [--once] [--shared-gpus ...]
 trainwave crd            print the TrainingJob CRD the models define
 trainwave version
 """
 
 import argparse
 import logging
+import os
 import sys
+from pathlib import Path
 
 from trainwave import __version__, contract
 
@@ -45,6 +48,37 @@ def main(argv: list[str] | None = None) -> int:
         default="",
         help="comma-separated node labels, highest level first (default: spine, rack, host)",
     )
+    agent = commands.add_parser(
+        "agent", help="run the node agent: publish this node's GPUs, NICs and shared GPU memory"
+    )
+    agent.add_argument(
+        "--node-name",
+        default=os.environ.get(contract.ENV_NODE_NAME, ""),
+        help=f"the Node to publish to (default: ${contract.ENV_NODE_NAME}, from the downward API)",
+    )
+    agent.add_argument(
+        "--root",
+        type=Path,
+        default=Path("/"),
+        help="where the host's /sys and /proc are mounted (default /)",
+    )
+    agent.add_argument(
+        "--interval", type=_positive_seconds, default=60.0, help="seconds between passes"
+    )
+    agent.add_argument("--once", action="store_true", help="one pass; exit 1 if it failed")
+    agent.add_argument(
+        "--fake-gpus",
+        type=Path,
+        metavar="FILE",
+        help="read GPUs from this JSON file instead of NVML (tests, simulated nodes)",
+    )
+    agent.add_argument(
+        "--shared-gpus",
+        type=_shared_gpus,
+        default="none",
+        help="GPUs offered for sharing: none, all, or indexes such as 0,1 (default none)",
+    )
+    agent.add_argument("--log-level", choices=LOG_LEVELS, default="info")
     commands.add_parser("crd", help="print the TrainingJob CustomResourceDefinition")
     commands.add_parser("version", help="print the version")
 
@@ -59,6 +93,8 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     if options.command == "plan":
         return run_plan(options)
+    if options.command == "agent":
+        return run_agent(options)
     return run_operator(options)
 
 
@@ -81,6 +117,65 @@ def run_plan(options: argparse.Namespace) -> int:
         return 2
     print(render(result))
     return 0 if isinstance(result, Placement) else 1
+
+
+def run_agent(options: argparse.Namespace) -> int:
+    import signal
+    import threading
+
+    from trainwave.agent.publishing import NodePublisher, PublishError, connect
+    from trainwave.agent.running import Agent, AgentOptions
+
+    logging.basicConfig(
+        level=options.log_level.upper(),
+        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
+    )
+    # urllib3 logs each retry of a refused connection; the pass's own error says it once.
+    logging.getLogger("urllib3.connectionpool").setLevel(
+        max(logging.ERROR, logging.getLogger().level)
+    )
+    if not options.node_name:
+        print(
+            f"trainwave agent: no node name: pass --node-name or set ${contract.ENV_NODE_NAME} "
+            "(the chart sets it from the downward API, spec.nodeName)",
+            file=sys.stderr,
+        )
+        return 2
+    try:
+        publisher = NodePublisher(connect(), options.node_name)
+    except PublishError as error:
+        print(f"trainwave agent: {error}", file=sys.stderr)
+        return 1
+    agent = Agent(
+        AgentOptions(options.node_name, options.root, options.shared_gpus, options.fake_gpus),
+        publisher.publish,
+        publish_errors=(PublishError,),
+    )
+    if options.once:
+        return 0 if agent.run_once() else 1
+    stop = threading.Event()
+    signal.signal(signal.SIGTERM, lambda *_: stop.set())  # finish the pass, then exit
+    agent.run_forever(options.interval, stop)
+    return 0
+
+
+def _positive_seconds(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        value = 0.0
+    if not value > 0:
+        raise argparse.ArgumentTypeError(f"{text!r}: expected a number of seconds above 0")
+    return value
+
+
+def _shared_gpus(text: str) -> object:
+    from trainwave.agent.sharing import SharingError, parse_selection
+
+    try:
+        return parse_selection(text)
+    except SharingError as error:
+        raise argparse.ArgumentTypeError(str(error)) from error
 
 
 def run_operator(options: argparse.Namespace) -> int:

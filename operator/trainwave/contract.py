@@ -96,6 +96,18 @@ RDMA_LINK_LAYER_LABELS: Final = {"IB": "infiniband", "RoCE": "roce"}
 # The node agent's full inventory (GPUs, NVLink islands, NICs, GPU-to-NIC
 # distances, GPUDirect readiness) as a JSON annotation on the node.
 ANNOTATION_INVENTORY: Final = "trainwave.io/inventory"
+# The label keys the agent wrote last time, comma-separated: on its next pass
+# it removes those it no longer finds, and never touches any other label.
+ANNOTATION_AGENT_LABELS: Final = "trainwave.io/agent-labels"
+# GPU memory a node offers for sharing, in MiB (extended resources are
+# integers): the sum over the GPUs the agent was told to share. The scheduler
+# accounts it per node; the operator pins each pod to one GPU by UUID, read
+# from the inventory annotation's `sharedGpus`.
+SHARED_GPU_MEMORY_RESOURCE: Final = "trainwave.io/gpu-memory"
+# Field manager of the agent's node patches (managedFields show who wrote what).
+AGENT_FIELD_MANAGER: Final = "trainwave-agent"
+# The DaemonSet passes its node's name through the downward API.
+ENV_NODE_NAME: Final = "NODE_NAME"
 
 # --- Placement mechanism -------------------------------------------------
 # Worker pods are created behind this scheduling gate; the operator lifts it

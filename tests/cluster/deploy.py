@@ -44,10 +44,18 @@ def install_chart(cluster: Cluster, *extra: str) -> None:
                     "crd/trainingjobs.trainwave.io")  # fmt: skip
 
 
-def service_account_kubeconfig(cluster: Cluster, path: Path, hours: int = 24) -> Path:
-    """A kubeconfig that authenticates as the chart's ServiceAccount (TokenRequest)."""
+def service_account_kubeconfig(
+    cluster: Cluster,
+    path: Path,
+    hours: int = 24,
+    *,
+    account: str = SERVICE_ACCOUNT,
+    namespace: str = NAMESPACE,
+) -> Path:
+    """A kubeconfig that authenticates as a ServiceAccount (TokenRequest); the operator's
+    by default, the agent's (`<release>-agent`) or any other by name."""
     token = cluster.kubectl(
-        "create", "token", SERVICE_ACCOUNT, "-n", NAMESPACE, f"--duration={hours}h"
+        "create", "token", account, "-n", namespace, f"--duration={hours}h"
     ).stdout.strip()
     admin = yaml.safe_load(cluster.kubeconfig.read_text())
     cluster_entry = admin["clusters"][0]
@@ -55,11 +63,9 @@ def service_account_kubeconfig(cluster: Cluster, path: Path, hours: int = 24) ->
         "apiVersion": "v1",
         "kind": "Config",
         "clusters": [{"name": "local", "cluster": cluster_entry["cluster"]}],
-        "users": [{"name": SERVICE_ACCOUNT, "user": {"token": token}}],
-        "contexts": [
-            {"name": "operator", "context": {"cluster": "local", "user": SERVICE_ACCOUNT}}
-        ],
-        "current-context": "operator",
+        "users": [{"name": account, "user": {"token": token}}],
+        "contexts": [{"name": account, "context": {"cluster": "local", "user": account}}],
+        "current-context": account,
     }
     path.write_text(yaml.safe_dump(config))
     path.chmod(0o600)

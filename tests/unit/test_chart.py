@@ -68,12 +68,21 @@ def render_error(*args: str) -> str:
     return result.stderr
 
 
-def find(manifests: list[dict[str, Any]], kind: str) -> list[dict[str, Any]]:
-    return [doc for doc in manifests if doc["kind"] == kind]
+def is_agent(doc: dict[str, Any]) -> bool:
+    labels = doc["metadata"].get("labels") or {}
+    return bool(labels.get("app.kubernetes.io/component") == "agent")
 
 
-def one(manifests: list[dict[str, Any]], kind: str) -> dict[str, Any]:
-    found = find(manifests, kind)
+def find(
+    manifests: list[dict[str, Any]], kind: str, *, agent: bool = False
+) -> list[dict[str, Any]]:
+    """Objects of one kind: the operator's and the release's, or with `agent` the node agent's
+    (tests/unit/test_chart_agent.py), so neither set of tests counts the other's objects."""
+    return [doc for doc in manifests if doc["kind"] == kind and is_agent(doc) == agent]
+
+
+def one(manifests: list[dict[str, Any]], kind: str, *, agent: bool = False) -> dict[str, Any]:
+    found = find(manifests, kind, agent=agent)
     assert len(found) == 1, f"expected one {kind}, got {len(found)}"
     return found[0]
 

@@ -10,9 +10,10 @@ from __future__ import annotations
 import json
 import re
 from collections import Counter
+from collections.abc import Sequence
 from typing import Any
 
-from trainwave.agent.inventory import NodeInventory
+from trainwave.agent.inventory import GpuInfo, NodeInventory
 from trainwave.contract import (
     ANNOTATION_INVENTORY,
     NODE_LABEL_GPU_COUNT,
@@ -51,13 +52,18 @@ def build_labels(inventory: NodeInventory, *, nvlink_domain: str) -> dict[str, s
     return labels
 
 
-def build_annotations(inventory: NodeInventory) -> dict[str, str]:
-    document = inventory_document(inventory)
+def build_annotations(inventory: NodeInventory, shared: Sequence[GpuInfo] = ()) -> dict[str, str]:
+    """The inventory annotation; `shared` are the GPUs offered for sharing (`sharing.py`)."""
+    document = inventory_document(inventory, shared)
     return {ANNOTATION_INVENTORY: json.dumps(document, separators=(",", ":"), sort_keys=True)}
 
 
-def inventory_document(inventory: NodeInventory) -> dict[str, Any]:
-    """The inventory as JSON-ready data, in the camelCase of the Kubernetes API."""
+def inventory_document(inventory: NodeInventory, shared: Sequence[GpuInfo] = ()) -> dict[str, Any]:
+    """The inventory as JSON-ready data, in the camelCase of the Kubernetes API.
+
+    `sharedGpus` lists what the node's shared-GPU-memory resource adds up, GPU
+    by GPU, so the operator can pin a pod to one of them by UUID.
+    """
     return {
         "gpus": [
             {
@@ -97,6 +103,9 @@ def inventory_document(inventory: NodeInventory) -> dict[str, Any]:
             "dmabuf": inventory.gdr.dmabuf,
             "reason": inventory.gdr.reason,
         },
+        "sharedGpus": [
+            {"index": gpu.index, "uuid": gpu.uuid, "memoryMiB": gpu.memory_mib} for gpu in shared
+        ],
         "problems": list(inventory.problems),
     }
 

@@ -1,0 +1,43 @@
+# The trainwave node agent image.
+#
+#   docker build -f images/agent.Dockerfile -t trainwave/agent:0.1.0 .
+#
+# The build context is the repository root (see /.dockerignore); the chart's
+# DaemonSet runs this image as `trainwave agent --root /host ...` with the
+# host's /sys and /proc mounted read-only under /host.
+
+# One base for both stages: the virtualenv built in the first stage links to this
+# interpreter, so the second stage must have the very same one. The tag pins the
+# Python minor version and the Debian release; patch releases arrive on rebuild.
+ARG PYTHON_IMAGE=python:3.11-slim-bookworm
+
+FROM ${PYTHON_IMAGE} AS build
+ENV PIP_NO_CACHE_DIR=1 \
+    PIP_DISABLE_PIP_VERSION_CHECK=1
+RUN python -m venv /opt/venv
+WORKDIR /src
+# pyproject.toml names README.md as the package readme, so the build needs it.
+COPY pyproject.toml README.md ./
+COPY operator/ operator/
+# The `agent` extra: NVML bindings and the Kubernetes client, no kopf. NVML's
+# shared library is not in the image: the NVIDIA container runtime mounts the
+# node driver's own copy (runtimeClassName / NVIDIA_VISIBLE_DEVICES in the chart).
+RUN /opt/venv/bin/pip install ".[agent]"
+
+FROM ${PYTHON_IMAGE}
+LABEL org.opencontainers.image.title="trainwave-agent" \
+      org.opencontainers.image.description="trainwave node agent: GPUs, NVLink, RDMA NICs and shared GPU memory as node labels and resources" \
+      org.opencontainers.image.licenses="Apache-2.0"
+# No .pyc writes (the chart mounts the root filesystem read-only) and unbuffered
+# logs, so a crash never loses its last lines.
+ENV PATH=/opt/venv/bin:$PATH \
+    PYTHONDONTWRITEBYTECODE=1 \
+    PYTHONUNBUFFERED=1
+COPY --from=build /opt/venv /opt/venv
+# Numeric user and group, so the kubelet can verify runAsNonRoot without an
+# /etc/passwd entry. Reading sysfs, procfs and NVML needs no root.
+USER 65532:65532
+# The chart passes the flags; run bare, the image starts the agent with its
+# defaults (node name from $NODE_NAME, host root /).
+ENTRYPOINT ["trainwave"]
+CMD ["agent"]

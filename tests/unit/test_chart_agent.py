@@ -1,0 +1,227 @@
+"""Chart tests for the node agent: DaemonSet, its ServiceAccount and its least-privilege RBAC.
+
+Rendering helpers come from test_chart.py; `agent=True` selects the agent's objects.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+from test_chart import find, granted, one, render, render_error
+
+pytestmark = pytest.mark.timeout(20)
+
+AGENT_KINDS = ("DaemonSet", "ServiceAccount", "ClusterRole", "ClusterRoleBinding")
+# The whole grant of the agent: its own Node, nothing else.
+AGENT_RULES = {("", "nodes"): {"get", "patch"}, ("", "nodes/status"): {"patch"}}
+
+
+def daemonset(*args: str) -> dict[str, Any]:
+    return one(render(*args), "DaemonSet", agent=True)
+
+
+def agent_pod(*args: str) -> dict[str, Any]:
+    spec: dict[str, Any] = daemonset(*args)["spec"]["template"]["spec"]
+    return spec
+
+
+def agent_container(*args: str) -> dict[str, Any]:
+    container: dict[str, Any]
+    (container,) = agent_pod(*args)["containers"]
+    return container
+
+
+def flag(container: dict[str, Any], name: str) -> str:
+    args: list[str] = container["args"]
+    return args[args.index(name) + 1]
+
+
+# --- what is rendered ---------------------------------------------------------------------
+
+
+def test_agent_is_on_by_default_and_off_when_disabled() -> None:
+    for kind in AGENT_KINDS:
+        assert len(find(render(), kind, agent=True)) == 1, kind
+        assert not find(render("--set", "agent.enabled=false"), kind, agent=True), kind
+
+
+def test_disabling_the_agent_leaves_the_operator_alone() -> None:
+    on, off = render(), render("--set", "agent.enabled=false")
+    assert [d for d in on if not find([d], d["kind"], agent=True)] == off
+
+
+@pytest.mark.parametrize(
+    ("release", "args", "name"),
+    [
+        pytest.param("tw", (), "tw-trainwave-agent", id="release-plus-chart"),
+        pytest.param(
+            "tw", ("--set", "fullnameOverride=" + "f" * 70), "f" * 57 + "-agent", id="long-name"
+        ),
+    ],
+)
+def test_agent_names_keep_their_suffix_within_63(
+    release: str, args: tuple[str, ...], name: str
+) -> None:
+    manifests = render(*args, release=release)
+    for kind in AGENT_KINDS:
+        assert one(manifests, kind, agent=True)["metadata"]["name"] == name
+
+
+# --- RBAC ---------------------------------------------------------------------------------
+
+
+def test_agent_role_grants_only_its_node() -> None:
+    assert granted(one(render(), "ClusterRole", agent=True)) == AGENT_RULES
+
+
+def test_agent_binding_ties_its_role_to_its_account() -> None:
+    manifests = render()
+    binding = one(manifests, "ClusterRoleBinding", agent=True)
+    account = one(manifests, "ServiceAccount", agent=True)
+    assert (
+        binding["roleRef"]["name"] == one(manifests, "ClusterRole", agent=True)["metadata"]["name"]
+    )
+    assert binding["subjects"][0]["name"] == account["metadata"]["name"]
+    assert agent_pod()["serviceAccountName"] == account["metadata"]["name"]
+    assert account["metadata"]["name"] != one(manifests, "ServiceAccount")["metadata"]["name"]
+
+
+def test_rbac_create_false_renders_no_agent_rbac() -> None:
+    manifests = render("--set", "rbac.create=false")
+    assert not find(manifests, "ClusterRole", agent=True)
+    assert not find(manifests, "ClusterRoleBinding", agent=True)
+
+
+def test_existing_agent_account_is_used_not_created() -> None:
+    args = ("--set", "agent.serviceAccount.create=false", "--set", "agent.serviceAccount.name=ag")
+    manifests = render(*args)
+    assert not find(manifests, "ServiceAccount", agent=True)
+    assert agent_pod(*args)["serviceAccountName"] == "ag"
+    assert one(manifests, "ClusterRoleBinding", agent=True)["subjects"][0]["name"] == "ag"
+
+
+def test_existing_agent_account_needs_a_name() -> None:
+    error = render_error("--set", "agent.serviceAccount.create=false")
+    assert "agent.serviceAccount.name is required" in error
+
+
+# --- the DaemonSet ------------------------------------------------------------------------
+
+
+def test_selector_never_matches_the_operator() -> None:
+    manifests = render("--set", "agent.podLabels.app\\.kubernetes\\.io/component=operator")
+    agent = one(manifests, "DaemonSet", agent=True)["spec"]
+    operator = one(manifests, "Deployment")["spec"]
+    agent_labels = agent["template"]["metadata"]["labels"]
+    operator_labels = operator["template"]["metadata"]["labels"]
+    assert agent["selector"]["matchLabels"].items() <= agent_labels.items()
+    assert not agent["selector"]["matchLabels"].items() <= operator_labels.items()
+    assert not operator["selector"]["matchLabels"].items() <= agent_labels.items()
+
+
+FLAGS = [
+    pytest.param(
+        (), {"--interval": "60", "--shared-gpus": "none", "--log-level": "info"}, id="defaults"
+    ),
+    pytest.param(("--set", "agent.interval=15"), {"--interval": "15"}, id="interval"),
+    pytest.param(("--set", "agent.sharedGpus=all"), {"--shared-gpus": "all"}, id="share-all"),
+    pytest.param(
+        ("--set-string", "agent.sharedGpus=0\\,3"), {"--shared-gpus": "0,3"}, id="share-some"
+    ),
+    pytest.param(("--set", "agent.logLevel=debug"), {"--log-level": "debug"}, id="log-level"),
+]
+
+
+@pytest.mark.parametrize(("args", "flags"), FLAGS)
+def test_values_become_agent_flags(args: tuple[str, ...], flags: dict[str, str]) -> None:
+    container = agent_container(*args)
+    assert container["args"][0] == "agent"
+    assert flag(container, "--root") == "/host"
+    for name, value in flags.items():
+        assert flag(container, name) == value
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        pytest.param(("--set", "agent.sharedGpus=half"), "/agent/sharedGpus", id="bad-sharing"),
+        pytest.param(("--set", "agent.interval=0"), "/agent/interval", id="zero-interval"),
+        pytest.param(("--set", "agent.intervall=5"), "intervall", id="misspelt-key"),
+    ],
+)
+def test_schema_refuses_bad_agent_values(args: tuple[str, ...], message: str) -> None:
+    assert message in render_error(*args)
+
+
+def test_node_name_comes_from_the_downward_api() -> None:
+    env = {e["name"]: e for e in agent_container()["env"]}
+    assert env["NODE_NAME"]["valueFrom"]["fieldRef"]["fieldPath"] == "spec.nodeName"
+
+
+def test_host_sys_and_proc_are_mounted_read_only_under_the_root() -> None:
+    pod = agent_pod()
+    volumes = {v["name"]: v for v in pod["volumes"]}
+    mounts = {m["mountPath"]: m for m in pod["containers"][0]["volumeMounts"]}
+    for host_path in ("/sys", "/proc"):
+        mount = mounts["/host" + host_path]
+        assert mount["readOnly"] is True
+        assert volumes[mount["name"]]["hostPath"]["path"] == host_path
+
+
+@pytest.mark.parametrize(
+    ("args", "runtime_class", "visible"),
+    [
+        pytest.param((), "nvidia", "all", id="gpu-operator-defaults"),
+        pytest.param(
+            ("--set", "agent.runtimeClassName=", "--set", "agent.nvidiaVisibleDevices="),
+            None,
+            None,
+            id="nvidia-default-runtime",
+        ),
+    ],
+)
+def test_nvml_access(args: tuple[str, ...], runtime_class: str | None, visible: str | None) -> None:
+    pod = agent_pod(*args)
+    env = {e["name"]: e.get("value") for e in pod["containers"][0]["env"]}
+    assert pod.get("runtimeClassName") == runtime_class
+    assert env.get("NVIDIA_VISIBLE_DEVICES") == visible
+    assert "resources" not in pod or "nvidia.com/gpu" not in str(pod["containers"][0]["resources"])
+
+
+def test_agent_runs_unprivileged() -> None:
+    pod = agent_pod()
+    container = pod["containers"][0]
+    assert pod["securityContext"]["runAsNonRoot"] is True
+    assert container["securityContext"]["readOnlyRootFilesystem"] is True
+    assert container["securityContext"]["capabilities"]["drop"] == ["ALL"]
+    assert not container["securityContext"].get("privileged")
+    assert not any(pod.get(key) for key in ("hostNetwork", "hostPID", "hostIPC"))
+
+
+@pytest.mark.parametrize(
+    ("args", "selector", "tolerations"),
+    [
+        pytest.param(
+            (),
+            {"nvidia.com/gpu.present": "true"},
+            [{"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"}],
+            id="defaults",
+        ),
+        pytest.param(
+            (
+                "--set-json", 'agent.nodeSelector={"pool":"gpu","nvidia.com/gpu.present":null}',
+                "--set-json", 'agent.tolerations=[{"operator":"Exists"}]',
+            ),
+            {"pool": "gpu"},
+            [{"operator": "Exists"}],
+            id="default-selector-replaced-with-null",
+        ),
+    ],
+)  # fmt: skip
+def test_placement_of_agent_pods(
+    args: tuple[str, ...], selector: dict[str, str], tolerations: list[dict[str, str]]
+) -> None:
+    pod = agent_pod(*args)
+    assert pod["nodeSelector"] == selector
+    assert pod["tolerations"] == tolerations
