@@ -91,6 +91,11 @@ NODE_LABEL_GPU_CLIQUE: Final = "nvidia.com/gpu.clique"
 NODE_LABEL_RDMA: Final = "trainwave.io/rdma"
 NODE_LABEL_RDMA_NICS: Final = "trainwave.io/rdma-nics"
 RDMA_RESOURCE: Final = "rdma/rdma_shared_device_a"
+# "true" where GPUDirect RDMA works (a peer-memory module or DMA-BUF, and an
+# active RDMA port), "false" where RDMA does but GPUDirect does not.
+NODE_LABEL_GPUDIRECT: Final = "trainwave.io/gpudirect-rdma"
+# Multus reads the pod's extra networks from this annotation.
+ANNOTATION_MULTUS_NETWORKS: Final = "k8s.v1.cni.cncf.io/networks"
 # The value of NODE_LABEL_RDMA for each RDMA link layer.
 RDMA_LINK_LAYER_LABELS: Final = {"IB": "infiniband", "RoCE": "roce"}
 # The node agent's full inventory (GPUs, NVLink islands, NICs, GPU-to-NIC

@@ -39,12 +39,14 @@ import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 from pydantic.alias_generators import to_camel
 
+from cluster.inventory import inventory_annotation
 from trainwave.contract import (
     GPU_RESOURCE,
     NODE_LABEL_GPU_CLIQUE,
     NODE_LABEL_GPU_COUNT,
     NODE_LABEL_GPU_MEMORY,
     NODE_LABEL_GPU_PRODUCT,
+    NODE_LABEL_GPUDIRECT,
     NODE_LABEL_NVLINK_DOMAIN,
     NODE_LABEL_RACK,
     NODE_LABEL_RDMA,
@@ -111,6 +113,10 @@ class RdmaSpec(_Model):
         ge=1,
         description="rateGbps: line rate of one NIC. Recorded in the model only: "
         "the contract has no node label for it yet.",
+    )
+    gpu_direct: bool = Field(
+        default=True,
+        description="gpuDirect: whether GPUDirect RDMA works (a peer-memory module is loaded).",
     )
     hca_max: int = Field(
         default=1000,
@@ -271,17 +277,32 @@ def build_node(
     if shape.rdma is not None:
         labels[NODE_LABEL_RDMA] = RDMA_LINK_LAYER_LABELS[shape.rdma.link_layer]
         labels[NODE_LABEL_RDMA_NICS] = str(shape.rdma.nics)
+        if shape.gpu is not None:
+            labels[NODE_LABEL_GPUDIRECT] = "true" if shape.rdma.gpu_direct else "false"
         capacity[RDMA_RESOURCE] = str(shape.rdma.hca_max)
+    annotations = {
+        KWOK_NODE_ANNOTATION: KWOK_NODE_VALUE,
+        # ttl "0": the TTL controller would otherwise patch every node once.
+        "node.alpha.kubernetes.io/ttl": "0",
+    }
+    if shape.gpu is not None:
+        # What the node agent would publish for this hardware.
+        annotations |= inventory_annotation(
+            name,
+            gpus=shape.gpu.count,
+            product=shape.gpu.product,
+            memory_mib=shape.gpu.memory_mib,
+            nics=shape.rdma.nics if shape.rdma else 0,
+            link_layer=shape.rdma.link_layer if shape.rdma else None,
+            rate_gbps=shape.rdma.rate_gbps if shape.rdma else 0,
+            gpu_direct=shape.rdma.gpu_direct if shape.rdma else False,
+        )
     return {
         "apiVersion": "v1",
         "kind": "Node",
         "metadata": {
             "name": name,
-            # ttl "0": the TTL controller would otherwise patch every node once.
-            "annotations": {
-                KWOK_NODE_ANNOTATION: KWOK_NODE_VALUE,
-                "node.alpha.kubernetes.io/ttl": "0",
-            },
+            "annotations": annotations,
             "labels": labels,
         },
         # The node strategy keeps status on create, so capacity is set in one

@@ -15,6 +15,7 @@ EXAMPLES = Path(__file__).resolve().parents[2] / "examples"
 OUTCOMES = {
     "single-worker.yaml": ("Succeeded", "Succeeded", 0),
     "distributed-4x8.yaml": ("Succeeded", "Succeeded", 0),
+    "rdma-gpudirect-2x8.yaml": ("Succeeded", "Succeeded", 0),
     "restart-then-fail.yaml": ("Failed", "MaxRestartsExceeded", 2),
     "suspended.yaml": ("Suspended", "Suspended", 0),
 }

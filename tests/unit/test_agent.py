@@ -247,6 +247,7 @@ def test_labels_match_the_simulated_node(tmp_path: Path) -> None:
     wanted |= {
         contract.NODE_LABEL_RDMA: twin["metadata"]["labels"][contract.NODE_LABEL_RDMA],
         contract.NODE_LABEL_RDMA_NICS: twin["metadata"]["labels"][contract.NODE_LABEL_RDMA_NICS],
+        contract.NODE_LABEL_GPUDIRECT: twin["metadata"]["labels"][contract.NODE_LABEL_GPUDIRECT],
         contract.NODE_LABEL_NVLINK_DOMAIN: "gpu-a",
     }
 

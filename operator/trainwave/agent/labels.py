@@ -19,6 +19,7 @@ from trainwave.contract import (
     NODE_LABEL_GPU_COUNT,
     NODE_LABEL_GPU_MEMORY,
     NODE_LABEL_GPU_PRODUCT,
+    NODE_LABEL_GPUDIRECT,
     NODE_LABEL_NVLINK_DOMAIN,
     NODE_LABEL_RDMA,
     NODE_LABEL_RDMA_NICS,
@@ -49,6 +50,8 @@ def build_labels(inventory: NodeInventory, *, nvlink_domain: str) -> dict[str, s
         layer = max(("IB", "RoCE"), key=lambda name: layers[name])
         labels[NODE_LABEL_RDMA] = RDMA_LINK_LAYER_LABELS[layer]
         labels[NODE_LABEL_RDMA_NICS] = str(layers[layer])
+        if inventory.gpus:  # GPUDirect RDMA is about GPU memory: no GPUs, no claim
+            labels[NODE_LABEL_GPUDIRECT] = "true" if inventory.gdr.possible else "false"
     return labels
 
 

@@ -12,6 +12,7 @@ from pydantic import ConfigDict, Field
 
 from trainwave import contract
 from trainwave.api.base import ApiModel, OpenObject, Quantity, cel, validations
+from trainwave.api.network import NetworkSpec
 from trainwave.api.scheduling import PlacementSpec
 
 ENV_NAME_PATTERN = r"^[-._a-zA-Z][-._a-zA-Z0-9]*$"
@@ -172,6 +173,7 @@ IMMUTABLE_WHILE_RUNNING = (
     "resources",
     "masterPort",
     "template",
+    "network",
 )
 
 
@@ -270,6 +272,10 @@ class TrainingJobSpec(ApiModel):
         default_factory=PlacementSpec,
         description="placement: topology constraints, priority and parallelism of the gang.",
         json_schema_extra={"default": {}},
+    )
+    network: NetworkSpec | None = Field(
+        default=None,
+        description="network: RDMA / GPUDirect, Multus networks, host network, /dev/shm.",
     )
 
     @property

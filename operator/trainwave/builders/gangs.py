@@ -7,6 +7,7 @@ the operator would.
 from collections.abc import Sequence
 
 from trainwave.api.trainingjob import TrainingJob
+from trainwave.builders.network import network_requirements
 from trainwave.placement.gang import GangRequest
 from trainwave.placement.ranks import Parallelism
 from trainwave.placement.topology import HOSTNAME_LABEL
@@ -32,5 +33,8 @@ def gang_request(job: TrainingJob, levels: Sequence[str]) -> GangRequest:
         required_level=placement.required_level,
         preferred_level=preferred,
         parallelism=parallelism,
-        node_selector=dict(job.spec.template.spec.get("nodeSelector") or {}),
+        node_selector={
+            **dict(job.spec.template.spec.get("nodeSelector") or {}),
+            **network_requirements(job.spec.network),
+        },
     )

@@ -16,12 +16,13 @@ from collections.abc import Mapping
 from typing import Any
 
 from trainwave import contract
+from trainwave.builders.worker import Worker
 
 # Matching the node by name (a field) needs no label on the node.
 _NODE_NAME_FIELD = "metadata.name"
 
 
-def set_scheduling_gate(pod: dict[str, Any], _worker: object) -> None:
+def set_scheduling_gate(pod: dict[str, Any], _worker: Worker) -> None:
     gates: list[dict[str, str]] = pod["spec"].setdefault("schedulingGates", [])
     if not any(g.get("name") == contract.SCHEDULING_GATE for g in gates):
         gates.append({"name": contract.SCHEDULING_GATE})

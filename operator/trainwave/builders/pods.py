@@ -7,8 +7,6 @@ branches inside the ones here.
 """
 
 import copy
-from collections.abc import Callable
-from dataclasses import dataclass
 from typing import Any
 
 from trainwave import contract
@@ -20,7 +18,9 @@ from trainwave.builders.names import (
     worker_hostname,
     worker_pod_name,
 )
+from trainwave.builders.network import set_network
 from trainwave.builders.owners import job_labels, owner_reference
+from trainwave.builders.worker import Mutator, Worker
 
 # Pod fields trainwave owns; a template that sets them is refused rather than
 # silently overridden, so the user learns why their value had no effect.
@@ -28,16 +28,6 @@ _OWNED_POD_FIELDS = {
     "hostname": "trainwave sets it to '<job>-worker-<rank>' for the rendezvous",
     "subdomain": "trainwave sets it to the job's headless Service",
 }
-
-
-@dataclass(frozen=True)
-class Worker:
-    job: TrainingJob
-    rank: int
-    attempt: int
-
-
-Mutator = Callable[[dict[str, Any], Worker], None]
 
 
 def check_template(job: TrainingJob) -> None:
@@ -220,5 +210,6 @@ MUTATORS: tuple[Mutator, ...] = (
     set_worker_container,
     set_torch_env,
     set_gpus,
+    set_network,
     set_scheduling_gate,
 )

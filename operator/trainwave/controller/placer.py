@@ -24,6 +24,7 @@ been freed) and every few seconds while anything waits (foreign pods, nodes).
 
 import asyncio
 import contextlib
+import json
 import logging
 import time
 from collections.abc import Callable, Mapping, Sequence
@@ -32,10 +33,12 @@ from datetime import UTC, datetime
 from typing import Any
 
 from trainwave import contract
+from trainwave.api.network import NetworkSpec
 from trainwave.builders.gating import build_release_patch, is_gated
+from trainwave.builders.network import node_network_env, rdma_shortfall
 from trainwave.controller import metrics
 from trainwave.controller.kube import Conflict, KubeClient, Rejected
-from trainwave.lifecycle.decide import PlacementWait
+from trainwave.lifecycle.decide import RDMA_UNAVAILABLE, PlacementWait
 from trainwave.placement.gang import GangRequest, Placement
 from trainwave.placement.queueing import PendingJob, QueuePolicy, schedule
 from trainwave.placement.snapshot import build_snapshot, pod_gpus
@@ -54,6 +57,7 @@ class Ticket:
     request: GangRequest
     priority: int = 0
     arrival: float = 0.0
+    network: NetworkSpec | None = None  # for the NCCL settings of each chosen node
 
 
 class Placer:
@@ -131,7 +135,11 @@ class Placer:
             if len(gang) != request.workers:  # a partly released gang: place the rest
                 request = replace(request, workers=len(gang))
             if request.gpus_per_worker == 0:  # nothing to place: kube-scheduler spreads them
-                await self._release(key, gang, None, "no GPUs requested")
+                await self._release(key, gang, None, "no GPUs requested", {})
+                continue
+            missing = rdma_shortfall(ticket.network, request.node_selector, snapshot)
+            if missing is not None:
+                self._note_wait(key, RDMA_UNAVAILABLE, missing, 0)
                 continue
             name = f"{key[0]}/{key[1]}"
             pending[name] = key
@@ -139,17 +147,26 @@ class Placer:
                 PendingJob(name, request, ticket.priority, ticket.arrival, self._skips.get(key, 0))
             )
         result = schedule(snapshot, jobs, self._policy)
+        inventories = _inventories(nodes)
         for admit in result.admitted:
             key = pending[admit.job.key]
-            await self._release(key, gangs[key], admit.placement, admit.placement.describe())
+            placement = admit.placement
+            await self._release(key, gangs[key], placement, placement.describe(), inventories)
         for wait in result.waiting:
             self._note_wait(pending[wait.job.key], wait.code, wait.reason, wait.skipped)
         metrics.GANGS_WAITING.set(len(result.waiting))
 
     async def _release(
-        self, key: JobKey, gang: list[Pod], placement: Placement | None, summary: str
+        self,
+        key: JobKey,
+        gang: list[Pod],
+        placement: Placement | None,
+        summary: str,
+        inventories: Mapping[str, Mapping[str, Any]],
     ) -> None:
         nodes: list[str | None] = list(placement.nodes) if placement else [None] * len(gang)
+        network = self._tickets[key].network if key in self._tickets else None
+        envs = [node_network_env(network, inventories.get(n or "", {})) for n in nodes]
         now = datetime.now(UTC).isoformat(timespec="seconds").replace("+00:00", "Z")
         notes = {
             contract.ANNOTATION_RELEASED_AT: now,
@@ -161,9 +178,9 @@ class Placer:
                     self._kube.patch_pod,
                     pod["metadata"]["namespace"],
                     pod["metadata"]["name"],
-                    build_release_patch(pod, node, notes),
+                    build_release_patch(pod, node, notes, env),
                 )
-                for pod, node in zip(gang, nodes, strict=True)
+                for pod, node, env in zip(gang, nodes, envs, strict=True)
             ),
             return_exceptions=True,
         )
@@ -203,6 +220,23 @@ def _gated_gangs(pods: list[Pod], tickets: Mapping[JobKey, Ticket]) -> dict[JobK
     for gang in gangs.values():
         gang.sort(key=lambda pod: int(pod["metadata"]["labels"][contract.LABEL_RANK]))
     return gangs
+
+
+def _inventories(nodes: list[dict[str, Any]]) -> dict[str, Mapping[str, Any]]:
+    """Each node's agent inventory (annotation), parsed; nodes without one are left out."""
+    found: dict[str, Mapping[str, Any]] = {}
+    for node in nodes:
+        meta = node.get("metadata") or {}
+        text = (meta.get("annotations") or {}).get(contract.ANNOTATION_INVENTORY)
+        if not text:
+            continue
+        try:
+            found[meta["name"]] = json.loads(text)
+        except ValueError:
+            logger.warning(
+                "node %s: unreadable %s annotation", meta.get("name"), contract.ANNOTATION_INVENTORY
+            )
+    return found
 
 
 def reserved_gpus(pods: list[Pod]) -> dict[str, int]:

@@ -115,6 +115,7 @@ class Reconciler:
             request=gang_request(job, self._levels),
             priority=job.spec.placement.priority,
             arrival=created.timestamp() if created else 0.0,
+            network=job.spec.network,
         )
 
     async def _write_status(

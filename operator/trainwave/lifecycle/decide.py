@@ -38,8 +38,14 @@ class JobEvent:
     message: str
 
 
-# The placer's code for a request the engine refuses as such (an unknown level).
-INVALID_PLACEMENT = "InvalidRequest"
+# The placer's codes for gangs that can never start as asked: the job fails
+# with this reason rather than wait forever.
+INVALID_PLACEMENT = "InvalidRequest"  # e.g. an unknown topology level
+RDMA_UNAVAILABLE = "RDMAUnavailable"  # no node can provide the RDMA asked for
+_REFUSALS = {
+    INVALID_PLACEMENT: ("InvalidSpec", "spec.placement"),
+    RDMA_UNAVAILABLE: (RDMA_UNAVAILABLE, "spec.network.rdma"),
+}
 
 
 @dataclass(frozen=True)
@@ -314,9 +320,10 @@ def _progress(
             )
         return
     if any(p.gated for p in existing):
-        if waiting is not None and waiting.code == INVALID_PLACEMENT:
+        if waiting is not None and waiting.code in _REFUSALS:
+            reason, field = _REFUSALS[waiting.code]
             draft.stop(existing)
-            _fail(draft, "InvalidSpec", f"spec.placement: {waiting.reason}")
+            _fail(draft, reason, f"{field}: {waiting.reason}")
             return
         _await_placement(draft, job, waiting)
         return

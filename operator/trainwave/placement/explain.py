@@ -6,7 +6,10 @@ what the cluster has, in numbers, so they can tell "wait" from "change the job".
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from trainwave.placement.snapshot import Selector
 
 
 def plural(count: int, noun: str, many: str | None = None) -> str:
@@ -21,25 +24,30 @@ def gang(workers: int, gpus_per_worker: int) -> str:
     return f"{total} GPUs ({workers} workers x {gpus_per_worker})"
 
 
-def scope(selector: Mapping[str, str]) -> str:
+def scope(selector: Selector) -> str:
     """' matching gpu.product=H200' for a job with a node selector, else ''."""
     if not selector:
         return ""
     terms = ", ".join(
-        f"{key.rsplit('/', 1)[-1]}={value}" for key, value in sorted(selector.items())
+        f"{key.rsplit('/', 1)[-1]}={_alternatives(value)}"
+        for key, value in sorted(selector.items())
     )
     return f" matching {terms}"
+
+
+def _alternatives(value: str | frozenset[str]) -> str:
+    return "|".join(sorted(value)) if isinstance(value, frozenset) else value
 
 
 def unknown_level(which: str, level: str, levels: str) -> str:
     return f"{which} level {level!r} is not a topology level; the levels are: {levels}"
 
 
-def no_matching_nodes(selector: Mapping[str, str]) -> str:
+def no_matching_nodes(selector: Selector) -> str:
     return f"no schedulable node with GPUs{scope(selector)}"
 
 
-def worker_too_large(gpus_per_worker: int, largest: int, selector: Mapping[str, str]) -> str:
+def worker_too_large(gpus_per_worker: int, largest: int, selector: Selector) -> str:
     return (
         f"each worker needs {plural(gpus_per_worker, 'GPU')}, "
         f"but the largest node{scope(selector)} has {largest}"
@@ -47,7 +55,7 @@ def worker_too_large(gpus_per_worker: int, largest: int, selector: Mapping[str, 
 
 
 def not_enough_gpus(
-    workers: int, gpus_per_worker: int, room: int, free: int, selector: Mapping[str, str]
+    workers: int, gpus_per_worker: int, room: int, free: int, selector: Selector
 ) -> str:
     pieces = "" if free <= room * gpus_per_worker else f", some in pieces under {gpus_per_worker}"
     return (

@@ -41,14 +41,13 @@ Invariants:
 
 from __future__ import annotations
 
-from collections.abc import Mapping
 from dataclasses import dataclass, field
 from enum import StrEnum
 from itertools import accumulate
 
 from trainwave.placement import explain
 from trainwave.placement.ranks import Blocks, Parallelism, order_workers, plan_blocks
-from trainwave.placement.snapshot import ClusterSnapshot
+from trainwave.placement.snapshot import ClusterSnapshot, Selector
 from trainwave.placement.topology import Topology
 
 
@@ -73,7 +72,7 @@ class GangRequest:
     required_level: str | None = None
     preferred_level: str | None = None
     parallelism: Parallelism | None = None
-    node_selector: Mapping[str, str] = field(default_factory=dict)
+    node_selector: Selector = field(default_factory=dict)
 
     @property
     def gpus(self) -> int:

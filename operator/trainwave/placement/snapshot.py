@@ -32,6 +32,14 @@ _BLOCKING_EFFECTS = frozenset({"NoSchedule", "NoExecute"})
 DEFAULT_TOLERATED_TAINTS = (GPU_RESOURCE,)
 
 
+# Node label requirements: a value must equal a string, or be one of a set.
+Selector = Mapping[str, str | frozenset[str]]
+
+
+def label_matches(value: str | None, wanted: str | frozenset[str]) -> bool:
+    return value in wanted if isinstance(wanted, frozenset) else value == wanted
+
+
 @dataclass(frozen=True, slots=True)
 class NodeInfo:
     name: str
@@ -52,7 +60,7 @@ class ClusterSnapshot:
     topology: Topology
     nodes: tuple[NodeInfo, ...]
     # Selector matches depend on labels only, so snapshots derived from this one share them.
-    _matches: dict[tuple[tuple[str, str], ...], tuple[bool, ...]] = field(
+    _matches: dict[tuple[tuple[str, str | frozenset[str]], ...], tuple[bool, ...]] = field(
         default_factory=dict, repr=False
     )
 
@@ -74,12 +82,12 @@ class ClusterSnapshot:
         """Free GPUs per node index; 0 on nodes that take no new pods."""
         return tuple(node.free for node in self.nodes)
 
-    def matching(self, selector: Mapping[str, str]) -> tuple[bool, ...]:
+    def matching(self, selector: Selector) -> tuple[bool, ...]:
         """Per node index: whether its labels match every term of `selector`."""
         key = tuple(sorted(selector.items()))
         if key not in self._matches:
             self._matches[key] = tuple(
-                all(node.labels.get(k) == v for k, v in key) for node in self.nodes
+                all(label_matches(node.labels.get(k), v) for k, v in key) for node in self.nodes
             )
         return self._matches[key]
 
