@@ -9,16 +9,14 @@ import pytest
 import torch
 from torch.utils.data import DataLoader, TensorDataset
 
-from trainwave.runtime.prefetch import (
-    NO_CUDA,
-    DevicePrefetcher,
+from trainwave.runtime.loader_defaults import (
     LoaderDefaults,
-    build_loader,
     compute_loader_defaults,
     cpu_quota,
+    cuda_present,
     resolve_loader_defaults,
-    with_defaults,
 )
+from trainwave.runtime.prefetch import NO_CUDA, DevicePrefetcher, build_loader, with_defaults
 from trainwave.runtime.settings import load_settings
 
 
@@ -145,3 +143,11 @@ def test_prefetcher_on_cuda_delivers_device_batches_in_order() -> None:
     got = [batch[0] for batch in prefetcher]
     assert all(t.is_cuda for t in got)
     assert torch.cat(got).cpu().tolist() == list(map(float, range(16)))
+
+
+def test_cuda_present_reads_device_nodes(tmp_path: Path) -> None:
+    (tmp_path / "dev").mkdir()
+    (tmp_path / "dev/nvidiactl").write_text("")
+    assert not cuda_present(tmp_path)
+    (tmp_path / "dev/nvidia0").write_text("")
+    assert cuda_present(tmp_path)
