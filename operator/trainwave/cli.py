@@ -1,6 +1,7 @@
 """`trainwave`: the command the operator image runs, and tools for people.
 
 trainwave operator [--namespace NS]... [--metrics-port N] [--health-port N]
+trainwave doctor [--root /] [--json] [--nccl-log FILE]...   GPUDirect RDMA checklist
 trainwave crd            print the TrainingJob CRD the models define
 trainwave version
 """
@@ -45,6 +46,16 @@ def main(argv: list[str] | None = None) -> int:
         default="",
         help="comma-separated node labels, highest level first (default: spine, rack, host)",
     )
+    doctor = commands.add_parser("doctor", help="check this worker's GPUDirect RDMA setup")
+    doctor.add_argument("--root", default="/", help="read /sys, /proc and /dev under this root")
+    doctor.add_argument("--json", action="store_true", help="print the report as JSON")
+    doctor.add_argument(
+        "--nccl-log",
+        action="append",
+        default=[],
+        metavar="FILE",
+        help="NCCL_DEBUG=INFO output to judge the transport from (repeatable)",
+    )
     commands.add_parser("crd", help="print the TrainingJob CustomResourceDefinition")
     commands.add_parser("version", help="print the version")
 
@@ -59,6 +70,8 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     if options.command == "plan":
         return run_plan(options)
+    if options.command == "doctor":
+        return run_doctor(options)
     return run_operator(options)
 
 
@@ -81,6 +94,24 @@ def run_plan(options: argparse.Namespace) -> int:
         return 2
     print(render(result))
     return 0 if isinstance(result, Placement) else 1
+
+
+def run_doctor(options: argparse.Namespace) -> int:
+    """Exit 0 on PASS, 1 on WARN, 2 on FAIL, so scripts can gate on it."""
+    import json
+    import os
+    from pathlib import Path
+
+    from trainwave.runtime.doctor import Host, Status, run_doctor
+
+    host = Host(
+        root=Path(options.root),
+        environ=dict(os.environ),
+        nccl_logs=tuple(Path(log) for log in options.nccl_log),
+    )
+    report = run_doctor(host)
+    print(json.dumps(report.as_dict(), indent=2) if options.json else report.render())
+    return {Status.PASS: 0, Status.WARN: 1, Status.FAIL: 2}[report.verdict]
 
 
 def run_operator(options: argparse.Namespace) -> int:

@@ -297,3 +297,48 @@ def test_pci_distance(
     expected: Distance,
 ) -> None:
     assert distance(PciLocation(gpu, gpu_numa), PciLocation(nic, nic_numa)) is expected
+
+
+CLI = {
+    "healthy": (nothing, 0, "verdict: PASS"),
+    "warning": (
+        replace("proc/self/mounts", "shm /dev/shm tmpfs rw,size=512m 0 0\n"),
+        1,
+        "WARN  dev_shm",
+    ),
+    "failure": (remove("dev/infiniband"), 2, "FAIL  rdma_devices"),
+}
+
+
+@pytest.mark.parametrize("case", CLI.values(), ids=CLI.keys())
+def test_cli_exit_code_follows_the_verdict(
+    tmp_path: Path,
+    capsys: pytest.CaptureFixture[str],
+    monkeypatch: pytest.MonkeyPatch,
+    case: tuple[Breaker, int, str],
+) -> None:
+    breaker, code, output_has = case
+    from trainwave.cli import main
+
+    for name in (
+        "NCCL_IB_HCA",
+        "NCCL_IB_DISABLE",
+        "NCCL_NET",
+        "NCCL_NET_GDR_LEVEL",
+        "NCCL_IB_GID_INDEX",
+    ):
+        monkeypatch.delenv(name, raising=False)
+    root = healthy_root(tmp_path)
+    breaker(root)
+    assert main(["doctor", "--root", str(root)]) == code
+    assert output_has in capsys.readouterr().out
+
+
+def test_cli_json_report(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    import json
+
+    from trainwave.cli import main
+
+    main(["doctor", "--root", str(tmp_path), "--json"])
+    report = json.loads(capsys.readouterr().out)
+    assert {check["name"] for check in report["checks"]} >= {"rdma_devices", "memlock", "dev_shm"}
