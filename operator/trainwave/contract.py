@@ -148,6 +148,8 @@ ENV_LOADER_NUM_WORKERS: Final = "TRAINWAVE_LOADER_NUM_WORKERS"
 ENV_LOADER_PIN_MEMORY: Final = "TRAINWAVE_LOADER_PIN_MEMORY"
 ENV_LOADER_PERSISTENT_WORKERS: Final = "TRAINWAVE_LOADER_PERSISTENT_WORKERS"
 ENV_LOADER_PREFETCH_FACTOR: Final = "TRAINWAVE_LOADER_PREFETCH_FACTOR"
+# Threads per loader worker fetching the items of one batch concurrently.
+ENV_LOADER_FETCH_THREADS: Final = "TRAINWAVE_LOADER_FETCH_THREADS"
 # Progress reports: total steps (for the ETA) and the minimum seconds
 # between two progress writes.
 ENV_TOTAL_STEPS: Final = "TRAINWAVE_TOTAL_STEPS"

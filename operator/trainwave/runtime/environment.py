@@ -71,8 +71,8 @@ def loader(
         out.set_default(environ, name, value)
     pin = "pin_memory" if defaults.pin_memory else "no pin_memory (no CUDA)"
     return (
-        f"on: {defaults.num_workers} loader workers, {pin}, "
-        f"prefetch_factor {defaults.prefetch_factor}, persistent workers"
+        f"on: {defaults.num_workers} loader workers x {defaults.fetch_threads} fetch threads, "
+        f"{pin}, prefetch_factor {defaults.prefetch_factor}, persistent workers"
     )
 
 

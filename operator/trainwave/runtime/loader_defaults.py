@@ -20,6 +20,10 @@ from trainwave import contract
 from trainwave.runtime.settings import Settings
 
 DEFAULT_PREFETCH_FACTOR = 4
+# Items of one batch fetched concurrently inside a worker. Reads that wait on
+# storage release the GIL, so a few threads overlap those waits without more
+# processes; pure-Python decoding holds the GIL and gains nothing from them.
+DEFAULT_FETCH_THREADS = 4
 MAX_WORKERS = 16
 
 
@@ -58,6 +62,7 @@ class LoaderDefaults:
     pin_memory: bool
     persistent_workers: bool
     prefetch_factor: int | None
+    fetch_threads: int = 1
 
     def as_env(self) -> dict[str, str]:
         env = {
@@ -67,11 +72,13 @@ class LoaderDefaults:
         }
         if self.prefetch_factor is not None:
             env[contract.ENV_LOADER_PREFETCH_FACTOR] = str(self.prefetch_factor)
+        env[contract.ENV_LOADER_FETCH_THREADS] = str(self.fetch_threads)
         return env
 
     def kwargs(self) -> dict[str, Any]:
         """DataLoader keyword arguments (prefetch/persistence only exist with workers)."""
         values = asdict(self)
+        values.pop("fetch_threads")  # applied by wrapping the dataset, not a DataLoader argument
         if self.num_workers == 0:
             values.pop("prefetch_factor")
             values["persistent_workers"] = False
@@ -90,6 +97,7 @@ def compute_loader_defaults(*, cpus: float, processes: int, cuda: bool) -> Loade
         pin_memory=cuda,  # pinning without CUDA only costs memory
         persistent_workers=True,  # no worker start-up cost at every epoch
         prefetch_factor=DEFAULT_PREFETCH_FACTOR,
+        fetch_threads=DEFAULT_FETCH_THREADS,
     )
 
 
@@ -112,4 +120,7 @@ def resolve_loader_defaults(
         prefetch_factor=computed.prefetch_factor
         if given.prefetch_factor is None
         else given.prefetch_factor,
+        fetch_threads=computed.fetch_threads
+        if given.fetch_threads is None
+        else given.fetch_threads,
     )

@@ -7,15 +7,59 @@ whose settings were left at PyTorch's in-process defaults.
 
 from __future__ import annotations
 
+import os
 from collections.abc import Iterable, Iterator, Mapping
+from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 import torch
-from torch.utils.data import DataLoader, Dataset
+from torch.utils.data import DataLoader, Dataset, IterableDataset
 
 from trainwave.runtime.loader_defaults import LoaderDefaults
 
 NO_CUDA = "skipped: no CUDA"
+
+
+class ConcurrentFetch(Dataset[Any]):
+    """A map-style dataset whose batch items are fetched by a small thread pool.
+
+    DataLoader calls `__getitems__(indices)` once per batch when a dataset has
+    it; here the items are read concurrently, so per-item storage waits
+    overlap inside one worker. The pool is created lazily in the process that
+    uses it (never inherited across fork) and is not pickled.
+    """
+
+    def __init__(self, dataset: Dataset[Any], threads: int) -> None:
+        self.dataset = dataset
+        self.threads = threads
+        self._pool: ThreadPoolExecutor | None = None
+        self._pid = -1
+
+    def __len__(self) -> int:
+        return len(self.dataset)  # type: ignore[arg-type]
+
+    def __getitem__(self, index: int) -> Any:
+        return self.dataset[index]
+
+    def __getitems__(self, indices: list[int]) -> list[Any]:
+        if self._pool is None or self._pid != os.getpid():
+            self._pool = ThreadPoolExecutor(self.threads, thread_name_prefix="trainwave-fetch")
+            self._pid = os.getpid()
+        return list(self._pool.map(self.dataset.__getitem__, indices))
+
+    def __getstate__(self) -> dict[str, Any]:
+        return {"dataset": self.dataset, "threads": self.threads, "_pool": None, "_pid": -1}
+
+
+def concurrent(dataset: Dataset[Any], threads: int) -> Dataset[Any]:
+    """Wrap a map-style dataset for concurrent fetching; others are returned as they are."""
+    eligible = (
+        threads > 1
+        and not isinstance(dataset, IterableDataset | ConcurrentFetch)
+        and hasattr(dataset, "__len__")
+        and getattr(dataset, "__getitems__", None) is None  # it batches its own reads
+    )
+    return ConcurrentFetch(dataset, threads) if eligible else dataset
 
 
 def build_loader(dataset: Dataset[Any], defaults: LoaderDefaults, **kwargs: Any) -> DataLoader[Any]:
@@ -25,7 +69,7 @@ def build_loader(dataset: Dataset[Any], defaults: LoaderDefaults, **kwargs: Any)
     if merged.get("num_workers", 0) == 0:
         merged.pop("prefetch_factor", None)
         merged["persistent_workers"] = False
-    return DataLoader(dataset, **merged)
+    return DataLoader(concurrent(dataset, defaults.fetch_threads), **merged)
 
 
 def with_defaults(loader: DataLoader[Any], defaults: LoaderDefaults) -> DataLoader[Any]:
@@ -55,7 +99,7 @@ def with_defaults(loader: DataLoader[Any], defaults: LoaderDefaults) -> DataLoad
         kwargs.update(
             batch_size=loader.batch_size, sampler=loader.sampler, drop_last=loader.drop_last
         )
-    return DataLoader(loader.dataset, **kwargs)
+    return DataLoader(concurrent(loader.dataset, defaults.fetch_threads), **kwargs)
 
 
 class DevicePrefetcher:

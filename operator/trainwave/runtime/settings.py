@@ -56,6 +56,7 @@ class LoaderOverrides:
     pin_memory: bool | None = None
     persistent_workers: bool | None = None
     prefetch_factor: int | None = None
+    fetch_threads: int | None = None
 
 
 @dataclass(frozen=True)
@@ -140,6 +141,7 @@ def load_settings(environ: Mapping[str, str]) -> Settings:
             pin_memory=env.flag(contract.ENV_LOADER_PIN_MEMORY),
             persistent_workers=env.flag(contract.ENV_LOADER_PERSISTENT_WORKERS),
             prefetch_factor=env.integer(contract.ENV_LOADER_PREFETCH_FACTOR, minimum=1),
+            fetch_threads=env.integer(contract.ENV_LOADER_FETCH_THREADS, minimum=1),
         ),
         total_steps=env.integer(contract.ENV_TOTAL_STEPS, minimum=1),
         telemetry_interval_seconds=_or_default(

@@ -16,7 +16,13 @@ from trainwave.runtime.loader_defaults import (
     cuda_present,
     resolve_loader_defaults,
 )
-from trainwave.runtime.prefetch import NO_CUDA, DevicePrefetcher, build_loader, with_defaults
+from trainwave.runtime.prefetch import (
+    NO_CUDA,
+    ConcurrentFetch,
+    DevicePrefetcher,
+    build_loader,
+    with_defaults,
+)
 from trainwave.runtime.settings import load_settings
 
 
@@ -48,10 +54,10 @@ def test_unlimited_cgroup_falls_back_to_the_machine(tmp_path: Path) -> None:
 
 
 DEFAULTS = {
-    "one-process-two-cpus": (2.0, 1, False, LoaderDefaults(2, False, True, 4)),
-    "eight-processes-96-cpus-cuda": (96.0, 8, True, LoaderDefaults(12, True, True, 4)),
-    "more-processes-than-cpus": (2.0, 8, True, LoaderDefaults(1, True, True, 4)),
-    "capped": (512.0, 1, True, LoaderDefaults(16, True, True, 4)),
+    "one-process-two-cpus": (2.0, 1, False, LoaderDefaults(2, False, True, 4, 4)),
+    "eight-processes-96-cpus-cuda": (96.0, 8, True, LoaderDefaults(12, True, True, 4, 4)),
+    "more-processes-than-cpus": (2.0, 8, True, LoaderDefaults(1, True, True, 4, 4)),
+    "capped": (512.0, 1, True, LoaderDefaults(16, True, True, 4, 4)),
 }
 
 
@@ -69,11 +75,11 @@ def test_environment_overrides_each_value() -> None:
         {"TRAINWAVE_LOADER_NUM_WORKERS": "6", "TRAINWAVE_LOADER_PERSISTENT_WORKERS": "false"}
     )
     defaults = resolve_loader_defaults(settings, cpus=2.0, cuda=False)
-    assert defaults == LoaderDefaults(6, False, False, 4)
+    assert defaults == LoaderDefaults(6, False, False, 4, 4)
 
 
 def test_env_round_trip_through_settings() -> None:
-    defaults = LoaderDefaults(3, True, False, 2)
+    defaults = LoaderDefaults(3, True, False, 2, 6)
     assert (
         resolve_loader_defaults(load_settings(defaults.as_env()), cpus=64.0, cuda=False) == defaults
     )
@@ -151,3 +157,36 @@ def test_cuda_present_reads_device_nodes(tmp_path: Path) -> None:
     assert not cuda_present(tmp_path)
     (tmp_path / "dev/nvidia0").write_text("")
     assert cuda_present(tmp_path)
+
+
+class SlowItems(torch.utils.data.Dataset[int]):
+    def __init__(self, count: int, wait: float) -> None:
+        self.count, self.wait = count, wait
+
+    def __len__(self) -> int:
+        return self.count
+
+    def __getitem__(self, index: int) -> int:
+        import time
+
+        time.sleep(self.wait)
+        return index
+
+
+def test_concurrent_fetch_keeps_order_and_overlaps_waits() -> None:
+    import time
+
+    loader = build_loader(
+        SlowItems(16, 0.05), LoaderDefaults(0, False, False, None, 8), batch_size=8
+    )
+    assert isinstance(loader.dataset, ConcurrentFetch)
+    started = time.perf_counter()
+    batches = [b.tolist() for b in loader]
+    elapsed = time.perf_counter() - started
+    assert batches == [list(range(8)), list(range(8, 16))]
+    assert elapsed < 16 * 0.05 / 2  # serial reads would take 0.8 s
+
+
+def test_one_fetch_thread_leaves_the_dataset_alone() -> None:
+    loader = build_loader(SlowItems(4, 0.0), LoaderDefaults(0, False, False, None, 1), batch_size=2)
+    assert isinstance(loader.dataset, SlowItems)
