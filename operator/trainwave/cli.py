@@ -2,6 +2,7 @@
 
 trainwave operator [--namespace NS]... [--metrics-port N] [--health-port N]
 trainwave agent [--node-name N] [--root DIR] [--interval S] [--once] [--shared-gpus ...]
+trainwave doctor [--root /] [--json] [--nccl-log FILE]...   GPUDirect RDMA checklist
 trainwave crd            print the TrainingJob CRD the models define
 trainwave version
 """
@@ -79,6 +80,16 @@ def main(argv: list[str] | None = None) -> int:
         help="GPUs offered for sharing: none, all, or indexes such as 0,1 (default none)",
     )
     agent.add_argument("--log-level", choices=LOG_LEVELS, default="info")
+    doctor = commands.add_parser("doctor", help="check this worker's GPUDirect RDMA setup")
+    doctor.add_argument("--root", default="/", help="read /sys, /proc and /dev under this root")
+    doctor.add_argument("--json", action="store_true", help="print the report as JSON")
+    doctor.add_argument(
+        "--nccl-log",
+        action="append",
+        default=[],
+        metavar="FILE",
+        help="NCCL_DEBUG=INFO output to judge the transport from (repeatable)",
+    )
     commands.add_parser("crd", help="print the TrainingJob CustomResourceDefinition")
     commands.add_parser("version", help="print the version")
 
@@ -95,6 +106,8 @@ def main(argv: list[str] | None = None) -> int:
         return run_plan(options)
     if options.command == "agent":
         return run_agent(options)
+    if options.command == "doctor":
+        return run_doctor(options)
     return run_operator(options)
 
 
@@ -176,6 +189,24 @@ def _shared_gpus(text: str) -> object:
         return parse_selection(text)
     except SharingError as error:
         raise argparse.ArgumentTypeError(str(error)) from error
+
+
+def run_doctor(options: argparse.Namespace) -> int:
+    """Exit 0 on PASS, 1 on WARN, 2 on FAIL, so scripts can gate on it."""
+    import json
+    import os
+    from pathlib import Path
+
+    from trainwave.runtime.doctor import Host, Status, run_doctor
+
+    host = Host(
+        root=Path(options.root),
+        environ=dict(os.environ),
+        nccl_logs=tuple(Path(log) for log in options.nccl_log),
+    )
+    report = run_doctor(host)
+    print(json.dumps(report.as_dict(), indent=2) if options.json else report.render())
+    return {Status.PASS: 0, Status.WARN: 1, Status.FAIL: 2}[report.verdict]
 
 
 def run_operator(options: argparse.Namespace) -> int:

@@ -161,6 +161,20 @@ FEATURE_MODES: Final = ("on", "off", "auto")
 COMPRESSION_MODES: Final = ("off", "auto", "fp16", "bf16", "powersgd")
 ENV_CHECKPOINT_DIR: Final = "TRAINWAVE_CHECKPOINT_DIR"
 ENV_CHECKPOINT_EVERY_STEPS: Final = "TRAINWAVE_CHECKPOINT_EVERY_STEPS"
+# How many complete checkpoints to keep; older ones are deleted after a save.
+ENV_CHECKPOINT_KEEP: Final = "TRAINWAVE_CHECKPOINT_KEEP"
+# Data-loader defaults the launcher computes (CPU quota, CUDA presence) and
+# prepare() applies to loaders the user built without choosing them.
+ENV_LOADER_NUM_WORKERS: Final = "TRAINWAVE_LOADER_NUM_WORKERS"
+ENV_LOADER_PIN_MEMORY: Final = "TRAINWAVE_LOADER_PIN_MEMORY"
+ENV_LOADER_PERSISTENT_WORKERS: Final = "TRAINWAVE_LOADER_PERSISTENT_WORKERS"
+ENV_LOADER_PREFETCH_FACTOR: Final = "TRAINWAVE_LOADER_PREFETCH_FACTOR"
+# Threads per loader worker fetching the items of one batch concurrently.
+ENV_LOADER_FETCH_THREADS: Final = "TRAINWAVE_LOADER_FETCH_THREADS"
+# Progress reports: total steps (for the ETA) and the minimum seconds
+# between two progress writes.
+ENV_TOTAL_STEPS: Final = "TRAINWAVE_TOTAL_STEPS"
+ENV_TELEMETRY_INTERVAL_SECONDS: Final = "TRAINWAVE_TELEMETRY_INTERVAL_SECONDS"
 # Topology hints the operator passes so `auto` can choose a comm strategy.
 ENV_INTER_NODE_GBPS: Final = "TRAINWAVE_INTER_NODE_GBPS"
 ENV_INTRA_NODE_GBPS: Final = "TRAINWAVE_INTRA_NODE_GBPS"
@@ -172,6 +186,9 @@ ENV_REPORT_DIR: Final = "TRAINWAVE_REPORT_DIR"
 # Each worker's runtime serves GET /status (JSON: doctor report, progress)
 # on this port; the operator reads it and writes the job's status.
 ENV_STATUS_PORT: Final = "TRAINWAVE_STATUS_PORT"
+# The address it binds; all interfaces in a pod, loopback in tests.
+ENV_STATUS_HOST: Final = "TRAINWAVE_STATUS_HOST"
+DEFAULT_STATUS_HOST: Final = "0.0.0.0"
 DEFAULT_STATUS_PORT: Final = 29600
 STATUS_PATH: Final = "/status"
 

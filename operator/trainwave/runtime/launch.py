@@ -1,0 +1,190 @@
+"""`python -m trainwave.runtime.launch [--] CMD ARGS...`: the worker's entry point.
+
+In order: parse the TRAINWAVE_* settings (a bad value stops here, naming
+it); export the operator's per-node environment from the pod's annotations;
+apply the zero-code features (TF32 policy, loader defaults, NCCL log for the
+doctor); run the doctor; log ONE JSON line with every feature's state; serve
+GET /status; run CMD (under torch.distributed.run when PET_NPROC_PER_NODE > 1,
+so `torchrun` semantics hold) and supervise it: signals are forwarded, and
+the launcher exits with the child's code (128+N when a signal N killed it).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+from trainwave import contract
+from trainwave.runtime import environment, podinfo, reports
+from trainwave.runtime.doctor import DoctorReport, Host, Status, run_doctor
+from trainwave.runtime.loader_defaults import cuda_present, resolve_loader_defaults
+from trainwave.runtime.settings import Settings, SettingsError, load_settings
+from trainwave.runtime.status import StatusServer
+
+USAGE = "usage: python -m trainwave.runtime.launch [--] CMD [ARGS...]"
+EXIT_USAGE = 2
+EXIT_DOCTOR = 3
+FORWARDED = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGUSR1, signal.SIGUSR2)
+
+
+def child_command(command: Sequence[str], nproc_per_node: int) -> list[str]:
+    """CMD itself, or CMD under torch.distributed.run, which reads the PET_* variables."""
+    if nproc_per_node <= 1 or Path(command[0]).name in ("torchrun",):
+        return list(command)
+    run = [sys.executable, "-m", "torch.distributed.run"]
+    if command[0].endswith(".py"):
+        return [*run, *command]
+    # torchrun starts non-script commands (`python -u train.py`, `bash x.sh`) as is.
+    return [*run, "--no-python", *command]
+
+
+def machine_facts() -> environment.Machine:
+    cuda = cuda_present()
+    return environment.Machine(cuda=cuda, capability=_nvml_capability() if cuda else None)
+
+
+def _nvml_capability() -> tuple[int, int] | None:
+    try:
+        import pynvml
+
+        pynvml.nvmlInit()
+        try:
+            handle = pynvml.nvmlDeviceGetHandleByIndex(0)
+            major, minor = pynvml.nvmlDeviceGetCudaComputeCapability(handle)
+            return int(major), int(minor)
+        finally:
+            pynvml.nvmlShutdown()
+    except Exception:  # no bindings or no driver: the TF32 state says so
+        return None
+
+
+class Launcher:
+    def __init__(self, settings: Settings, environ: Mapping[str, str]) -> None:
+        self.settings = settings
+        self.environ = dict(environ)
+        self.doctor: DoctorReport | None = None
+        self.doctor_state = "off"
+        self.child: subprocess.Popen[bytes] | None = None
+        self.started = time.time()
+
+    def run_doctor(self, child_env: Mapping[str, str]) -> None:
+        if self.settings.feature("doctor") == "off":
+            return
+        logs = tuple(sorted(self.settings.report_dir.glob(reports.NCCL_LOG_GLOB)))
+        self.doctor = run_doctor(Host(root=Path("/"), environ=child_env, nccl_logs=logs))
+        reports.write_json_atomic(
+            self.settings.report_dir / reports.DOCTOR_FILE, self.doctor.as_dict()
+        )
+        failures = [c.name for c in self.doctor.checks if c.status is Status.FAIL]
+        self.doctor_state = f"{self.doctor.verdict.value}" + (f": {failures}" if failures else "")
+
+    def status(self) -> dict[str, Any]:
+        """The /status document; the NCCL proof is re-read, since it appears after start."""
+        doctor = self.doctor
+        if doctor is not None:
+            logs = tuple(sorted(self.settings.report_dir.glob(reports.NCCL_LOG_GLOB)))
+            if logs:
+                from trainwave.runtime.doctor.nccl_log import check_nccl_logs
+
+                fresh = check_nccl_logs(Host(environ=self.environ), logs)
+                doctor = DoctorReport.of(
+                    fresh if c.name == fresh.name else c for c in doctor.checks
+                )
+        child = self.child
+        return {
+            "job": self.settings.identity.job_name,
+            "rank": self.settings.identity.rank,
+            "node_rank": self.settings.identity.node_rank,
+            "attempt": self.settings.identity.attempt,
+            "uptime_seconds": round(time.time() - self.started, 1),
+            "child": None
+            if child is None
+            else {"pid": child.pid, "running": child.poll() is None, "exit_code": child.poll()},
+            "doctor": None if doctor is None else doctor.as_dict(),
+            "progress": reports.latest_progress(self.settings.report_dir),
+        }
+
+    def supervise(self, command: Sequence[str], env: Mapping[str, str]) -> int:
+        self.child = subprocess.Popen(list(command), env=dict(env))
+        child = self.child
+
+        def forward(signum: int, _frame: object) -> None:
+            if child.poll() is None:
+                child.send_signal(signum)
+
+        previous = {sig: signal.signal(sig, forward) for sig in FORWARDED}
+        try:
+            code = child.wait()
+        finally:
+            for sig, handler in previous.items():
+                signal.signal(sig, handler)
+        return 128 - code if code < 0 else code
+
+
+def log_line(event: str, **fields: Any) -> None:
+    record = {"ts": round(time.time(), 3), "logger": "trainwave.launch", "event": event, **fields}
+    print(json.dumps(record, default=str, sort_keys=False), file=sys.stderr, flush=True)
+
+
+def main(argv: Sequence[str] | None = None, environ: Mapping[str, str] | None = None) -> int:
+    args = list(sys.argv[1:] if argv is None else argv)
+    if args[:1] == ["--"]:
+        args = args[1:]
+    if not args or args[0] in ("-h", "--help"):
+        print(USAGE, file=sys.stderr)
+        return EXIT_USAGE if not args else 0
+    environ = dict(os.environ if environ is None else environ)
+    try:
+        settings = load_settings(environ)
+        podinfo_dir = settings.podinfo_dir or Path(contract.PODINFO_MOUNT_PATH)
+        worker_env = podinfo.worker_env(podinfo.read_annotations(podinfo_dir))
+    except (SettingsError, podinfo.PodInfoError) as error:
+        log_line("invalid-settings", error=str(error))
+        return EXIT_USAGE
+    launcher = Launcher(settings, environ)
+    defaults = resolve_loader_defaults(settings)
+    prepared = environment.prepare(settings, machine_facts(), defaults, environ, worker_env)
+    child_env = {**environ, **prepared.env}
+    launcher.environ = child_env
+    launcher.run_doctor(child_env)
+    server = _start_status(settings, launcher)
+    command = child_command(args, settings.identity.nproc_per_node)
+    log_line(
+        "settings",
+        settings=settings.as_dict(),
+        features={**prepared.states, "doctor": launcher.doctor_state},
+        worker_env=sorted(worker_env),
+        status_port=None if server is None else server.port,
+        command=command,
+    )
+    try:
+        # "on" means the job wants a verified fabric; "auto" only reports.
+        doctor = launcher.doctor
+        if settings.feature("doctor") == "on" and doctor and doctor.verdict is Status.FAIL:
+            log_line("doctor-failed", report=doctor.as_dict())
+            return EXIT_DOCTOR
+        code = launcher.supervise(command, child_env)
+        log_line("exited", exit_code=code)
+        return code
+    finally:
+        if server is not None:
+            server.stop()
+
+
+def _start_status(settings: Settings, launcher: Launcher) -> StatusServer | None:
+    try:
+        return StatusServer(settings.status_host, settings.status_port, launcher.status).start()
+    except OSError as error:  # a taken port must not stop training; the log says why
+        log_line("status-unavailable", error=str(error), port=settings.status_port)
+        return None
+
+
+if __name__ == "__main__":
+    sys.exit(main())

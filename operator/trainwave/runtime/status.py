@@ -1,0 +1,63 @@
+"""GET contract.STATUS_PATH on the status port: the launcher's view of this worker, as JSON.
+
+Served by the launcher, not the training process, so it answers while the
+training process is still importing, stuck, or restarting, and it dies with
+the pod rather than with a rank.
+"""
+
+from __future__ import annotations
+
+import json
+import threading
+from collections.abc import Callable
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from typing import Any
+
+from trainwave import contract
+
+
+class StatusServer:
+    def __init__(self, host: str, port: int, provider: Callable[[], dict[str, Any]]) -> None:
+        handler = _handler(provider)
+        self._server = ThreadingHTTPServer((host, port), handler)
+        self._server.daemon_threads = True
+        self._thread = threading.Thread(
+            target=self._server.serve_forever, name="trainwave-status", daemon=True
+        )
+
+    @property
+    def port(self) -> int:
+        return int(self._server.server_address[1])
+
+    def start(self) -> StatusServer:
+        self._thread.start()
+        return self
+
+    def stop(self) -> None:
+        self._server.shutdown()
+        self._server.server_close()
+
+
+def _handler(provider: Callable[[], dict[str, Any]]) -> type[BaseHTTPRequestHandler]:
+    class Handler(BaseHTTPRequestHandler):
+        def do_GET(self) -> None:
+            if self.path.split("?", 1)[0] != contract.STATUS_PATH:
+                self._send(404, {"error": f"not found; try {contract.STATUS_PATH}"})
+                return
+            try:
+                self._send(200, provider())
+            except Exception as error:  # a broken report must not take the server down
+                self._send(500, {"error": repr(error)})
+
+        def _send(self, code: int, document: dict[str, Any]) -> None:
+            body = json.dumps(document, default=str).encode()
+            self.send_response(code)
+            self.send_header("Content-Type", "application/json")
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+
+        def log_message(self, format: str, *args: Any) -> None:
+            pass  # one line per probe would drown the training log
+
+    return Handler

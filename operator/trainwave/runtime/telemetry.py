@@ -1,0 +1,144 @@
+"""Training progress, written to the report directory for the launcher's /status.
+
+The training loop calls `Progress.update(step, samples, loss)` every step;
+a report (step, samples/s, loss, ETA, GPU utilisation and memory) is written
+at most once per interval, so the cost per step is a clock read. GPU figures
+come from NVML when `pynvml` (nvidia-ml-py) and a driver are present, else
+the report says "skipped: no NVML".
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from trainwave.runtime.reports import progress_path, write_json_atomic
+from trainwave.runtime.settings import Settings
+
+Clock = Callable[[], float]
+
+
+@dataclass(frozen=True)
+class GpuSample:
+    index: int
+    utilization_percent: int
+    memory_used_bytes: int
+    memory_total_bytes: int
+
+
+class GpuReader:
+    """NVML, opened lazily; `status` says why there are no samples when there are none."""
+
+    def __init__(self) -> None:
+        self.status = "on"
+        self._nvml: Any = None
+        self._handles: list[Any] = []
+        try:
+            import pynvml  # nvidia-ml-py: optional in worker images
+
+            pynvml.nvmlInit()
+            count = pynvml.nvmlDeviceGetCount()
+            self._handles = [pynvml.nvmlDeviceGetHandleByIndex(i) for i in range(count)]
+            self._nvml = pynvml
+        except ImportError:
+            self.status = "skipped: no NVML (nvidia-ml-py not installed)"
+        except Exception as error:  # NVMLError_LibraryNotFound and friends: no driver here
+            self.status = f"skipped: no NVML ({type(error).__name__})"
+
+    def sample(self) -> list[GpuSample]:
+        if self._nvml is None:
+            return []
+        samples = []
+        for index, handle in enumerate(self._handles):
+            rates = self._nvml.nvmlDeviceGetUtilizationRates(handle)
+            memory = self._nvml.nvmlDeviceGetMemoryInfo(handle)
+            samples.append(GpuSample(index, int(rates.gpu), int(memory.used), int(memory.total)))
+        return samples
+
+
+class Progress:
+    """Rate-limited progress reports for one rank."""
+
+    def __init__(
+        self,
+        report_dir: Path,
+        *,
+        rank: int = 0,
+        total_steps: int | None = None,
+        interval_seconds: float = 10.0,
+        clock: Clock = time.monotonic,
+        wall_clock: Clock = time.time,
+        gpus: Callable[[], Sequence[GpuSample]] | None = None,
+        gpu_status: str | None = None,
+    ) -> None:
+        self.path = progress_path(report_dir, rank)
+        self.rank = rank
+        self.total_steps = total_steps
+        self.interval = interval_seconds
+        self._clock = clock
+        self._wall_clock = wall_clock
+        if gpus is None:
+            reader = GpuReader()
+            gpus, gpu_status = reader.sample, reader.status
+        self._gpus = gpus
+        self.gpu_status = gpu_status or "on"
+        self._started = clock()
+        self._last_write: float | None = None
+        self._window: tuple[float, int] = (self._started, 0)  # (time, samples) at last write
+        self._samples = 0
+        self.writes = 0
+
+    @classmethod
+    def from_settings(cls, settings: Settings, **overrides: Any) -> Progress | None:
+        if settings.feature("telemetry") == "off":
+            return None
+        options: dict[str, Any] = {
+            "rank": settings.identity.rank,
+            "total_steps": settings.total_steps,
+            "interval_seconds": settings.telemetry_interval_seconds,
+        }
+        options.update(overrides)
+        return cls(settings.report_dir, **options)
+
+    def update(
+        self, step: int, *, samples: int = 0, loss: float | None = None, force: bool = False
+    ) -> bool:
+        """Count `samples` more and report if the interval has passed; True when written."""
+        self._samples += samples
+        now = self._clock()
+        if not force and self._last_write is not None and now - self._last_write < self.interval:
+            return False
+        write_json_atomic(self.path, self._report(step, now, loss))
+        self._last_write = now
+        self._window = (now, self._samples)
+        self.writes += 1
+        return True
+
+    def _report(self, step: int, now: float, loss: float | None) -> dict[str, Any]:
+        since, samples_then = self._window
+        elapsed = now - self._started
+        window = now - since
+        rate = (self._samples - samples_then) / window if window > 0 else None
+        steps_per_second = step / elapsed if elapsed > 0 and step > 0 else None
+        eta: float | None = None
+        if self.total_steps is not None and steps_per_second:
+            eta = max(0.0, (self.total_steps - step) / steps_per_second)
+        return {
+            "rank": self.rank,
+            "step": step,
+            "total_steps": self.total_steps,
+            "samples": self._samples,
+            "samples_per_second": None if rate is None else round(rate, 3),
+            "loss": None if loss is None else float(loss),
+            "elapsed_seconds": round(elapsed, 3),
+            "eta_seconds": None if eta is None else round(eta, 1),
+            "eta": "skipped: total steps unknown (TRAINWAVE_TOTAL_STEPS)"
+            if self.total_steps is None
+            else None,
+            "gpus": [vars(gpu) for gpu in self._gpus()],
+            "gpu_status": self.gpu_status,
+            "time": self._wall_clock(),
+        }
