@@ -42,6 +42,11 @@ def main(argv: list[str] | None = None) -> int:
         default="",
         help="comma-separated node labels, highest level first (default: spine, rack, host)",
     )
+    operator.add_argument(
+        "--runtime-image",
+        default=contract.DEFAULT_RUNTIME_IMAGE,
+        help="image of the runtime init container for jobs with spec.runtime",
+    )
     planner = commands.add_parser("plan", help="dry-run placement of a TrainingJob manifest")
     planner.add_argument("manifest", help="a TrainingJob YAML file")
     planner.add_argument(
@@ -224,6 +229,7 @@ def run_operator(options: argparse.Namespace) -> int:
     logging.getLogger("aiohttp.access").setLevel(quiet)  # a line per health probe
     handlers.OPTIONS.metrics_port = options.metrics_port
     handlers.OPTIONS.workers = options.workers
+    handlers.OPTIONS.runtime_image = options.runtime_image
     levels = tuple(x for x in options.topology_levels.split(",") if x)
     if levels:
         handlers.OPTIONS.topology_levels = levels

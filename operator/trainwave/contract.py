@@ -133,6 +133,12 @@ ANNOTATION_PLACEMENT_SUMMARY: Final = "trainwave.io/placement"
 # --- Acceleration runtime (runs inside the worker container) -------------
 # The init container copies the runtime here; PYTHONPATH points at it.
 RUNTIME_VOLUME: Final = "trainwave-runtime"
+RUNTIME_INIT_CONTAINER: Final = "trainwave-runtime"
+# The module the init container runs to copy the runtime into the volume.
+RUNTIME_INSTALLER: Final = "trainwave.runtime.install"
+RUNTIME_LAUNCHER: Final = "trainwave.runtime.launch"
+DEFAULT_RUNTIME_IMAGE: Final = "trainwave/runtime:0.1.0"
+STATUS_PORT_NAME: Final = "tw-status"
 RUNTIME_MOUNT_PATH: Final = "/opt/trainwave"
 # Downward API volume with the pod's annotations (file "annotations").
 PODINFO_VOLUME: Final = "trainwave-podinfo"

@@ -228,6 +228,7 @@ DEFAULT_ARGS = [
     "--health-port", "8080",
     "--log-level", "info",
     "--topology-levels", "trainwave.io/spine,trainwave.io/rack,kubernetes.io/hostname",
+    "--runtime-image", "trainwave/runtime:0.1.0",
 ]  # fmt: skip
 
 
@@ -248,8 +249,14 @@ DEFAULT_ARGS = [
         ),
         pytest.param(
             ("--set-json", 'topology.levels=["rack","kubernetes.io/hostname"]'),
-            [*DEFAULT_ARGS[:7], "--topology-levels", "rack,kubernetes.io/hostname"],
+            [*DEFAULT_ARGS[:7], "--topology-levels", "rack,kubernetes.io/hostname",
+             *DEFAULT_ARGS[9:]],
             id="topology-levels",
+        ),
+        pytest.param(
+            ("--set", "runtime.image=mirror.example/trainwave/runtime:0.1.0"),
+            [*DEFAULT_ARGS[:9], "--runtime-image", "mirror.example/trainwave/runtime:0.1.0"],
+            id="runtime-image",
         ),
     ],
 )  # fmt: skip

@@ -13,6 +13,7 @@ from pydantic import ConfigDict, Field
 from trainwave import contract
 from trainwave.api.base import ApiModel, OpenObject, Quantity, cel, validations
 from trainwave.api.network import NetworkSpec
+from trainwave.api.runtime import RuntimeSpec
 from trainwave.api.scheduling import PlacementSpec
 
 ENV_NAME_PATTERN = r"^[-._a-zA-Z][-._a-zA-Z0-9]*$"
@@ -174,11 +175,19 @@ IMMUTABLE_WHILE_RUNNING = (
     "masterPort",
     "template",
     "network",
+    "runtime",
 )
 
 
 def _immutable_rules() -> dict[str, Any]:
-    rules = [
+    launcher = cel(
+        "!has(self.runtime) || !self.runtime.enabled || "
+        "(has(self.command) && size(self.command) > 0)",
+        "spec.command must be set when spec.runtime is enabled: the launcher wraps the "
+        "command, and the image's own entrypoint cannot be seen from the cluster",
+        ".runtime",
+    )
+    rules = [launcher] + [
         cel(
             # Optional fields may be absent on either side: absent == absent.
             f"oldSelf.runPolicy.suspend || (has(self.{field}) ? has(oldSelf.{field}) && "
@@ -276,6 +285,10 @@ class TrainingJobSpec(ApiModel):
     network: NetworkSpec | None = Field(
         default=None,
         description="network: RDMA / GPUDirect, Multus networks, host network, /dev/shm.",
+    )
+    runtime: RuntimeSpec | None = Field(
+        default=None,
+        description="runtime: inject trainwave's acceleration runtime into the workers.",
     )
 
     @property

@@ -20,6 +20,7 @@ from trainwave.builders.names import (
 )
 from trainwave.builders.network import set_network
 from trainwave.builders.owners import job_labels, owner_reference
+from trainwave.builders.runtime import set_runtime
 from trainwave.builders.worker import Mutator, Worker
 
 # Pod fields trainwave owns; a template that sets them is refused rather than
@@ -41,6 +42,11 @@ def check_template(job: TrainingJob) -> None:
         raise InvalidSpec(
             f"spec.template.spec.restartPolicy is {policy!r}; accepted: 'Never' or unset "
             "(trainwave restarts the whole gang itself, see runPolicy.failurePolicy)"
+        )
+    runtime = job.spec.runtime
+    if runtime is not None and runtime.enabled and not job.spec.command:
+        raise InvalidSpec(
+            "spec.command must be set when spec.runtime is enabled: the launcher wraps it"
         )
     containers = spec.get("containers", [])
     if not isinstance(containers, list) or not all(
@@ -79,10 +85,15 @@ def _check_merged_fields(container: dict[str, Any]) -> None:
 
 
 def build_worker_pods(
-    job: TrainingJob, ranks: tuple[int, ...], attempt: int
+    job: TrainingJob,
+    ranks: tuple[int, ...],
+    attempt: int,
+    runtime_image: str = contract.DEFAULT_RUNTIME_IMAGE,
 ) -> list[dict[str, Any]]:
     check_template(job)
-    return [build_worker_pod(Worker(job=job, rank=rank, attempt=attempt)) for rank in ranks]
+    return [
+        build_worker_pod(Worker(job, rank, attempt, runtime_image=runtime_image)) for rank in ranks
+    ]
 
 
 def build_worker_pod(worker: Worker) -> dict[str, Any]:
@@ -211,5 +222,6 @@ MUTATORS: tuple[Mutator, ...] = (
     set_torch_env,
     set_gpus,
     set_network,
+    set_runtime,
     set_scheduling_gate,
 )

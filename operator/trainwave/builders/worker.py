@@ -4,6 +4,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
+from trainwave import contract
 from trainwave.api.trainingjob import TrainingJob
 
 
@@ -12,6 +13,8 @@ class Worker:
     job: TrainingJob
     rank: int
     attempt: int
+    # The operator's default runtime image (Helm value runtime.image).
+    runtime_image: str = contract.DEFAULT_RUNTIME_IMAGE
 
 
 Mutator = Callable[[dict[str, Any], Worker], None]

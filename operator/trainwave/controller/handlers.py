@@ -37,6 +37,7 @@ class Options:
     workers: int = 4
     resync_seconds: float = 300.0
     topology_levels: tuple[str, ...] = DEFAULT_LEVELS
+    runtime_image: str = contract.DEFAULT_RUNTIME_IMAGE
 
 
 OPTIONS = Options()
@@ -102,7 +103,12 @@ async def start(
 
     placer = Placer(kube, OPTIONS.topology_levels, _wake)
     reconciler = Reconciler(
-        kube, pods_of, lambda key: key in job_services, placer, OPTIONS.topology_levels
+        kube,
+        pods_of,
+        lambda key: key in job_services,
+        placer,
+        OPTIONS.topology_levels,
+        runtime_image=OPTIONS.runtime_image,
     )
     queue = WorkQueue(reconciler)
     queue.start(OPTIONS.workers)

@@ -14,6 +14,7 @@ from collections.abc import Callable, Iterable
 from datetime import UTC, datetime
 from typing import Any
 
+from trainwave import contract
 from trainwave.api.status import Phase, TrainingJobStatus
 from trainwave.api.trainingjob import (
     InvalidSpec,
@@ -48,11 +49,13 @@ class Reconciler:
         placer: Placer,
         levels: tuple[str, ...],
         *,
+        runtime_image: str = contract.DEFAULT_RUNTIME_IMAGE,
         clock: Callable[[], datetime] = lambda: datetime.now(UTC),
     ):
         self._kube = kube
         self._placer = placer
         self._levels = levels
+        self._runtime_image = runtime_image
         self._worker_pods = worker_pods
         self._has_service = has_service
         self._clock = clock
@@ -159,7 +162,9 @@ class Reconciler:
             job = parse_trainingjob(body)
             if not self._has_service((meta.namespace, meta.name)):
                 await asyncio.to_thread(kube.apply_service, build_service(job))
-            pods = build_worker_pods(job, decision.create_ranks, decision.status.attempt)
+            pods = build_worker_pods(
+                job, decision.create_ranks, decision.status.attempt, self._runtime_image
+            )
             await asyncio.gather(*(asyncio.to_thread(kube.apply_pod, pod) for pod in pods))
         if decision.delete_job:
             logger.info(

@@ -1,0 +1,122 @@
+"""Runtime injection: the acceleration runtime, copied into the worker and wrapped around it. Pure.
+
+An init container from the runtime image copies the pure-Python runtime into
+an emptyDir; the worker container mounts it, finds it on PYTHONPATH, and runs
+the user's command under the launcher, which applies the zero-code features,
+serves the worker's status and exits with the command's exit code. The user's
+image is not rebuilt and needs nothing but Python and torch. A downward-API
+volume hands the launcher the pod's annotations: the env that depends on the
+node (worker-env) only exists once the gang is placed.
+"""
+
+from typing import Any
+
+from trainwave import contract
+from trainwave.api.runtime import RuntimeSpec
+from trainwave.builders.worker import Worker
+
+
+def set_runtime(pod: dict[str, Any], worker: Worker) -> None:
+    runtime = worker.job.spec.runtime
+    if runtime is None or not runtime.enabled:
+        return
+    spec = pod["spec"]
+    container = next(c for c in spec["containers"] if c["name"] == contract.WORKER_CONTAINER)
+    spec["volumes"] = [
+        *(v for v in spec.get("volumes", []) if v.get("name") not in _VOLUMES),
+        {"name": contract.RUNTIME_VOLUME, "emptyDir": {}},
+        {
+            "name": contract.PODINFO_VOLUME,
+            "downwardAPI": {
+                "items": [
+                    {"path": "annotations", "fieldRef": {"fieldPath": "metadata.annotations"}}
+                ]
+            },
+        },
+    ]
+    spec["initContainers"] = [
+        *(
+            c
+            for c in spec.get("initContainers", [])
+            if c.get("name") != contract.RUNTIME_INIT_CONTAINER
+        ),
+        _installer(runtime, worker.runtime_image),
+    ]
+    container["volumeMounts"] = [
+        *(m for m in container.get("volumeMounts", []) if m.get("name") not in _VOLUMES),
+        {
+            "name": contract.RUNTIME_VOLUME,
+            "mountPath": contract.RUNTIME_MOUNT_PATH,
+            "readOnly": True,
+        },
+        {
+            "name": contract.PODINFO_VOLUME,
+            "mountPath": contract.PODINFO_MOUNT_PATH,
+            "readOnly": True,
+        },
+    ]
+    container["command"] = [
+        runtime.python,
+        "-m",
+        contract.RUNTIME_LAUNCHER,
+        "--",
+        *container["command"],
+    ]
+    ports = [p for p in container.get("ports", []) if p.get("name") != contract.STATUS_PORT_NAME]
+    container["ports"] = [
+        *ports,
+        {"name": contract.STATUS_PORT_NAME, "containerPort": runtime.status_port},
+    ]
+    _add_env(container, runtime_env(runtime))
+
+
+def runtime_env(runtime: RuntimeSpec) -> dict[str, str]:
+    env = {
+        contract.ENV_PODINFO_DIR: contract.PODINFO_MOUNT_PATH,
+        contract.ENV_STATUS_PORT: str(runtime.status_port),
+    }
+    features = runtime.features.model_dump()
+    for name in contract.RUNTIME_FEATURES:
+        env[contract.ENV_FEATURE_PREFIX + name.upper()] = str(features[name])
+    if runtime.checkpoint is not None:
+        env[contract.ENV_CHECKPOINT_DIR] = runtime.checkpoint.path
+        env[contract.ENV_CHECKPOINT_EVERY_STEPS] = str(runtime.checkpoint.every_steps)
+        env[contract.ENV_CHECKPOINT_KEEP] = str(runtime.checkpoint.keep)
+    if runtime.total_steps is not None:
+        env[contract.ENV_TOTAL_STEPS] = str(runtime.total_steps)
+    return env
+
+
+_VOLUMES = (contract.RUNTIME_VOLUME, contract.PODINFO_VOLUME)
+
+
+def _installer(runtime: RuntimeSpec, default_image: str) -> dict[str, Any]:
+    return {
+        "name": contract.RUNTIME_INIT_CONTAINER,
+        "image": runtime.image or default_image,
+        "command": ["python", "-m", contract.RUNTIME_INSTALLER, contract.RUNTIME_MOUNT_PATH],
+        "volumeMounts": [
+            {"name": contract.RUNTIME_VOLUME, "mountPath": contract.RUNTIME_MOUNT_PATH}
+        ],
+        "resources": {"requests": {"cpu": "100m", "memory": "64Mi"}, "limits": {"memory": "256Mi"}},
+    }
+
+
+def _add_env(container: dict[str, Any], env: dict[str, str]) -> None:
+    """Runtime defaults after the user's env; a user value for the same name wins.
+
+    PYTHONPATH is the exception: the runtime directory is put in front of
+    whatever the user set, or the launcher could not be imported.
+    """
+    current = container.get("env", [])
+    present = {e.get("name") for e in current}
+    user_path = next((e for e in current if e.get("name") == "PYTHONPATH"), None)
+    path = contract.RUNTIME_MOUNT_PATH
+    if user_path is not None and "value" in user_path:
+        user_path["value"] = f"{path}:{user_path['value']}" if user_path["value"] else path
+    elif user_path is None:
+        current = [*current, {"name": "PYTHONPATH", "value": path}]
+    container["env"] = [
+        *current,
+        *({"name": k, "value": v} for k, v in env.items() if k not in present),
+    ]
