@@ -47,6 +47,13 @@ def main(argv: list[str] | None = None) -> int:
         default=contract.DEFAULT_RUNTIME_IMAGE,
         help="image of the runtime init container for jobs with spec.runtime",
     )
+    operator.add_argument(
+        "--status-networks",
+        default="",
+        metavar="CIDRS",
+        help="comma-separated CIDRs of pod IPs whose runtime status the operator may read "
+        "(default: any)",
+    )
     planner = commands.add_parser("plan", help="dry-run placement of a TrainingJob manifest")
     planner.add_argument("manifest", help="a TrainingJob YAML file")
     planner.add_argument(
@@ -230,6 +237,13 @@ def run_operator(options: argparse.Namespace) -> int:
     handlers.OPTIONS.metrics_port = options.metrics_port
     handlers.OPTIONS.workers = options.workers
     handlers.OPTIONS.runtime_image = options.runtime_image
+    from trainwave.controller.reporting import parse_networks
+
+    try:
+        handlers.OPTIONS.status_networks = parse_networks(options.status_networks)
+    except ValueError as error:
+        print(f"trainwave operator: {error}", file=sys.stderr)
+        return 2
     levels = tuple(x for x in options.topology_levels.split(",") if x)
     if levels:
         handlers.OPTIONS.topology_levels = levels

@@ -185,7 +185,6 @@ def _immutable_rules() -> dict[str, Any]:
         "(has(self.command) && size(self.command) > 0)",
         "spec.command must be set when spec.runtime is enabled: the launcher wraps the "
         "command, and the image's own entrypoint cannot be seen from the cluster",
-        ".runtime",
     )
     rules = [launcher] + [
         cel(
