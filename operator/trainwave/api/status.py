@@ -136,6 +136,9 @@ class TrainingJobStatus(ApiModel):
     progress: ProgressStatus | None = Field(
         default=None, description="progress: what the workers' runtime reports."
     )
+    isolation: str = Field(
+        default="", description="isolation: what keeps this job apart from others on its GPUs."
+    )
 
     def condition(self, kind: ConditionType) -> Condition | None:
         return next((c for c in self.conditions if c.type == kind), None)

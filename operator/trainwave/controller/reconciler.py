@@ -145,6 +145,7 @@ class Reconciler:
             priority=job.spec.placement.priority,
             arrival=created.timestamp() if created else 0.0,
             network=job.spec.network,
+            shared_mib=job.spec.gpu_sharing.memory_mib if job.spec.gpu_sharing else None,
         )
 
     async def _write_status(

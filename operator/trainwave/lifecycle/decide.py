@@ -19,6 +19,7 @@ from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from typing import Literal
 
+from trainwave.api.sharing import isolation
 from trainwave.api.status import ConditionType, Phase, PlacementStatus, TrainingJobStatus
 from trainwave.api.trainingjob import ObjectMeta, TrainingJob
 from trainwave.lifecycle.conditions import clear_condition, set_condition
@@ -152,6 +153,9 @@ def decide(
 ) -> Decision:
     draft = _Draft(meta=job.metadata, now=now, status=job.status)
     mine = [p for p in pods if p.owner_uid == job.metadata.uid]
+    kept_apart = isolation(job.spec.gpu_sharing, job.spec.runtime)
+    if draft.status.isolation != kept_apart:
+        draft.update(isolation=kept_apart)
     if draft.status.phase is None:
         draft.condition(ConditionType.CREATED, True, "Created", "job accepted")
         draft.enter(Phase.PENDING, "Created", "job accepted")

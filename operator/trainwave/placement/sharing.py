@@ -19,12 +19,21 @@ a node's whole-GPU capacity is untouched (shared GPUs are the agent's choice).
 
 from __future__ import annotations
 
+import json
 import math
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, replace
+from typing import Any
 
+from trainwave.contract import (
+    ANNOTATION_GPU_UUID,
+    ANNOTATION_INVENTORY,
+    NODE_LABEL_GPU_PRODUCT,
+    SHARED_GPU_MEMORY_RESOURCE,
+)
 from trainwave.placement.fragmentation import MILLI, FragmentationMeasure, Shape, typical_shapes
 from trainwave.placement.packing import NodeState, Task, Trainwave, assign, choose
+from trainwave.placement.snapshot import DEFAULT_TOLERATED_TAINTS, node_schedulable
 
 # Enough CPU and memory that only GPU memory decides: kube-scheduler checks the rest.
 _UNCONSTRAINED = 1 << 40
@@ -180,3 +189,59 @@ def _gpu_memory(nodes: Mapping[str, SharedNode]) -> int:
 
 def _milli(memory_mib: int, gpu_mib: int) -> int:
     return min(MILLI, max(1, math.ceil(memory_mib * MILLI / gpu_mib)))
+
+
+def build_shared_nodes(
+    nodes: Iterable[Mapping[str, Any]], pods: Iterable[Mapping[str, Any]]
+) -> list[SharedNode]:
+    """Shared GPUs per node from raw Nodes (the agent's inventory) and the pods pinned to them."""
+    used: dict[str, int] = {}
+    for pod in pods:
+        meta = pod.get("metadata") or {}
+        uuid = (meta.get("annotations") or {}).get(ANNOTATION_GPU_UUID)
+        phase = (pod.get("status") or {}).get("phase")
+        if uuid and phase not in ("Succeeded", "Failed"):
+            used[uuid] = used.get(uuid, 0) + _requested_mib(pod)
+    shared = []
+    for node in nodes:
+        meta = node.get("metadata") or {}
+        gpus = _inventory_gpus(meta)
+        if not gpus:
+            continue
+        labels = dict(meta.get("labels") or {})
+        shared.append(
+            SharedNode(
+                name=meta["name"],
+                gpu_model=labels.get(NODE_LABEL_GPU_PRODUCT, ""),
+                gpus=tuple(replace(g, used_mib=used.get(g.uuid, 0)) for g in gpus),
+                schedulable=node_schedulable(node, DEFAULT_TOLERATED_TAINTS),
+                labels=labels,
+            )
+        )
+    return shared
+
+
+def _inventory_gpus(meta: Mapping[str, Any]) -> tuple[SharedGpu, ...]:
+    text = (meta.get("annotations") or {}).get(ANNOTATION_INVENTORY)
+    if not text:
+        return ()
+    try:
+        listed = json.loads(text).get("sharedGpus") or []
+        return tuple(
+            SharedGpu(str(g["uuid"]), int(g["index"]), int(g["memoryMiB"])) for g in listed
+        )
+    except (ValueError, KeyError, TypeError, AttributeError):
+        return ()  # an unreadable inventory offers nothing; the agent rewrites it
+
+
+def _requested_mib(pod: Mapping[str, Any]) -> int:
+    total = 0
+    for container in (pod.get("spec") or {}).get("containers") or ():
+        limits = (container.get("resources") or {}).get("limits") or {}
+        value = limits.get(SHARED_GPU_MEMORY_RESOURCE)
+        if value is not None:
+            try:
+                total += int(str(value))
+            except ValueError:
+                continue
+    return total
