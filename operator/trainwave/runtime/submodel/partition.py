@@ -1,0 +1,236 @@
+"""Cut a sequential model into contiguous groups of roughly equal peak memory.
+
+Algorithm overview:
+1. Profile each unit (a child of the nn.Sequential) by a dry run on a copy:
+   forward, backward with a gradient of ones, one optimizer step, under a
+   StorageCensus. A unit's cost is its parameters and buffers plus the census
+   peak (activations, gradients, optimizer state, temporaries). On the `meta`
+   device the dry run allocates nothing, so GPU-sized models can be profiled
+   on any machine.
+2. Choose cut points minimising the largest group's cost (a group costs its
+   input plus the sum of its units' costs, which over-estimates: units' peaks
+   do not all coincide). With a budget, use the fewest groups whose cost fits,
+   then rebalance that many groups as evenly as possible.
+3. Measure each chosen group by the same dry run, as one block. The executor
+   plans with these measured peaks, not with the estimates.
+"""
+
+from __future__ import annotations
+
+import copy
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass
+
+import torch
+from torch import nn
+
+from trainwave.runtime.submodel.census import StorageCensus
+
+OptimizerFactory = Callable[[list[nn.Parameter]], torch.optim.Optimizer]
+LossFn = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
+
+
+@dataclass(frozen=True)
+class Loss:
+    """The loss and a sample target: the last group's dry run backpropagates the
+    real loss, whose own saved tensors (log-softmax output...) count too."""
+
+    fn: LossFn
+    target: torch.Tensor
+
+
+class PartitionError(ValueError):
+    """A unit alone exceeds the budget, or the request cannot be met."""
+
+
+@dataclass(frozen=True)
+class UnitProfile:
+    name: str
+    resident_bytes: int  # parameters and buffers
+    dynamic_peak: int  # census peak over forward, backward and an optimizer step
+    input_bytes: int
+    output_bytes: int
+
+    @property
+    def cost(self) -> int:
+        return self.resident_bytes + self.dynamic_peak
+
+
+@dataclass(frozen=True)
+class Group:
+    start: int  # first unit, inclusive
+    stop: int  # last unit, exclusive
+    names: tuple[str, ...]
+    estimate: int
+    peak: int  # measured by a dry run of the whole group
+    param_bytes: int
+
+    def describe(self) -> str:
+        return f"units {self.start}..{self.stop - 1} ({', '.join(self.names)})"
+
+
+@dataclass(frozen=True)
+class Partition:
+    groups: tuple[Group, ...]
+
+    @property
+    def largest(self) -> Group:
+        return max(self.groups, key=lambda g: g.peak)
+
+    def bounds(self) -> list[tuple[int, int]]:
+        return [(g.start, g.stop) for g in self.groups]
+
+
+def nbytes(tensors: Iterable[torch.Tensor]) -> int:
+    return sum(t.numel() * t.element_size() for t in tensors)
+
+
+def dry_run(
+    block: nn.Module,
+    sample: torch.Tensor,
+    optimizer_factory: OptimizerFactory,
+    first: bool,
+    loss: Loss | None = None,
+) -> tuple[int, torch.Tensor]:
+    """Census peak of one training step of `block` (a copy is used), and its output."""
+    block = copy.deepcopy(block)
+    inp = sample.detach().clone()
+    if not first and inp.is_floating_point():
+        inp.requires_grad_(True)
+    params = [p for p in block.parameters() if p.requires_grad]
+    census = StorageCensus()
+    with census:
+        out = block(inp)
+        if loss is not None:
+            loss.fn(out, loss.target.clone()).backward()
+        elif out.requires_grad:
+            out.backward(torch.ones_like(out))
+        if params:
+            optimizer_factory(params).step()
+    return census.peak, out.detach()
+
+
+def profile_units(
+    model: nn.Sequential,
+    sample: torch.Tensor,
+    optimizer_factory: OptimizerFactory,
+    loss: Loss | None = None,
+) -> tuple[list[UnitProfile], list[torch.Tensor]]:
+    """Each unit's profile, and each unit's input in the dry run."""
+    profiles = []
+    inputs = []
+    x = sample
+    count = len(model)
+    for index, (name, unit) in enumerate(model.named_children()):
+        last_loss = loss if index == count - 1 else None
+        peak, out = dry_run(unit, x, optimizer_factory, first=index == 0, loss=last_loss)
+        resident = nbytes(unit.parameters()) + nbytes(unit.buffers())
+        profiles.append(
+            UnitProfile(
+                name=name,
+                resident_bytes=resident,
+                dynamic_peak=peak,
+                input_bytes=nbytes([x]),
+                output_bytes=nbytes([out]),
+            )
+        )
+        inputs.append(x)
+        x = out
+    return profiles, inputs
+
+
+def group_cost(profiles: Sequence[UnitProfile], start: int, stop: int) -> int:
+    return profiles[start].input_bytes + sum(p.cost for p in profiles[start:stop])
+
+
+def balanced_cuts(profiles: Sequence[UnitProfile], groups: int) -> list[tuple[int, int]]:
+    """Contiguous bounds for `groups` groups minimising the largest cost (exact DP)."""
+    n = len(profiles)
+    if not 1 <= groups <= n:
+        raise PartitionError(f"groups: got {groups}; expected 1..{n} (the model has {n} units)")
+    inf = float("inf")
+    # best[k][j]: the smallest possible largest cost splitting units[:j] into k groups.
+    best = [[inf] * (n + 1) for _ in range(groups + 1)]
+    cut = [[0] * (n + 1) for _ in range(groups + 1)]
+    best[0][0] = 0
+    for k in range(1, groups + 1):
+        for j in range(k, n + 1):
+            for i in range(k - 1, j):
+                value = max(best[k - 1][i], group_cost(profiles, i, j))
+                if value < best[k][j]:
+                    best[k][j], cut[k][j] = value, i
+    bounds = []
+    j = n
+    for k in range(groups, 0, -1):
+        i = cut[k][j]
+        bounds.append((i, j))
+        j = i
+    return bounds[::-1]
+
+
+def fewest_groups(profiles: Sequence[UnitProfile], budget: int) -> int:
+    for index, profile in enumerate(profiles):
+        alone = group_cost(profiles, index, index + 1)
+        if alone > budget:
+            raise PartitionError(
+                f"budget {budget} B is below unit {index} ({profile.name}): its estimated "
+                f"peak is {alone} B; give more memory or split that module"
+            )
+    count, start = 0, 0
+    while start < len(profiles):
+        stop = start + 1
+        while stop < len(profiles) and group_cost(profiles, start, stop + 1) <= budget:
+            stop += 1
+        count, start = count + 1, stop
+    return count
+
+
+def partition(
+    model: nn.Sequential,
+    sample: torch.Tensor,
+    optimizer_factory: OptimizerFactory,
+    *,
+    groups: int | None = None,
+    budget: int | None = None,
+    loss: Loss | None = None,
+) -> Partition:
+    """Partition `model` into `groups` groups, or the fewest that fit `budget`.
+
+    Without `loss`, the last group is measured backpropagating ones, which
+    leaves out the loss's own memory."""
+    if (groups is None) == (budget is None):
+        raise PartitionError("partition: give exactly one of groups= or budget=")
+    # Dry runs draw random numbers (dropout); the caller's stream must not move.
+    with torch.random.fork_rng():
+        return measure_groups(model, sample, optimizer_factory, groups, budget, loss)
+
+
+def measure_groups(
+    model: nn.Sequential,
+    sample: torch.Tensor,
+    optimizer_factory: OptimizerFactory,
+    groups: int | None,
+    budget: int | None,
+    loss: Loss | None,
+) -> Partition:
+    profiles, inputs = profile_units(model, sample, optimizer_factory, loss)
+    count = groups if groups is not None else fewest_groups(profiles, int(budget or 0))
+    units = list(model.children())
+    result = []
+    for start, stop in balanced_cuts(profiles, count):
+        block = nn.Sequential(*units[start:stop])
+        last_loss = loss if stop == len(units) else None
+        peak, out = dry_run(block, inputs[start], optimizer_factory, start == 0, last_loss)
+        resident = nbytes(block.parameters()) + nbytes(block.buffers())
+        result.append(
+            Group(
+                start=start,
+                stop=stop,
+                names=tuple(p.name for p in profiles[start:stop]),
+                estimate=group_cost(profiles, start, stop),
+                # The step also holds the group's input and the gradient of its output.
+                peak=resident + peak + nbytes([inputs[start]]) + nbytes([out]),
+                param_bytes=nbytes(block.parameters()),
+            )
+        )
+    return Partition(tuple(result))
