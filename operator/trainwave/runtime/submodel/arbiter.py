@@ -149,7 +149,9 @@ class ArbiterClient:
     def __init__(self, path: str | None = None, job: str | None = None) -> None:
         path = path or os.environ.get(contract.ENV_ARBITER_SOCKET, "")
         if not path:
-            raise ValueError(f"{contract.ENV_ARBITER_SOCKET}: not set; expected the arbiter's socket path")
+            raise ValueError(
+                f"{contract.ENV_ARBITER_SOCKET}: not set; expected the arbiter's socket path"
+            )
         self.job = job or f"pid-{os.getpid()}"
         self.sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
         self.sock.connect(path)

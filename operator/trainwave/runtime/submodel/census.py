@@ -30,11 +30,11 @@ def storage_key(tensor: torch.Tensor) -> int:
     return int(tensor.untyped_storage()._cdata)
 
 
-class StorageCensus(TorchDispatchMode):
+class StorageCensus(TorchDispatchMode):  # type: ignore[no-untyped-call]
     """Live bytes of storages created while active, and their peak."""
 
     def __init__(self, ignore: Iterable[torch.UntypedStorage] = ()) -> None:
-        super().__init__()
+        super().__init__()  # type: ignore[no-untyped-call]
         self.ignored = {int(s._cdata) for s in ignore}
         self.live: dict[int, int] = {}
         self.current = 0
@@ -68,8 +68,13 @@ class StorageCensus(TorchDispatchMode):
         kwargs: dict[str, Any] | None = None,
     ) -> Any:
         out = func(*args, **(kwargs or {}))
+        # An output sharing an input's storage (in-place ops, views) is not a
+        # new allocation; tracking it would count memory made before the census.
+        inputs = {
+            storage_key(t) for t in tree_leaves((args, kwargs)) if isinstance(t, torch.Tensor)
+        }
         for leaf in tree_leaves(out):
-            if isinstance(leaf, torch.Tensor):
+            if isinstance(leaf, torch.Tensor) and storage_key(leaf) not in inputs:
                 self.track(leaf)
         return out
 

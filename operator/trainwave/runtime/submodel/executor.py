@@ -42,6 +42,12 @@ from trainwave.runtime.submodel.partition import OptimizerFactory, Partition
 from trainwave.runtime.submodel.tiers import DeviceTier, HostArena, device_tier
 
 LossFn = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
+# ("param" | "buffer" | "grad", index) or ("state", index, name), within a group.
+Key = tuple[Any, ...]
+
+
+# Placeholder for per-step attributes between steps; holds no memory.
+NOTHING = torch.empty(0)
 
 
 class BudgetTooSmall(ValueError):
@@ -69,7 +75,7 @@ class GroupState:
     params: list[nn.Parameter]
     buffers: list[torch.Tensor]
     optimizer: torch.optim.Optimizer
-    home: dict[Hashable, torch.Tensor] = field(default_factory=dict)
+    home: dict[Key, torch.Tensor] = field(default_factory=dict)
 
 
 class SubmodelExecutor:
@@ -123,10 +129,14 @@ class SubmodelExecutor:
             for key, tensor in self.resident_tensors(state):
                 self.send_home(state, key, tensor, write=True)
         self.saved: set[int] = set()
+        self.targets = self.loss_value = NOTHING
+        self.after_forward: list[torch.Tensor] = []
 
     # --- the step -----------------------------------------------------------
 
-    def step(self, inputs: torch.Tensor, targets: torch.Tensor, *, apply: bool = True) -> torch.Tensor:
+    def step(
+        self, inputs: torch.Tensor, targets: torch.Tensor, *, apply: bool = True
+    ) -> torch.Tensor:
         """One micro-batch; `apply=False` keeps the gradients for accumulation."""
         with ExitStack() as stack:
             if self.census is not None:
@@ -134,11 +144,31 @@ class SubmodelExecutor:
             return self._step(inputs, targets, apply)
 
     def _step(self, inputs: torch.Tensor, targets: torch.Tensor, apply: bool) -> torch.Tensor:
-        boundaries: list[torch.Tensor] = [inputs]
-        rng: list[torch.Tensor] = []
+        boundaries, rng = self._forward(inputs)
+        self.targets = targets
+        self.loss_value = NOTHING
+        self.after_forward = rng[-1]
+        grad_out: torch.Tensor | None = None
+        for state in reversed(self.groups):
+            with self.resident(state, backward=True, stepping=apply):
+                self.restore_rng(rng[state.index])
+                grad_out = self._backward(state, boundaries[state.index], grad_out)
+                if apply:
+                    self._apply(state)
+        self.restore_rng(self.after_forward)
+        self.scratch.reset()
+        self.targets = NOTHING
+        loss, self.loss_value = self.loss_value, NOTHING
+        return loss
+
+    def _forward(self, inputs: torch.Tensor) -> tuple[list[torch.Tensor], list[list[torch.Tensor]]]:
+        """Every group but the last, without autograd: the host copies of each
+        group's input, and the RNG state before each group."""
+        boundaries = [inputs]
+        rng = []
         for state in self.groups[:-1]:
             with self.resident(state, backward=False):
-                rng.append(torch.get_rng_state())
+                rng.append(self.keep_rng())
                 x = self.load_boundary(boundaries[-1], ("boundary", state.index))
                 with torch.no_grad():
                     y = state.block(x)
@@ -151,61 +181,61 @@ class SubmodelExecutor:
                 boundaries.append(home)
                 del y
                 self.ledger.drop(("boundary", state.index + 1))
-        rng.append(torch.get_rng_state())
-        grad_out: torch.Tensor | None = None
-        loss_value = torch.zeros(())
-        after_forward = rng[-1]
-        for state in reversed(self.groups):
-            last = state is self.groups[-1]
-            with self.resident(state, backward=True, stepping=apply):
-                torch.set_rng_state(rng[state.index])
-                x = self.load_boundary(boundaries[state.index], ("boundary", state.index))
-                if state.index > 0 and x.is_floating_point():
-                    x.requires_grad_(True)
-                with self.saving(x), torch.enable_grad():
-                    out = state.block(x)
-                    if last:
-                        after_forward = torch.get_rng_state()
-                        target = self.load_boundary(targets, ("targets",))
-                        loss = self.loss_fn(out, target)
-                        del target
-                        loss.backward()
-                        loss_value = loss.detach().to("cpu", copy=True)
-                        del loss
-                    else:
-                        assert grad_out is not None
-                        out.backward(grad_out)
-                del out, grad_out
-                self.ledger.drop(("grad_out",))
-                self.release_saved()
-                grad_out = x.grad if state.index > 0 else None
-                if grad_out is not None:
-                    self.ledger.place(("grad_out",), DEVICE, tensor_bytes(grad_out))
-                del x
-                self.ledger.drop(("boundary", state.index))
-                self.ledger.drop(("targets",))
-                for i, p in enumerate(state.params):
-                    if p.grad is not None:
-                        key = self.ledger_key(state, ("grad", i))
-                        self.ledger.place(key, DEVICE, tensor_bytes(p.grad))
-                if apply:
-                    state.optimizer.step()
-                    state.optimizer.zero_grad(set_to_none=True)
-                    for i in range(len(state.params)):
-                        self.ledger.drop(self.ledger_key(state, ("grad", i)))
-                        state.home.pop(("grad", i), None)
-                    # State made by this first step (Adam's moments) is on the device.
-                    for key, tensor in self.resident_tensors(state, optimizer=True):
-                        if self.ledger.tier_of(self.ledger_key(state, key)) is None:
-                            self.ledger.place(self.ledger_key(state, key), DEVICE, tensor_bytes(tensor))
-        torch.set_rng_state(after_forward)
-        self.scratch.reset()
-        return loss_value
+        rng.append(self.keep_rng())
+        return boundaries, rng
+
+    def _backward(
+        self, state: GroupState, boundary: torch.Tensor, grad_out: torch.Tensor | None
+    ) -> torch.Tensor | None:
+        """Recompute the group from its input and backpropagate; returns the
+        gradient of its input for the group before it."""
+        x = self.load_boundary(boundary, ("boundary", state.index))
+        if state.index > 0 and x.is_floating_point():
+            x.requires_grad_(True)
+        with self.saving(x), torch.enable_grad():
+            out = state.block(x)
+            if state is self.groups[-1]:
+                self.after_forward = self.keep_rng()
+                target = self.load_boundary(self.targets, ("targets",))
+                loss = self.loss_fn(out, target)
+                del target
+                torch.autograd.backward(loss)
+                self.loss_value = loss.detach().to("cpu", copy=True)
+                del loss
+            else:
+                assert grad_out is not None
+                torch.autograd.backward(out, grad_out)
+        del out, grad_out
+        self.ledger.drop(("grad_out",))
+        self.ledger.drop(("targets",))
+        self.release_saved()
+        grad_in = x.grad if state.index > 0 else None
+        if grad_in is not None:
+            self.ledger.place(("grad_out",), DEVICE, tensor_bytes(grad_in))
+        del x
+        self.ledger.drop(("boundary", state.index))
+        for i, p in enumerate(state.params):
+            if p.grad is not None:
+                self.ledger.place(self.ledger_key(state, ("grad", i)), DEVICE, tensor_bytes(p.grad))
+        return grad_in
+
+    def _apply(self, state: GroupState) -> None:
+        """The group's optimizer step, then its gradients go (zero_grad to None)."""
+        state.optimizer.step()
+        state.optimizer.zero_grad(set_to_none=True)
+        for i in range(len(state.params)):
+            self.ledger.drop(self.ledger_key(state, ("grad", i)))
+        # State made by this first step (Adam's moments) is on the device.
+        for key, tensor in self.resident_tensors(state, optimizer=True):
+            if self.ledger.tier_of(self.ledger_key(state, key)) is None:
+                self.ledger.place(self.ledger_key(state, key), DEVICE, tensor_bytes(tensor))
 
     # --- moving groups between tiers ----------------------------------------
 
     @contextmanager
-    def resident(self, state: GroupState, *, backward: bool, stepping: bool = False) -> Iterator[None]:
+    def resident(
+        self, state: GroupState, *, backward: bool, stepping: bool = False
+    ) -> Iterator[None]:
         if self.turns is not None:
             self.turns.acquire(state.peak)
         try:
@@ -226,13 +256,15 @@ class SubmodelExecutor:
 
     def resident_tensors(
         self, state: GroupState, grads: bool = False, optimizer: bool = False
-    ) -> list[tuple[Hashable, torch.Tensor]]:
-        found: list[tuple[Hashable, torch.Tensor]] = [
+    ) -> list[tuple[Key, torch.Tensor]]:
+        found: list[tuple[Key, torch.Tensor]] = [
             (("param", i), p) for i, p in enumerate(state.params)
         ]
         found += [(("buffer", i), b) for i, b in enumerate(state.buffers)]
         if grads:
-            found += [(("grad", i), p.grad) for i, p in enumerate(state.params) if p.grad is not None]
+            found += [
+                (("grad", i), p.grad) for i, p in enumerate(state.params) if p.grad is not None
+            ]
         if optimizer:
             for i, p in enumerate(state.params):
                 for name, value in state.optimizer.state.get(p, {}).items():
@@ -240,16 +272,16 @@ class SubmodelExecutor:
                         found.append((("state", i, name), value))
         return found
 
-    def ledger_key(self, state: GroupState, key: Hashable) -> Hashable:
+    def ledger_key(self, state: GroupState, key: Key) -> Hashable:
         return (state.index, key)
 
-    def bring(self, state: GroupState, key: Hashable, tensor: torch.Tensor) -> None:
+    def bring(self, state: GroupState, key: Key, tensor: torch.Tensor) -> None:
         home = state.home[key]
         self.ledger.place(self.ledger_key(state, key), DEVICE, tensor_bytes(home))
         self.assign(state, key, self.tier.to_device(home))
         self.traffic.to_device += tensor_bytes(home)
 
-    def send_home(self, state: GroupState, key: Hashable, tensor: torch.Tensor, *, write: bool) -> None:
+    def send_home(self, state: GroupState, key: Key, tensor: torch.Tensor, *, write: bool) -> None:
         home = state.home.get(key)
         if home is None:
             home = state.home[key] = self.static.slot(tensor)
@@ -259,7 +291,7 @@ class SubmodelExecutor:
         self.assign(state, key, home)
         self.ledger.place(self.ledger_key(state, key), HOST, tensor_bytes(home))
 
-    def assign(self, state: GroupState, key: Any, value: torch.Tensor) -> None:
+    def assign(self, state: GroupState, key: Key, value: torch.Tensor) -> None:
         kind, index = key[0], key[1]
         if kind == "param":
             state.params[index].data = value
@@ -269,6 +301,25 @@ class SubmodelExecutor:
             state.params[index].grad = value
         else:
             state.optimizer.state[state.params[index]][key[2]] = value
+
+    def keep_rng(self) -> list[torch.Tensor]:
+        """The RNG states (CPU, and the GPU's on CUDA), kept in the host arena
+        rather than the allocator the device-tier measures watch."""
+        states = [torch.get_rng_state()]
+        if not self.tier.simulated:
+            states.append(torch.cuda.get_rng_state(self.tier.device))
+        homes = []
+        for state in states:
+            home = self.scratch.slot(state)
+            home.copy_(state)
+            homes.append(home)
+        return homes
+
+    def restore_rng(self, states: list[torch.Tensor]) -> None:
+        # The generators read a state from the start of its own storage.
+        torch.set_rng_state(states[0].clone())
+        if len(states) > 1:
+            torch.cuda.set_rng_state(states[1].clone(), self.tier.device)
 
     def load_boundary(self, host: torch.Tensor, key: Hashable) -> torch.Tensor:
         self.ledger.place(key, DEVICE, tensor_bytes(host))
@@ -299,7 +350,7 @@ class SubmodelExecutor:
             self.ledger.drop(("saved", key))
         self.saved.clear()
 
-    def every_device_tensor(self) -> Iterator[tuple[Hashable, torch.Tensor]]:
+    def every_device_tensor(self) -> Iterator[tuple[Key, torch.Tensor]]:
         for state in self.groups:
             for key, tensor in self.resident_tensors(state, grads=True, optimizer=True):
                 if self.ledger.tier_of(self.ledger_key(state, key)) == DEVICE:

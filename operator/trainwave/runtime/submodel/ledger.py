@@ -66,6 +66,8 @@ class Ledger:
         for tier in TIERS:
             total = sum(n for where, n in self.entries.values() if where == tier)
             if total != self.used[tier]:
-                raise AssertionError(f"{tier}: entries sum to {total}, total says {self.used[tier]}")
+                raise AssertionError(
+                    f"{tier}: entries sum to {total}, total says {self.used[tier]}"
+                )
         if self.used[DEVICE] > self.budget:
             raise AssertionError(f"device holds {self.used[DEVICE]} B over budget {self.budget}")

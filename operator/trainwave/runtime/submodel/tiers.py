@@ -66,7 +66,7 @@ class HostArena:
         nbytes = like.numel() * like.element_size()
         chunk, offset = self._reserve(nbytes)
         view = torch.empty(0, dtype=like.dtype)
-        view.set_(self.chunks[chunk], offset // like.element_size(), like.shape)
+        view.set_(self.chunks[chunk], offset // like.element_size(), like.shape, contiguous(like))
         return view
 
     def reset(self) -> None:
@@ -94,9 +94,20 @@ class HostArena:
         fd, path = tempfile.mkstemp(prefix="trainwave-host-", dir=shm_dir())
         os.close(fd)
         try:
-            return torch.UntypedStorage.from_file(path, shared=True, nbytes=nbytes)
+            storage = torch.UntypedStorage.from_file(path, shared=True, nbytes=nbytes)
+            assert isinstance(storage, torch.UntypedStorage)
+            return storage
         finally:
             os.unlink(path)  # the mapping keeps the memory; no file is left behind
+
+
+def contiguous(like: torch.Tensor) -> list[int]:
+    """Row-major strides for `like`'s shape."""
+    strides, step = [], 1
+    for size in reversed(like.shape):
+        strides.append(step)
+        step *= max(size, 1)
+    return strides[::-1]
 
 
 def shm_dir() -> str | None:

@@ -52,7 +52,9 @@ def make_transformer(vocab: int = 50, hidden: int = 32, layers: int = 3) -> nn.S
     return nn.Sequential(nn.Embedding(vocab, hidden), *blocks, TokenLogits(hidden, vocab))
 
 
-def make_batches(kind: str, steps: int, batch: int = 16, seed: int = 7) -> list[tuple[torch.Tensor, torch.Tensor]]:
+def make_batches(
+    kind: str, steps: int, batch: int = 16, seed: int = 7
+) -> list[tuple[torch.Tensor, torch.Tensor]]:
     generator = torch.Generator().manual_seed(seed)
     batches = []
     for _ in range(steps):
