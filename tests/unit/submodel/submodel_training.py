@@ -84,6 +84,7 @@ def train_submodel(
     model: nn.Sequential,
     batches,
     accumulate: int = 1,
+    *,
     seed: int = 1,
     after_step=None,
 ) -> Run:

@@ -102,13 +102,14 @@ def test_budget_below_largest_group_fails_at_start():
 def test_partition_for_budget_uses_fewest_groups_and_refuses_a_unit_too_big():
     model, batches = make_case("mlp", steps=1)
     one = plan(model, batches, "adamw", 1)
-    assert len(one.groups) == 1 and one.bounds() == [(0, len(model))]
+    assert len(one.groups) == 1
+    assert one.bounds() == [(0, len(model))]
     x = batches[0][0]
-    fitted = partition(model, x, lambda ps: torch.optim.AdamW(ps), budget=one.largest.estimate // 2)
+    fitted = partition(model, x, torch.optim.AdamW, budget=one.largest.estimate // 2)
     assert len(fitted.groups) >= 2
     assert all(g.estimate <= one.largest.estimate // 2 for g in fitted.groups)
     with pytest.raises(PartitionError, match=r"budget 1000 B is below unit 0 \(0\)"):
-        partition(model, x, lambda ps: torch.optim.AdamW(ps), budget=1000)
+        partition(model, x, torch.optim.AdamW, budget=1000)
 
 
 def test_identical_blocks_are_cut_evenly():
