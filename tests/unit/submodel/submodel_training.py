@@ -94,5 +94,5 @@ def train_submodel(
         losses.append(executor.step(x, y, apply=(step + 1) % accumulate == 0).item())
         if after_step is not None:
             after_step(step)
-    states = [g.optimizer.state[p] for g in executor.groups for p in g.params]
+    states = [g.optimizer.state[p] for g in executor.groups if g.optimizer for p in g.params]
     return Run(losses, model, states)

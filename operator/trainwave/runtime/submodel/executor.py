@@ -74,7 +74,7 @@ class GroupState:
     peak: int
     params: list[nn.Parameter]
     buffers: list[torch.Tensor]
-    optimizer: torch.optim.Optimizer
+    optimizer: torch.optim.Optimizer | None  # None for a group without parameters
     home: dict[Key, torch.Tensor] = field(default_factory=dict)
 
 
@@ -122,7 +122,7 @@ class SubmodelExecutor:
                     peak=group.peak,
                     params=params,
                     buffers=list(block.buffers()),
-                    optimizer=optimizer_factory(params),
+                    optimizer=optimizer_factory(params) if params else None,
                 )
             )
         for state in self.groups:
@@ -221,6 +221,8 @@ class SubmodelExecutor:
 
     def _apply(self, state: GroupState) -> None:
         """The group's optimizer step, then its gradients go (zero_grad to None)."""
+        if state.optimizer is None:
+            return
         state.optimizer.step()
         state.optimizer.zero_grad(set_to_none=True)
         for i in range(len(state.params)):
@@ -265,7 +267,7 @@ class SubmodelExecutor:
             found += [
                 (("grad", i), p.grad) for i, p in enumerate(state.params) if p.grad is not None
             ]
-        if optimizer:
+        if optimizer and state.optimizer is not None:
             for i, p in enumerate(state.params):
                 for name, value in state.optimizer.state.get(p, {}).items():
                     if isinstance(value, torch.Tensor):
@@ -299,7 +301,7 @@ class SubmodelExecutor:
             state.buffers[index].data = value
         elif kind == "grad":
             state.params[index].grad = value
-        else:
+        elif state.optimizer is not None:
             state.optimizer.state[state.params[index]][key[2]] = value
 
     def keep_rng(self) -> list[torch.Tensor]:
