@@ -3,6 +3,7 @@ budget, every tensor in exactly one tier. Each seed is a separate case, so a
 failure names the seed that reproduces it."""
 
 import random
+from itertools import pairwise
 
 import pytest
 import torch
@@ -52,14 +53,16 @@ def test_host_arena_slots_never_overlap(seed):
     for _round in range(3):
         spans = []
         for _ in range(rng.randint(1, 40)):
-            like = torch.empty(rng.randint(1, 700), dtype=rng.choice((torch.float32, torch.int64, torch.uint8)))
+            like = torch.empty(
+                rng.randint(1, 700), dtype=rng.choice((torch.float32, torch.int64, torch.uint8))
+            )
             slot = arena.slot(like)
             assert slot.shape == like.shape
             assert slot.dtype == like.dtype
             start = slot.data_ptr()
             spans.append((start, start + slot.numel() * slot.element_size()))
         spans.sort()
-        for (_, end), (start, _) in zip(spans, spans[1:], strict=False):
+        for (_, end), (start, _) in pairwise(spans):
             assert end <= start
         reserved = arena.reserved
         arena.reset()
@@ -69,7 +72,7 @@ def test_host_arena_slots_never_overlap(seed):
 def random_mlp(rng: random.Random) -> nn.Sequential:
     widths = [rng.randint(4, 40) for _ in range(rng.randint(2, 6))]
     layers: list[nn.Module] = []
-    for i, o in zip(widths, widths[1:], strict=False):
+    for i, o in pairwise(widths):
         layers += [nn.Linear(i, o), rng.choice((nn.ReLU(), nn.Tanh(), nn.Dropout(0.2)))]
     layers.append(nn.Linear(widths[-1], 5))
     return nn.Sequential(*layers)
@@ -86,9 +89,13 @@ def test_executor_bookkeeping_randomized(seed):
         data = [(torch.randn(batch, width), torch.randint(0, 5, (batch,))) for _ in range(6)]
         optimizer = rng.choice(list(OPTIMIZERS))
         groups = rng.randint(1, len(model))
-        part = partition(model, data[0][0], OPTIMIZERS[optimizer], groups=groups, loss=Loss(loss_fn, data[0][1]))
+        part = partition(
+            model, data[0][0], OPTIMIZERS[optimizer], groups=groups, loss=Loss(loss_fn, data[0][1])
+        )
         census = StorageCensus()
-        executor = SubmodelExecutor(model, part, OPTIMIZERS[optimizer], loss_fn, part.largest.peak, census=census)
+        executor = SubmodelExecutor(
+            model, part, OPTIMIZERS[optimizer], loss_fn, part.largest.peak, census=census
+        )
         host_after_first_cycle = None
         for step, (x, y) in enumerate(data):
             apply = rng.random() < 0.6 or step == len(data) - 1

@@ -1,0 +1,146 @@
+"""The node-local arbiter: turns on one GPU's memory, reclaimed from a dead job."""
+
+import asyncio
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+from submodel_training import deterministic, make_case, plan, train_plain
+
+from trainwave import contract
+from trainwave.runtime.submodel.arbiter import Arbiter, ArbiterClient
+
+HERE = Path(__file__).parent
+OPERATOR = HERE.parents[2] / "operator"
+
+
+def run(coroutine):
+    return asyncio.run(coroutine)
+
+
+def test_grants_first_come_first_served_within_capacity():
+    async def scenario():
+        arbiter = Arbiter(capacity=100)
+        a = arbiter.request("a", 60)
+        b = arbiter.request("b", 50)  # does not fit next to a
+        c = arbiter.request("c", 10)  # would fit, but waits behind b: no starvation
+        await asyncio.sleep(0)
+        granted = [f.done() for f in (a, b, c)]
+        arbiter.release("a")
+        await asyncio.sleep(0)
+        return granted, [f.done() for f in (a, b, c)], arbiter.status()
+
+    before, after, status = run(scenario())
+    assert before == [True, False, False]
+    assert after == [True, True, True]
+    assert status["used"] == 60
+    assert status["holders"] == {"b": 50, "c": 10}
+
+
+def test_forget_reclaims_a_holder_and_a_queued_request():
+    async def scenario():
+        arbiter = Arbiter(capacity=100)
+        arbiter.request("dead", 80)
+        queued = arbiter.request("alive", 70)
+        arbiter.request("dead-too", 90)
+        arbiter.forget("dead-too")
+        arbiter.forget("dead")
+        await asyncio.sleep(0)
+        return queued.done(), arbiter.status()
+
+    granted, status = run(scenario())
+    assert granted
+    assert status["holders"] == {"alive": 70}
+    assert status["waiting"] == []
+    assert status["reclaimed"] == 1
+
+
+def test_request_larger_than_capacity_is_refused_with_the_numbers():
+    async def scenario():
+        Arbiter(capacity=100).request("big", 101)
+
+    with pytest.raises(
+        ValueError, match=r"bytes: got 101; expected at most the GPU's shared capacity 100"
+    ):
+        run(scenario())
+
+
+def start_server(socket_path: Path, capacity: int) -> subprocess.Popen:
+    server = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "trainwave.runtime.submodel.arbiter",
+            "--socket",
+            str(socket_path),
+            "--capacity",
+            str(capacity),
+        ],
+        env={**os.environ, "PYTHONPATH": str(OPERATOR)},
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    deadline = time.monotonic() + 10
+    while not socket_path.exists():
+        assert server.poll() is None, server.stderr.read()
+        assert time.monotonic() < deadline, "arbiter did not start"
+        time.sleep(0.05)
+    return server
+
+
+@pytest.mark.timeout(90)
+def test_sigkilled_job_leaves_the_other_two_running_to_completion(tmp_path):
+    """Three jobs, three processes, one arbiter. The capacity holds one group
+    of the largest size and a little more, so the jobs take turns; one job is
+    SIGKILLed while it holds its grant, and the others must still finish."""
+    with deterministic():
+        model, batches = make_case("mlp", steps=3)
+        expected = train_plain(model, batches, "adamw").losses
+        # The same plan the jobs make (same code, model and data).
+        peaks = [g.peak for g in plan(model, batches, "adamw", groups=3).groups]
+    socket_path = tmp_path / "arbiter.sock"
+    env = {**os.environ, contract.ENV_ARBITER_SOCKET: str(socket_path)}
+    capacity = max(peaks) + min(peaks) // 2  # no two groups fit together: jobs take turns
+    server = start_server(socket_path, capacity)
+    results = [tmp_path / f"job{i}.json" for i in range(3)]
+    try:
+        victim = subprocess.Popen(
+            [sys.executable, str(HERE / "arbiter_job.py"), str(results[1]), "--stall"], env=env
+        )
+        holding = results[1].with_suffix(".holding")
+        deadline = time.monotonic() + 45
+        while not holding.exists():
+            assert victim.poll() is None
+            assert time.monotonic() < deadline, "victim never got its grant"
+            time.sleep(0.05)
+        others = [
+            subprocess.Popen([sys.executable, str(HERE / "arbiter_job.py"), str(r)], env=env)
+            for r in (results[0], results[2])
+        ]
+        time.sleep(1.0)  # let them queue behind the victim's grant
+        client = ArbiterClient(str(socket_path), job="observer")
+        before = client.status()
+        os.kill(victim.pid, signal.SIGKILL)
+        victim.wait()
+        codes = [p.wait(timeout=60) for p in others]
+        after = client.status()
+        client.close()
+    finally:
+        for process in [victim, *locals().get("others", [])]:
+            if process.poll() is None:
+                process.kill()
+                process.wait()
+        server.kill()
+        server.wait()
+    assert before["holders"] == {"job1": int(holding.read_text())}
+    assert codes == [0, 0]
+    assert after["reclaimed"] == 1
+    assert after["used"] == 0
+    for result in (results[0], results[2]):
+        assert json.loads(result.read_text())["losses"] == expected
+    assert not results[1].exists()
