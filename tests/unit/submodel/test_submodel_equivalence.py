@@ -99,15 +99,18 @@ def test_budget_below_largest_group_fails_at_start():
     assert f"peaks at {largest.peak} B" in message
 
 
-def test_partition_for_budget_uses_fewest_groups_and_refuses_a_unit_too_big():
+def test_partition_for_budget_fits_every_measured_peak_with_the_fewest_groups():
     model, batches = make_case("mlp", steps=1)
     one = plan(model, batches, "adamw", 1)
     assert len(one.groups) == 1
     assert one.bounds() == [(0, len(model))]
     x = batches[0][0]
-    fitted = partition(model, x, torch.optim.AdamW, budget=one.largest.estimate // 2)
+    budget = one.largest.peak // 2
+    fitted = partition(model, x, torch.optim.AdamW, budget=budget)
     assert len(fitted.groups) >= 2
-    assert all(g.estimate <= one.largest.estimate // 2 for g in fitted.groups)
+    assert all(g.peak <= budget for g in fitted.groups)
+    fewer = partition(model, x, torch.optim.AdamW, groups=len(fitted.groups) - 1)
+    assert fewer.largest.peak > budget
     with pytest.raises(PartitionError, match=r"budget 1000 B is below unit 0 \(0\)"):
         partition(model, x, torch.optim.AdamW, budget=1000)
 

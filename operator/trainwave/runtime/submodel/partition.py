@@ -9,11 +9,12 @@ Algorithm overview:
    on any machine.
 2. Choose cut points minimising the largest group's cost (a group costs its
    input plus the sum of its units' costs, which over-estimates: units' peaks
-   do not all coincide). With a budget, use the fewest groups whose cost fits,
-   then rebalance that many groups as evenly as possible.
+   do not all coincide), exactly, by dynamic programming.
 3. Measure each chosen group by the same dry run, as one block, with the CPU
    allocator's events as well as the census (the larger wins). The executor
-   plans with these measured peaks, not with the estimates.
+   plans with these measured peaks, not with the estimates. With a budget,
+   start from half the group count the estimates ask for and add groups
+   until every measured peak fits.
 """
 
 from __future__ import annotations
@@ -66,6 +67,7 @@ class Group:
     estimate: int
     peak: int  # measured by a dry run of the whole group
     param_bytes: int
+    input_bytes: int
 
     def describe(self) -> str:
         return f"units {self.start}..{self.stop - 1} ({', '.join(self.names)})"
@@ -264,8 +266,48 @@ def measure_groups(
     loss: Loss | None,
 ) -> Partition:
     profiles, inputs = profile_units(model, sample, optimizer_factory, loss)
-    count = groups if groups is not None else fewest_groups(profiles, int(budget or 0))
     units = list(model.children())
+    if groups is not None:
+        return measure(
+            units,
+            profiles=profiles,
+            inputs=inputs,
+            count=groups,
+            factory=optimizer_factory,
+            loss=loss,
+        )
+    limit = int(budget or 0)
+    # Estimates over-count (unit peaks do not coincide), so fewer groups than
+    # the estimate asks for may fit once measured: start at half of it.
+    count = max(1, (fewest_groups(profiles, limit) + 1) // 2)
+    while True:
+        result = measure(
+            units,
+            profiles=profiles,
+            inputs=inputs,
+            count=count,
+            factory=optimizer_factory,
+            loss=loss,
+        )
+        if result.largest.peak <= limit:
+            return result
+        if count == len(units):
+            raise PartitionError(
+                f"budget {limit} B is below {result.largest.describe()}: measured peak "
+                f"{result.largest.peak} B even with one unit per group"
+            )
+        count += 1
+
+
+def measure(
+    units: list[nn.Module],
+    *,
+    profiles: list[UnitProfile],
+    inputs: list[torch.Tensor],
+    count: int,
+    factory: OptimizerFactory,
+    loss: Loss | None,
+) -> Partition:
     result = []
     for start, stop in balanced_cuts(profiles, count):
         block = nn.Sequential(*units[start:stop])
@@ -273,7 +315,7 @@ def measure_groups(
         peak, _ = dry_run(
             block,
             inputs[start],
-            optimizer_factory,
+            factory,
             first=start == 0,
             loss=last_loss,
             with_allocator=True,
@@ -289,6 +331,7 @@ def measure_groups(
                 # gradient of its output (ones) was made inside, so is counted.
                 peak=with_reserve(resident + peak + nbytes([inputs[start]])),
                 param_bytes=nbytes(block.parameters()),
+                input_bytes=nbytes([inputs[start]]),
             )
         )
     return Partition(tuple(result))
