@@ -72,11 +72,16 @@ def plan(model: nn.Sequential, batches, optimizer: str, groups: int) -> Partitio
 
 
 def make_executor(
-    model, part, optimizer: str, budget: int | None = None, census: StorageCensus | None = None
+    model,
+    part,
+    optimizer: str,
+    budget: int | str | None = "largest",
+    census: StorageCensus | None = None,
 ) -> SubmodelExecutor:
-    return SubmodelExecutor(
-        model, part, OPTIMIZERS[optimizer], loss_fn, budget or part.largest.peak, census=census
-    )
+    """budget: bytes, "largest" (the tightest the executor accepts) or None (from the env)."""
+    if budget == "largest":
+        budget = part.largest.peak
+    return SubmodelExecutor(model, part, OPTIMIZERS[optimizer], loss_fn, budget, census=census)
 
 
 def train_submodel(

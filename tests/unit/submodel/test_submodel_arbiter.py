@@ -1,9 +1,11 @@
 """The node-local arbiter: turns on one GPU's memory, reclaimed from a dead job."""
 
 import asyncio
+import dataclasses
 import json
 import os
 import signal
+import socket
 import subprocess
 import sys
 import time
@@ -93,51 +95,84 @@ def start_server(socket_path: Path, capacity: int) -> subprocess.Popen:
     return server
 
 
+def test_a_job_gone_while_queued_is_never_granted(tmp_path):
+    socket_path = tmp_path / "arbiter.sock"
+    server = start_server(socket_path, capacity=100)
+    try:
+        holder = ArbiterClient(str(socket_path), job="holder")
+        holder.acquire(100)
+        queued = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        queued.connect(str(socket_path))
+        queued.sendall(b'{"job": "queued", "op": "acquire", "bytes": 50}\n')
+        observer = ArbiterClient(str(socket_path), job="observer")
+        deadline = time.monotonic() + 10
+        while observer.status()["waiting"] != ["queued"]:
+            assert time.monotonic() < deadline
+            time.sleep(0.02)
+        queued.close()  # dies while waiting
+        while observer.status()["waiting"]:
+            assert time.monotonic() < deadline, "the dead job's request stayed queued"
+            time.sleep(0.02)
+        holder.release()
+        status = observer.status()
+        holder.close()
+        observer.close()
+    finally:
+        server.kill()
+        server.wait()
+    assert status["holders"] == {}
+    assert status["used"] == 0
+
+
 @pytest.mark.timeout(90)
 def test_sigkilled_job_leaves_the_other_two_running_to_completion(tmp_path):
     """Three jobs, three processes, one arbiter. The capacity holds one group
     of the largest size and a little more, so the jobs take turns; one job is
-    SIGKILLed while it holds its grant, and the others must still finish."""
+    SIGKILLed while it holds its grant and another waits for it, and the
+    others must still finish, with the losses of training alone."""
     with deterministic():
         model, batches = make_case("mlp", steps=3)
         expected = train_plain(model, batches, "adamw").losses
-        # The same plan the jobs make (same code, model and data).
-        peaks = [g.peak for g in plan(model, batches, "adamw", groups=3).groups]
+        part = plan(model, batches, "adamw", groups=3)
+    peaks = [g.peak for g in part.groups]
+    plan_file = tmp_path / "plan.json"
+    plan_file.write_text(json.dumps([dataclasses.asdict(g) for g in part.groups]))
     socket_path = tmp_path / "arbiter.sock"
     env = {**os.environ, contract.ENV_ARBITER_SOCKET: str(socket_path)}
     capacity = max(peaks) + min(peaks) // 2  # no two groups fit together: jobs take turns
     server = start_server(socket_path, capacity)
     results = [tmp_path / f"job{i}.json" for i in range(3)]
+    job = [sys.executable, str(HERE / "arbiter_job.py"), str(plan_file)]
+    # All three start together (torch imports in parallel); job1 stalls on
+    # its first grant, so sooner or later the other two queue behind it.
+    jobs = [
+        subprocess.Popen([*job, str(r), *(["--stall"] if r == results[1] else [])], env=env)
+        for r in results
+    ]
+    victim, others = jobs[1], [jobs[0], jobs[2]]
+    holding = results[1].with_suffix(".holding")
     try:
-        victim = subprocess.Popen(
-            [sys.executable, str(HERE / "arbiter_job.py"), str(results[1]), "--stall"], env=env
-        )
-        holding = results[1].with_suffix(".holding")
-        deadline = time.monotonic() + 45
-        while not holding.exists():
-            assert victim.poll() is None
-            assert time.monotonic() < deadline, "victim never got its grant"
-            time.sleep(0.05)
-        others = [
-            subprocess.Popen([sys.executable, str(HERE / "arbiter_job.py"), str(r)], env=env)
-            for r in (results[0], results[2])
-        ]
-        time.sleep(1.0)  # let them queue behind the victim's grant
         client = ArbiterClient(str(socket_path), job="observer")
+        deadline = time.monotonic() + 45
+        while not (holding.exists() and client.status()["waiting"]):
+            assert victim.poll() is None
+            assert time.monotonic() < deadline, f"no contention: {client.status()}"
+            time.sleep(0.05)
         before = client.status()
         os.kill(victim.pid, signal.SIGKILL)
         victim.wait()
-        codes = [p.wait(timeout=60) for p in others]
+        codes = [p.wait(timeout=45) for p in others]
         after = client.status()
         client.close()
     finally:
-        for process in [victim, *locals().get("others", [])]:
+        for process in jobs:
             if process.poll() is None:
                 process.kill()
                 process.wait()
         server.kill()
         server.wait()
     assert before["holders"] == {"job1": int(holding.read_text())}
+    assert before["waiting"]  # someone was blocked on the victim's memory
     assert codes == [0, 0]
     assert after["reclaimed"] == 1
     assert after["used"] == 0

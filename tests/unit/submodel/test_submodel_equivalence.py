@@ -29,6 +29,7 @@ from submodel_training import (
     train_submodel,
 )
 
+from trainwave import contract
 from trainwave.runtime.submodel.census import StorageCensus, allocator_events, running_peak
 from trainwave.runtime.submodel.executor import BudgetTooSmall
 from trainwave.runtime.submodel.partition import PartitionError, partition
@@ -97,6 +98,28 @@ def test_budget_below_largest_group_fails_at_start():
     assert f"budget {largest.peak - 1} B" in message
     assert f"group {part.groups.index(largest)}" in message
     assert f"peaks at {largest.peak} B" in message
+
+
+@pytest.mark.parametrize(
+    ("value", "accepted"),
+    [
+        pytest.param("10000000", True, id="bytes"),
+        pytest.param("", False, id="unset"),
+        pytest.param("2GiB", False, id="not-a-number"),
+    ],
+)
+def test_budget_comes_from_the_contract_environment(monkeypatch, value, accepted):
+    model, batches = make_case("mlp", steps=1)
+    part = plan(model, batches, "adamw", 2)
+    monkeypatch.setenv(contract.ENV_GPU_MEMORY_BUDGET, value)
+    if accepted:
+        assert make_executor(model, part, "adamw", budget=None).ledger.budget == int(value)
+    else:
+        with pytest.raises(
+            BudgetTooSmall,
+            match=f"{contract.ENV_GPU_MEMORY_BUDGET}: got '{value}'; expected a positive",
+        ):
+            make_executor(model, part, "adamw", budget=None)
 
 
 def test_partition_for_budget_fits_every_measured_peak_with_the_fewest_groups():

@@ -28,6 +28,7 @@ import socket
 import sys
 from collections import deque
 from dataclasses import dataclass, field
+from typing import Any
 
 from trainwave import contract
 
@@ -108,7 +109,9 @@ async def serve_connection(
             reply: dict[str, object]
             try:
                 if op == "acquire":
-                    await arbiter.request(job, int(message["bytes"]))
+                    granted = arbiter.request(job, int(message["bytes"]))
+                    if not await granted_unless_gone(granted, reader):
+                        break  # gone while queued: `finally` drops its request
                     reply = {"granted": arbiter.held[job]}
                 elif op == "release":
                     reply = {"released": arbiter.release(job)}
@@ -125,6 +128,23 @@ async def serve_connection(
     finally:
         arbiter.forget(job)
         writer.close()
+
+
+async def granted_unless_gone(granted: asyncio.Future[None], reader: asyncio.StreamReader) -> bool:
+    """Wait for the grant, watching the connection: a job that dies while
+    queued must not be granted memory it can never release. A waiting client
+    sends nothing, so any read that completes means it hung up."""
+    gone: asyncio.Future[Any] = asyncio.ensure_future(reader.read(1))
+    waiting: set[asyncio.Future[Any]] = {granted, gone}
+    await asyncio.wait(waiting, return_when=asyncio.FIRST_COMPLETED)
+    if not granted.done():
+        return False
+    gone.cancel()
+    # The reader takes one waiter at a time: let the cancelled read finish
+    # before the connection's next readline.
+    with contextlib.suppress(asyncio.CancelledError):
+        await gone
+    return True
 
 
 async def serve(path: str, capacity: int, ready: asyncio.Event | None = None) -> None:

@@ -28,6 +28,7 @@ trust ratio over groups, LBFGS).
 
 from __future__ import annotations
 
+import os
 from collections.abc import Callable, Hashable, Iterator
 from contextlib import ExitStack, contextmanager
 from dataclasses import dataclass, field
@@ -36,6 +37,7 @@ from typing import Any, Protocol
 import torch
 from torch import nn
 
+from trainwave import contract
 from trainwave.runtime.submodel.census import StorageCensus, storage_key
 from trainwave.runtime.submodel.ledger import DEVICE, HOST, Ledger
 from trainwave.runtime.submodel.partition import OptimizerFactory, Partition
@@ -79,18 +81,24 @@ class GroupState:
 
 
 class SubmodelExecutor:
+    """Trains `model`, cut by `partition`, within `budget` bytes of device
+    memory (default: TRAINWAVE_GPU_MEMORY_BUDGET_BYTES, set by the operator).
+    `optimizer_factory` makes one optimizer per group; `turns`, the arbiter
+    client, is asked for each group's peak before the group is loaded."""
+
     def __init__(
         self,
         model: nn.Sequential,
         partition: Partition,
         optimizer_factory: OptimizerFactory,
         loss_fn: LossFn,
-        budget: int,
+        budget: int | None = None,
         *,
         tier: DeviceTier | None = None,
         turns: Turns | None = None,
         census: StorageCensus | None = None,
     ) -> None:
+        budget = budget if budget is not None else budget_from_environment()
         largest = partition.largest
         if largest.peak > budget:
             raise BudgetTooSmall(
@@ -370,6 +378,20 @@ class SubmodelExecutor:
                         f"group {state.index} {key}: ledger says {tier}, storage is "
                         f"{'host arena' if in_arena else 'device'}"
                     )
+
+
+def budget_from_environment() -> int:
+    """The worker's device-memory budget, as the operator sets it."""
+    raw = os.environ.get(contract.ENV_GPU_MEMORY_BUDGET, "")
+    try:
+        budget = int(raw)
+    except ValueError:
+        budget = 0
+    if budget < 1:
+        raise BudgetTooSmall(
+            f"{contract.ENV_GPU_MEMORY_BUDGET}: got {raw!r}; expected a positive number of bytes"
+        )
+    return budget
 
 
 def tensor_bytes(tensor: torch.Tensor) -> int:
