@@ -1,8 +1,8 @@
 """The node-local arbiter: turns on one GPU's memory, reclaimed from a dead job."""
 
 import asyncio
-import dataclasses
 import json
+import multiprocessing
 import os
 import signal
 import socket
@@ -12,6 +12,7 @@ import time
 from pathlib import Path
 
 import pytest
+from arbiter_job import run_job
 from submodel_training import deterministic, make_case, plan, train_plain
 
 from trainwave import contract
@@ -124,8 +125,7 @@ def test_a_job_gone_while_queued_is_never_granted(tmp_path):
     assert status["used"] == 0
 
 
-@pytest.mark.timeout(90)
-def test_sigkilled_job_leaves_the_other_two_running_to_completion(tmp_path):
+def test_sigkilled_job_leaves_the_other_two_running_to_completion(tmp_path, monkeypatch):
     """Three jobs, three processes, one arbiter. The capacity holds one group
     of the largest size and a little more, so the jobs take turns; one job is
     SIGKILLed while it holds its grant and another waits for it, and the
@@ -135,40 +135,38 @@ def test_sigkilled_job_leaves_the_other_two_running_to_completion(tmp_path):
         expected = train_plain(model, batches, "adamw").losses
         part = plan(model, batches, "adamw", groups=3)
     peaks = [g.peak for g in part.groups]
-    plan_file = tmp_path / "plan.json"
-    plan_file.write_text(json.dumps([dataclasses.asdict(g) for g in part.groups]))
     socket_path = tmp_path / "arbiter.sock"
-    env = {**os.environ, contract.ENV_ARBITER_SOCKET: str(socket_path)}
     capacity = max(peaks) + min(peaks) // 2  # no two groups fit together: jobs take turns
     server = start_server(socket_path, capacity)
     results = [tmp_path / f"job{i}.json" for i in range(3)]
-    job = [sys.executable, str(HERE / "arbiter_job.py"), str(plan_file)]
-    # All three start together (torch imports in parallel); job1 stalls on
-    # its first grant, so sooner or later the other two queue behind it.
-    jobs = [
-        subprocess.Popen([*job, str(r), *(["--stall"] if r == results[1] else [])], env=env)
-        for r in results
-    ]
+    monkeypatch.setenv(contract.ENV_ARBITER_SOCKET, str(socket_path))
+    # job1 stalls on its first grant, so sooner or later the others queue behind it.
+    fork = multiprocessing.get_context("fork")
+    jobs = [fork.Process(target=run_job, args=(part, r, r == results[1])) for r in results]
+    for process in jobs:
+        process.start()
     victim, others = jobs[1], [jobs[0], jobs[2]]
     holding = results[1].with_suffix(".holding")
     try:
         client = ArbiterClient(str(socket_path), job="observer")
         deadline = time.monotonic() + 45
         while not (holding.exists() and client.status()["waiting"]):
-            assert victim.poll() is None
+            assert victim.is_alive()
             assert time.monotonic() < deadline, f"no contention: {client.status()}"
             time.sleep(0.05)
         before = client.status()
         os.kill(victim.pid, signal.SIGKILL)
-        victim.wait()
-        codes = [p.wait(timeout=45) for p in others]
+        victim.join()
+        for process in others:
+            process.join(timeout=45)
+        codes = [p.exitcode for p in others]
         after = client.status()
         client.close()
     finally:
         for process in jobs:
-            if process.poll() is None:
+            if process.is_alive():
                 process.kill()
-                process.wait()
+                process.join()
         server.kill()
         server.wait()
     assert before["holders"] == {"job1": int(holding.read_text())}
@@ -178,4 +176,5 @@ def test_sigkilled_job_leaves_the_other_two_running_to_completion(tmp_path):
     assert after["used"] == 0
     for result in (results[0], results[2]):
         assert json.loads(result.read_text())["losses"] == expected
+    assert victim.exitcode == -signal.SIGKILL
     assert not results[1].exists()
