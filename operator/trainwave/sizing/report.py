@@ -8,7 +8,7 @@ from typing import Any
 from trainwave.sizing.flops import StepFlops
 from trainwave.sizing.memory import describe_model
 from trainwave.sizing.recommend import Recommendation, gib
-from trainwave.sizing.shapes import Model
+from trainwave.sizing.shapes import MLPShape, Model
 
 
 def render_text(model: Model, result: Recommendation, flops: StepFlops) -> str:
@@ -26,7 +26,8 @@ def render_text(model: Model, result: Recommendation, flops: StepFlops) -> str:
         f"  overhead     {gib(e.overhead):>12}",
         f"  total        {gib(e.total):>12}",
         f"FLOPs per micro-batch: {flops.model:.3e} model, {flops.hardware:.3e} with "
-        f"recomputation, {flops.per_gpu(s.tensor_parallel):.3e} per GPU ({flops.tokens:,} tokens)",
+        f"recomputation, {flops.per_gpu(s.tensor_parallel):.3e} per GPU "
+        f"({flops.tokens:,} {'samples' if isinstance(model, MLPShape) else 'tokens'})",
     ]
     lines += [f"note: {note}" for note in e.notes]
     if result.mode == "shared":
