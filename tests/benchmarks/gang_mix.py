@@ -7,9 +7,10 @@ worker and its plain-pod twin ask for exactly the same resources.
 Jobs arrive one at a time. Job `i` stays for an exponentially distributed number of later
 arrivals (seeded), then leaves: before job `departure` arrives it is deleted. With a mean
 job of ~25 GPUs and a mean stay of MEAN_STAY arrivals, the 512 GPUs of medium-64 would hold
-about 94% in steady state (Little's law); departures are bursty, so with seed 2026 the pure
-engine sees ~80% in use on average after the first MEAN_STAY arrivals and 98% at the peak:
-busy enough that racks fragment while most of the time some rack has room for the next gang.
+about 89% in steady state (Little's law); departures are bursty and some gangs find no room,
+so with seed 2026 and 150 jobs the pure engine sees ~80% of GPUs in use on average after the
+first MEAN_STAY arrivals and 98% at the peak (MEAN_STAY was chosen for that): busy enough that
+racks fragment, while most of the time some rack has room for the next gang.
 """
 
 from __future__ import annotations
@@ -22,7 +23,7 @@ from trainwave import contract
 from trainwave.placement.gang import GangRequest
 
 NODE_GPUS = 8
-MEAN_STAY = 19
+MEAN_STAY = 18
 # (workers, GPUs per worker, weight): mostly multi-node gangs of whole nodes, some of
 # half nodes, and a few single workers that fragment nodes the way small jobs do.
 SHAPES = (
