@@ -16,7 +16,8 @@ measured when all its workers are bound, and leaves when the mix says so
 Measured, per placer, for multi-node jobs (more GPUs than one node has): share placed
 inside one rack (overall, and among jobs for which some rack had room when they arrived;
 goal >= 95% for trainwave), mean racks per job, cross-rack neighbour pairs (ranks i, i+1 in
-different racks); for every job, submit -> all workers bound.
+different racks); for every job, submit -> all workers bound. Checked: trainwave's live
+placements against the pure engine replaying the same stream (benchmarks/engine_replay.py).
 
 Run: `make bench` or `python tests/benchmarks/bench_placement_vs_scheduler.py`.
 Env: BENCH_JOBS (default 150; 8 for a smoke run), BENCH_SEED (default 2026).
@@ -38,6 +39,7 @@ from typing import Any
 REPO = Path(__file__).resolve().parents[2]
 sys.path[:0] = [str(REPO / "operator"), str(REPO / "tests")]
 
+from benchmarks.engine_replay import agreement, replay  # noqa: E402
 from benchmarks.gang_arrivals import (  # noqa: E402
     Api,
     Arrival,
@@ -76,7 +78,8 @@ def main() -> int:
     started = time.monotonic()
     with operator_cluster(TOPOLOGY, "bench-placement-cluster", NAMESPACE) as bench:
         api = Api(str(bench.cluster.kubeconfig), NAMESPACE)
-        fleet = Fleet(build_snapshot(api.nodes(), []))
+        nodes = api.nodes()
+        fleet = Fleet(build_snapshot(nodes, []))
         placers: list[Placer] = [TrainwavePlacer(api), SchedulerPlacer(api)]
         for placer in placers:
             if isinstance(placer, SchedulerPlacer):
@@ -89,6 +92,11 @@ def main() -> int:
             phases[placer.name] = summarize(runs[placer.name].arrivals, fleet)
             phases[placer.name]["phase_seconds"] = round(time.monotonic() - phase_started, 1)
     resources = same_worker_resources(runs)
+    replayed = replay(mix, nodes)
+    phases["trainwave"]["engine_replay"] = {
+        "agreement": agreement(runs["trainwave"].arrivals, replayed),
+        "quality": summarize(replayed, fleet)["quality"],
+    }
     result = {**phases, "conditions": conditions(mix, loads, time.monotonic() - started)}
     result["conditions"]["worker_resources"] = resources
     RESULTS.parent.mkdir(parents=True, exist_ok=True)
@@ -196,6 +204,11 @@ def report(result: dict[str, Any]) -> str:
         )
         or "- none"
     )
+    replayed = result["trainwave"]["engine_replay"]["agreement"]
+    same, jobs = replayed["same_nodes"], replayed["jobs"]
+    differ = (
+        f" (differing: {', '.join(replayed['differing'][:10])})" if replayed["differing"] else ""
+    )
     return f"""# Placement vs. kube-scheduler: same cluster, same job mix
 
 Multi-node jobs (more than 8 GPUs). "When room" = among jobs for which some rack had
@@ -205,6 +218,9 @@ bound, every placed job, p50 / p95 / max.
 | placer | multi-node placed whole | inside one rack | inside one rack, when room | racks per job | cross-rack neighbour pairs | submit -> all bound | GPUs in use at arrival (mean after fill) |
 |---|---|---|---|---|---|---|---|
 {chr(10).join(rows)}
+
+The pure engine replaying the same stream (benchmarks/engine_replay.py) put
+{same}/{jobs} jobs on the same node for every rank as the operator did live{differ}.
 
 Jobs not placed whole (withdrawn at once):
 {unplaced}

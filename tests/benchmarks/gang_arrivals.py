@@ -213,9 +213,6 @@ def run_arrivals(placer: Placer, api: Api, mix: list[MixJob], log: Any = None) -
 def _arrive(
     placer: Placer, job: MixJob, snapshot: ClusterSnapshot, fleet: Fleet
 ) -> tuple[Arrival, list[Pod]]:
-    request = job.request()
-    capacity = sum(node.gpus for node in snapshot.nodes)
-    slots = sum(free // job.gpus_per_worker for free in snapshot.free)
     started = time.monotonic()
     placer.submit(job)
     next_stuck_check = started + STUCK_CHECK_SECONDS
@@ -237,21 +234,41 @@ def _arrive(
             break
         time.sleep(POLL_SECONDS)
     by_rank = {placer.rank(p): p["spec"].get("nodeName") for p in pods}
-    arrival = Arrival(
+    nodes = tuple(by_rank.get(rank) for rank in range(job.workers))
+    seconds = round(elapsed, 2) if elapsed is not None else None
+    arrival = arrival_record(
+        job, snapshot, fleet, outcome=outcome, nodes=nodes, seconds=seconds, reason=reason
+    )
+    return arrival, pods
+
+
+def arrival_record(
+    job: MixJob,
+    before: ClusterSnapshot,
+    fleet: Fleet,
+    *,
+    outcome: str,
+    nodes: tuple[str | None, ...],
+    seconds: float | None = None,
+    reason: str = "",
+) -> Arrival:
+    """What a job met (`before`: the cluster as it arrived) and where its workers went."""
+    capacity = sum(node.gpus for node in before.nodes)
+    slots = sum(free // job.gpus_per_worker for free in before.free)
+    return Arrival(
         job=job.name,
         workers=job.workers,
         gpus_per_worker=job.gpus_per_worker,
         multi_node=job.multi_node,
-        cluster_use_before=round(1 - sum(snapshot.free) / capacity, 4),
-        rack_had_room=fleet.rack_has_room(snapshot.free, request),
+        cluster_use_before=round(1 - sum(before.free) / capacity, 4),
+        rack_had_room=fleet.rack_has_room(before.free, job.request()),
         cluster_had_room=slots >= job.workers,
         outcome=outcome,
-        workers_bound=len(bound),
-        seconds_to_all_bound=round(elapsed, 2) if elapsed is not None else None,
-        nodes=tuple(by_rank.get(rank) for rank in range(job.workers)),
+        workers_bound=sum(node is not None for node in nodes),
+        seconds_to_all_bound=seconds,
+        nodes=nodes,
         reason=reason,
     )
-    return arrival, pods
 
 
 def _withdraw_all(placer: Placer, jobs: list[MixJob]) -> None:

@@ -4,11 +4,13 @@ counts as done. The cluster run itself is the benchmark (make bench)."""
 
 from __future__ import annotations
 
+from dataclasses import replace
 from typing import Any
 
 import pytest
 
 from benchmarks.bench_placement_vs_scheduler import summarize
+from benchmarks.engine_replay import agreement, replay
 from benchmarks.gang_arrivals import Arrival, SchedulerPlacer
 from benchmarks.gang_mix import (
     PLAIN_INDEX_LABEL,
@@ -20,8 +22,9 @@ from benchmarks.gang_mix import (
     training_job,
 )
 from benchmarks.placement_quality import Fleet, Quality
+from cluster.topology import build_nodes, load_topology
 from trainwave import contract
-from unit.placement_factories import make_cluster, make_request
+from unit.placement_factories import TOPOLOGIES, make_cluster, make_request
 
 pytestmark = pytest.mark.timeout(10)
 
@@ -159,3 +162,22 @@ def test_summary_scores_only_multi_node_jobs_placed_whole() -> None:
     assert summary["quality"]["single_rack_share_when_room"] == 1.0
     assert [n["bound"] for n in summary["not_placed"]] == ["1/2"]
     assert summary["submit_to_all_bound_seconds"]["max"] == 0.4
+
+
+def test_the_engine_replay_keeps_gangs_in_a_rack_and_frees_what_leaves() -> None:
+    nodes = build_nodes(load_topology(TOPOLOGIES / "small.yaml"))  # 2 racks x 4 nodes x 8
+    mix = [
+        make_job(4, 8, arrival=0, departure=2),
+        make_job(4, 8, arrival=1, departure=9),
+        make_job(2, 8, arrival=2, departure=9),  # fits only because job 0 left
+        make_job(3, 8, arrival=3, departure=9),  # 2 whole nodes left: never fits
+    ]
+    replayed = replay(mix, nodes)
+    assert [a.outcome for a in replayed] == ["placed", "placed", "placed", "not-placed"]
+    racks = [{n.split("-n")[0] for n in a.nodes if n} for a in replayed[:3]]
+    assert all(len(r) == 1 for r in racks), racks
+    assert racks[0] != racks[1], "the second gang cannot share the first one's full rack"
+    assert replayed[3].reason.startswith("NotEnoughGPUs")
+    assert agreement(replayed, replayed)["same_nodes"] == 4
+    moved = [replace(replayed[0], nodes=tuple(reversed(replayed[0].nodes))), *replayed[1:]]
+    assert agreement(moved, replayed)["differing"] == [replayed[0].job]
