@@ -16,7 +16,8 @@ Measured:
 - the same quality numbers for a baseline fed the identical arrival stream: every worker
   goes to the node with the most free GPUs, ties broken at random (the LeastAllocated
   scoring kube-scheduler applies by default), all or nothing. It is simulated here; the
-  comparison with the real kube-scheduler on the simulated cluster is a separate benchmark.
+  comparison with the real kube-scheduler on a simulated cluster is
+  bench_placement_vs_scheduler.py.
 
 Goals (issue 3): p99 < 50 ms, >= 100 gangs/s, >= 95% inside one rack when a rack has room.
 
