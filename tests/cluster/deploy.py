@@ -89,7 +89,10 @@ class OperatorProcess:
     process: subprocess.Popen[bytes] | None = None
 
     def start(self, timeout: float = 60) -> None:
-        environment = os.environ | {"KUBECONFIG": str(self.kubeconfig)}
+        # This checkout's operator, not whichever one the venv's editable install points at:
+        # in a git worktree those differ, and tests would exercise the other code.
+        path = os.pathsep.join(filter(None, [str(REPO / "operator"), os.environ.get("PYTHONPATH")]))
+        environment = os.environ | {"KUBECONFIG": str(self.kubeconfig), "PYTHONPATH": path}
         log = self.log_path.open("ab")
         self.process = subprocess.Popen(
             [sys.executable, "-m", "trainwave.cli", "operator",
