@@ -12,6 +12,7 @@ hierarchical is reported "skipped" beside it.
 
 from __future__ import annotations
 
+import importlib.util
 from dataclasses import dataclass
 
 import torch
@@ -73,6 +74,9 @@ def register_comm_hook(
             f"compression={compression!r} is not a hook mode; accepted: {', '.join(HOOK_MODES)}"
         )
     hier_state = "on" if groups is not None else "off"
+    if compression == "powersgd" and importlib.util.find_spec("numpy") is None:
+        missing = "skipped: torch's PowerSGD hook needs numpy, which is not installed"
+        return RegisteredHook({"compression": missing, "hierarchical_allreduce": hier_state}, None)
     if compression == "powersgd":
         opts = powersgd or PowerSGDOptions()
         state = powerSGD_hook.PowerSGDState(
@@ -105,7 +109,11 @@ def register_comm_hook(
         if compression == "fp16"
         else default_hooks.bf16_compress_hook
     )
-    model.register_comm_hook(None, hook)
+    try:
+        model.register_comm_hook(None, hook)
+    except TypeError as exc:  # torch refuses bf16 without NCCL >= 2.10 (CPU-only builds)
+        skipped = {"compression": f"skipped: {exc}", "hierarchical_allreduce": "off"}
+        return RegisteredHook(skipped, None)
     return RegisteredHook(
         {"compression": f"on: {compression}", "hierarchical_allreduce": "off"}, None
     )

@@ -19,8 +19,6 @@ of all three groups (so ranks never match one bucket's all-gather against
 another's reduce-scatter), and backward keeps computing while it works.
 """
 
-from __future__ import annotations
-
 import math
 from collections.abc import Mapping
 from concurrent.futures import ThreadPoolExecutor
