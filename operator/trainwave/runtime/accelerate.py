@@ -92,6 +92,7 @@ class Accelerator:
         self.report: dict[str, str] = {}
         self.ddp: DistributedDataParallel | None = None
         self.hook: RegisteredHook | None = None
+        self.comm_choice: strategy.Choice | None = None  # what `auto` picked, with its estimates
         self.scaler: torch.amp.GradScaler | None = None
         self.sync_gradients = True
         self._micro_step = 0
@@ -200,6 +201,7 @@ class Accelerator:
         picked = [choice.strategy]
         dist.broadcast_object_list(picked, src=0)  # ranks measure slightly different costs
         choice = strategy.Choice(picked[0], choice.estimates, choice.reason)
+        self.comm_choice = choice
         for name, mode in (("compression", comp), ("hierarchical_allreduce", hier)):
             if mode == "auto":
                 self.report[name] = f"off: auto picked {choice.strategy} ({choice.reason})"

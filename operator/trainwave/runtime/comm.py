@@ -8,14 +8,22 @@ Combinations: fp16/bf16 compose with hierarchical allreduce (the three phases
 carry the narrow dtype). PowerSGD does not: what it sends are two small factor
 matrices per layer, already too little for the node-first detour to pay, so
 hierarchical is reported "skipped" beside it.
+
+PowerSGD on gloo runs one bucket at a time on a worker thread: its callbacks
+block on further collectives inside gloo's own (two) threads, and with several
+buckets in flight every gloo thread ends up waiting on work no thread is left to
+run. (The annotations stay evaluated: DDP checks a hook's `bucket` annotation.)
 """
 
-from __future__ import annotations
-
 import importlib.util
-from dataclasses import dataclass
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from typing import Any
 
 import torch
+import torch.distributed as dist
+from torch._C._distributed_c10d import GradBucket
 from torch.distributed.algorithms.ddp_comm_hooks import default_hooks, powerSGD_hook
 from torch.nn.parallel import DistributedDataParallel
 
@@ -48,6 +56,36 @@ class PowerSGDOptions:
                 f"PowerSGD start_iter={self.start_iter}: must be >= 2 with error feedback or "
                 "warm start (the first step's gradients seed them)"
             )
+
+
+@dataclass
+class SerialState:
+    """Runs another hook's buckets one after the other on a single worker thread."""
+
+    inner_state: object
+    inner_hook: Callable[[Any, GradBucket], torch.futures.Future[torch.Tensor]]
+    _worker: ThreadPoolExecutor = field(
+        default_factory=lambda: ThreadPoolExecutor(1, thread_name_prefix="trainwave-serial")
+    )
+
+    def close(self) -> None:
+        self._worker.shutdown(wait=True)
+
+
+def serial_hook(state: SerialState, bucket: GradBucket) -> torch.futures.Future[torch.Tensor]:
+    """DDP comm hook: the inner hook, its bucket finished before the next one starts."""
+    result: torch.futures.Future[torch.Tensor] = torch.futures.Future()
+
+    def run() -> None:
+        try:
+            value = state.inner_hook(state.inner_state, bucket).wait()
+        except Exception as exc:  # handed to DDP, which raises it in backward
+            result.set_exception(exc)  # type: ignore[arg-type]  # torch's stub is wrong
+        else:
+            result.set_result(value)
+
+    state._worker.submit(run)
+    return result
 
 
 @dataclass
@@ -86,12 +124,18 @@ def register_comm_hook(
             use_error_feedback=opts.error_feedback,
             warm_start=opts.warm_start,
         )
-        model.register_comm_hook(state, powerSGD_hook.powerSGD_hook)
+        detail = ""
+        if dist.get_backend(model.process_group) == "gloo":
+            serial = SerialState(state, powerSGD_hook.powerSGD_hook)
+            model.register_comm_hook(serial, serial_hook)
+            detail = ", one bucket at a time (gloo)"
+        else:
+            model.register_comm_hook(state, powerSGD_hook.powerSGD_hook)
         if groups is not None:
             hier_state = (
                 "skipped: PowerSGD sends low-rank factors; hierarchical applies to full gradients"
             )
-        compressed = f"on: powersgd rank {opts.rank} from step {opts.start_iter}"
+        compressed = f"on: powersgd rank {opts.rank} from step {opts.start_iter}{detail}"
         return RegisteredHook(
             {"compression": compressed, "hierarchical_allreduce": hier_state}, state
         )
