@@ -20,7 +20,9 @@ needs one, so the loop above is correct for every combination.
 
 from __future__ import annotations
 
+import math
 import os
+import time
 from collections.abc import Iterator, Mapping
 from contextlib import contextmanager, nullcontext
 from typing import Any
@@ -93,6 +95,7 @@ class Accelerator:
         self.ddp: DistributedDataParallel | None = None
         self.hook: RegisteredHook | None = None
         self.comm_choice: strategy.Choice | None = None  # what `auto` picked, with its estimates
+        self._bucket_cap_mb = 25  # DDP's default, until _distribute sets it
         self.scaler: torch.amp.GradScaler | None = None
         self.sync_gradients = True
         self._micro_step = 0
@@ -127,6 +130,7 @@ class Accelerator:
             p.numel() * p.element_size() for p in model.parameters() if p.requires_grad
         )
         kwargs: dict[str, Any] = {}
+        self._bucket_cap_mb = 25
         if self.modes["ddp_buckets"] == "off":
             self.report["ddp_buckets"] = "off: torch defaults"
         else:
@@ -135,6 +139,7 @@ class Accelerator:
                 "gradient_as_bucket_view": True,
                 "static_graph": self.static_graph,
             }
+            self._bucket_cap_mb = kwargs["bucket_cap_mb"]
             self.report["ddp_buckets"] = (
                 f"on: bucket_cap_mb={kwargs['bucket_cap_mb']} for {grad_bytes / 2**20:.1f} MiB of "
                 f"gradients, gradient_as_bucket_view, static_graph={self.static_graph}"
@@ -187,6 +192,9 @@ class Accelerator:
                 }
             )
             return ("off" if comp == "auto" else comp), hier == "on"
+        grad_bytes = sum(
+            p.numel() * p.element_size() for p in model.parameters() if p.requires_grad
+        )
         layout_ok = local is not None and world % local == 0
         problem = strategy.CommProblem(
             nodes=world // local if layout_ok and local else world,
@@ -195,8 +203,9 @@ class Accelerator:
             intra_node_gbps=self.intra_node_gbps,
             shapes=[tuple(p.shape) for p in model.parameters() if p.requires_grad],
             powersgd_rank=self.powersgd.rank,
+            buckets=max(1, math.ceil(grad_bytes / (self._bucket_cap_mb * 2**20))),
         )
-        costs = features.measure_device_costs(self.device)
+        costs = features.measure_device_costs(self.device, _collective_latency(world))
         choice = strategy.choose(problem, costs, candidates=_candidates(comp, hier))
         picked = [choice.strategy]
         dist.broadcast_object_list(picked, src=0)  # ranks measure slightly different costs
@@ -285,6 +294,16 @@ class PreparedOptimizer:
     def __getattr__(self, name: str) -> Any:
         # param_groups, state, state_dict(), load_state_dict(): the optimizer's own.
         return getattr(self.optimizer, name)
+
+
+def _collective_latency(world: int, reps: int = 10) -> float:
+    """Seconds per ring step of a tiny allreduce over the whole world: the alpha of the model."""
+    tiny = torch.zeros(1)
+    dist.all_reduce(tiny)  # the first one sets up connections
+    start = time.perf_counter()
+    for _ in range(reps):
+        dist.all_reduce(tiny)
+    return (time.perf_counter() - start) / reps / (2 * (world - 1))
 
 
 def _candidates(compression: str, hierarchical: str) -> tuple[str, ...]:

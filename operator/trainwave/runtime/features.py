@@ -120,8 +120,14 @@ def compile_backend_missing(device: torch.device) -> str | None:
     return None
 
 
-def measure_device_costs(device: torch.device) -> DeviceCosts:
-    """A ~50 ms probe of the rates strategy.py weighs compression with, on this device."""
+def measure_device_costs(
+    device: torch.device, collective_latency_s: float | None = None
+) -> DeviceCosts:
+    """A ~50 ms probe of the rates strategy.py weighs compression with, on this device.
+
+    Measured while the other ranks do the same, so on a shared CPU the rates
+    already reflect the contention training will see.
+    """
 
     def sync() -> None:
         if device.type == "cuda":
@@ -142,8 +148,13 @@ def measure_device_costs(device: torch.device) -> DeviceCosts:
 
     cast = best_of(lambda: x.to(torch.float16))
     matmul = best_of(lambda: a @ a)
+    copy = best_of(lambda: x.add(x))  # reads two buffers, writes one: what a reduction does
+    default_latency = 2e-5 if device.type == "cuda" else 2e-4
     return DeviceCosts(
         cast_gbytes_per_s=x.numel() * 4 / cast / 1e9,
         matmul_gflops=2 * 256**3 / matmul / 1e9,
-        collective_latency_s=2e-5 if device.type == "cuda" else 2e-4,
+        collective_latency_s=default_latency
+        if collective_latency_s is None
+        else collective_latency_s,
+        memory_gbytes_per_s=x.numel() * 4 / copy / 1e9,
     )

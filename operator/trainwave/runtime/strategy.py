@@ -5,7 +5,8 @@ Pure: no torch, no I/O. Given the link rates the operator measured or declared
 gradient, estimate the seconds one gradient allreduce takes under each strategy
 and pick the cheapest.
 
-The model (alpha-beta, one collective at a time, no overlap with compute):
+The model (alpha-beta per bucket, no overlap with compute; on a CPU the bytes
+every rank reduces, copies and casts cost as much as the wire, so they count):
 - flat ring over N = nodes x local ranks, ranks numbered node by node: every ring
   edge carries 2(N-1)/N of the gradient, and the slowest edge sets the pace.
 - hierarchical: reduce-scatter inside the node, `local` allreduces of 1/local of
@@ -35,9 +36,12 @@ class DeviceCosts:
     cast_gbytes_per_s: float  # elementwise dtype conversion, bytes read per second
     matmul_gflops: float  # dense fp32 matmul throughput
     collective_latency_s: float  # fixed cost of one collective step (alpha)
+    # Bytes a rank reduces or copies per second while a collective runs; on a GPU
+    # this is HBM and negligible, on a CPU it competes with the training itself.
+    memory_gbytes_per_s: float = 1e4
 
     def __post_init__(self) -> None:
-        for name in ("cast_gbytes_per_s", "matmul_gflops"):
+        for name in ("cast_gbytes_per_s", "matmul_gflops", "memory_gbytes_per_s"):
             if getattr(self, name) <= 0:
                 raise ValueError(f"DeviceCosts.{name} must be > 0, got {getattr(self, name)}")
         if self.collective_latency_s < 0:
@@ -48,8 +52,8 @@ class DeviceCosts:
 
 # Order-of-magnitude defaults for when nothing was measured. A CUDA device casts
 # and multiplies two to three orders of magnitude faster than a CPU core.
-CUDA_COSTS = DeviceCosts(cast_gbytes_per_s=500.0, matmul_gflops=20_000.0, collective_latency_s=2e-5)
-CPU_COSTS = DeviceCosts(cast_gbytes_per_s=2.0, matmul_gflops=20.0, collective_latency_s=2e-4)
+CUDA_COSTS = DeviceCosts(500.0, 20_000.0, 2e-5, memory_gbytes_per_s=1000.0)
+CPU_COSTS = DeviceCosts(2.0, 20.0, 2e-4, memory_gbytes_per_s=2.0)
 
 
 @dataclass(frozen=True)
@@ -64,9 +68,10 @@ class CommProblem:
     shapes: Sequence[tuple[int, ...]]
     element_bytes: int = 4
     powersgd_rank: int = 1
+    buckets: int = 1  # DDP buckets: each pays every collective's latency
 
     def __post_init__(self) -> None:
-        for name in ("nodes", "local_world_size", "element_bytes", "powersgd_rank"):
+        for name in ("nodes", "local_world_size", "element_bytes", "powersgd_rank", "buckets"):
             if getattr(self, name) < 1:
                 raise ValueError(f"CommProblem.{name} must be >= 1, got {getattr(self, name)}")
         for name in ("inter_node_gbps", "intra_node_gbps"):
@@ -109,6 +114,10 @@ def _seconds(nbytes: float, gbps: float) -> float:
     return nbytes * 8 / (gbps * 1e9)
 
 
+def _host_seconds(nbytes: float, costs: DeviceCosts) -> float:
+    return nbytes / (costs.memory_gbytes_per_s * 1e9)
+
+
 def flat_seconds(p: CommProblem, costs: DeviceCosts, nbytes: float | None = None) -> float:
     """Ring allreduce over every rank; the slowest edge (usually the inter-node one) paces it."""
     b = p.grad_bytes if nbytes is None else nbytes
@@ -117,7 +126,9 @@ def flat_seconds(p: CommProblem, costs: DeviceCosts, nbytes: float | None = None
         return 0.0
     rates = [p.inter_node_gbps] if p.nodes > 1 else []
     rates += [p.intra_node_gbps] if p.local_world_size > 1 else []
-    return _seconds(2 * (n - 1) / n * b, min(rates)) + 2 * (n - 1) * costs.collective_latency_s
+    moved = 2 * (n - 1) / n * b  # through every ring edge, and reduced or copied by every rank
+    latency = p.buckets * 2 * (n - 1) * costs.collective_latency_s
+    return _seconds(moved, min(rates)) + _host_seconds(moved, costs) + latency
 
 
 def hierarchical_seconds(p: CommProblem, costs: DeviceCosts, nbytes: float | None = None) -> float:
@@ -127,10 +138,13 @@ def hierarchical_seconds(p: CommProblem, costs: DeviceCosts, nbytes: float | Non
     intra = 2 * (local - 1) / local * b
     inter = 2 * (nodes - 1) / nodes * b  # local parallel rings share the node's link
     steps = 2 * (local - 1) + 2 * (nodes - 1)
+    # Each rank copies into and out of the padded buffer and reduces its own slice.
+    host = 2 * b + intra + inter / local
     return (
         _seconds(intra, p.intra_node_gbps)
         + _seconds(inter, p.inter_node_gbps)
-        + steps * costs.collective_latency_s
+        + _host_seconds(host, costs)
+        + p.buckets * steps * costs.collective_latency_s
     )
 
 
@@ -155,11 +169,12 @@ def powersgd_bytes(p: CommProblem) -> float:
 def powersgd_seconds(p: CommProblem, costs: DeviceCosts) -> float:
     r = p.powersgd_rank
     flops = sum(4 * s[0] * math.prod(s[1:]) * r for s in p.shapes if len(s) >= 2)
-    # Error feedback and copies in and out: about four passes over the gradient.
-    memory = 4 * p.grad_bytes / (costs.cast_gbytes_per_s * 1e9)
+    # Error feedback (add, subtract), copies into matrices and back, the product
+    # P Q^T: about six passes over the gradient.
+    memory = _host_seconds(6 * p.grad_bytes, costs)
     compute = flops / (costs.matmul_gflops * 1e9) + memory
-    # Two allreduces (P, then Q) of the factors, each with its own latency.
-    comm = flat_seconds(p, costs, powersgd_bytes(p)) + flat_seconds(p, costs, 0)
+    # Three allreduces per bucket (vectors, P, Q), each paying its latency.
+    comm = flat_seconds(p, costs, powersgd_bytes(p)) + 2 * flat_seconds(p, costs, 0)
     return compute + comm
 
 

@@ -8,7 +8,9 @@ from trainwave.runtime import strategy
 from trainwave.runtime.strategy import CommProblem, DeviceCosts
 
 # A fast device: compression costs nearly nothing, so only the links decide.
-FREE_COMPUTE = DeviceCosts(cast_gbytes_per_s=1e6, matmul_gflops=1e9, collective_latency_s=0.0)
+FREE_COMPUTE = DeviceCosts(
+    cast_gbytes_per_s=1e6, matmul_gflops=1e9, collective_latency_s=0.0, memory_gbytes_per_s=1e9
+)
 MIB = 2**20
 
 
@@ -77,9 +79,24 @@ def test_choose(problem, costs, expected):
 
 def test_latency_bound_small_messages_favour_fewer_steps():
     """On a fast link the per-step latency decides: hierarchical has fewer ring steps."""
-    p = make_problem(nodes=2, local=4, inter=1000.0, intra=1000.0)
-    est = strategy.estimate(p, strategy.CPU_COSTS)
+    p = make_problem(nodes=2, local=4, inter=1000.0, intra=1000.0, shapes=[(64,)])
+    latency_only = DeviceCosts(1e6, 1e9, collective_latency_s=1e-3, memory_gbytes_per_s=1e9)
+    est = strategy.estimate(p, latency_only)
     assert est["hierarchical"] < est["flat"]
+
+
+def test_host_copies_make_hierarchical_lose_on_a_fast_link_with_a_slow_cpu():
+    """What bench_comm measured: with links no slower than memory, the detour costs."""
+    p = make_problem(nodes=2, local=2, inter=10.0, intra=10.0)
+    est = strategy.estimate(p, strategy.CPU_COSTS)
+    assert est["hierarchical"] > est["flat"]
+
+
+def test_every_bucket_pays_the_latency():
+    one, eight = (make_problem(shapes=[(64,)]), CommProblem(2, 2, 1.0, 100.0, [(64,)], buckets=8))
+    costs = DeviceCosts(1e6, 1e9, collective_latency_s=1e-3, memory_gbytes_per_s=1e9)
+    gap = strategy.flat_seconds(eight, costs) - strategy.flat_seconds(one, costs)
+    assert gap == pytest.approx(7 * 2 * 3 * 1e-3)
 
 
 def test_exact_candidates_only_picks_hierarchical_on_slow_inter_node_link():
