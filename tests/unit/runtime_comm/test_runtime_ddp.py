@@ -24,6 +24,11 @@ VARIANTS = {
     "fp16": ({"compression": "fp16", "hierarchical_allreduce": "off"}, 1, 1e-3),
     "bf16": ({"compression": "bf16", "hierarchical_allreduce": "off"}, 1, 1e-2),
     "hierarchical+fp16": ({"compression": "fp16", "hierarchical_allreduce": "on"}, 1, 1e-3),
+    "auto-without-link-rates": (
+        {"compression": "auto", "hierarchical_allreduce": "auto"},
+        1,
+        EXACT,
+    ),
     "amp-bf16-autocast": ({"amp": "on", "hierarchical_allreduce": "off"}, 1, 2e-2),
 }
 
@@ -123,6 +128,12 @@ def test_variant_matches_single_process(results, variant):
         pytest.param("hierarchical+fp16", "compression", "on: fp16", id="hier-fp16"),
         pytest.param("bf16", "compression", "on: bf16", id="bf16"),
         pytest.param("amp-bf16-autocast", "amp", "on: bf16 autocast (cpu)", id="amp"),
+        pytest.param(
+            "auto-without-link-rates",
+            "hierarchical_allreduce",
+            "off: auto needs link rates (TRAINWAVE_INTER_NODE_GBPS, TRAINWAVE_INTRA_NODE_GBPS)",
+            id="auto-needs-rates",
+        ),
     ],
 )
 def test_report_says_what_was_done(results, variant, feature, expected):
