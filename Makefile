@@ -80,3 +80,7 @@ demo: venv tools ## the main job: cluster, chart, operator, every example to its
 .PHONY: bench
 bench: venv tools ## benchmarks, each on its own local cluster (see README, Performance)
 	$(PY) tests/benchmarks/bench_apply_to_running.py
+
+.PHONY: bench-comm
+bench-comm: venv ## gradient communication on two emulated nodes (root: netns + tc; ~10 min)
+	$(PY) tests/benchmarks/bench_comm.py
