@@ -1,0 +1,160 @@
+"""The single-purpose steps `prepare()` applies, each returning its report entry.
+
+Every function here decides one feature from its mode ("on", "off", "auto") and
+what the machine offers, does it, and says what happened: "on: <detail>", "off"
+(or "off: <why auto said no>"), or "skipped: <reason>" when the feature was asked
+for and cannot apply. Nothing is dropped without a word.
+"""
+
+from __future__ import annotations
+
+import functools
+import importlib.util
+import inspect
+import shutil
+import time
+from collections.abc import Callable
+from typing import Any
+
+import torch
+from torch.optim import Optimizer
+from torch.utils import _foreach_utils
+
+from trainwave.runtime.strategy import DeviceCosts
+
+
+def choose_amp(
+    mode: str, device: torch.device, dtype: str | None
+) -> tuple[torch.dtype | None, bool, str]:
+    """(autocast dtype or None, whether a GradScaler is needed, report)."""
+    if mode == "off":
+        return None, False, "off"
+    cuda = device.type == "cuda"
+    if dtype not in (None, "bf16", "fp16"):
+        raise ValueError(f"amp dtype {dtype!r} is not accepted; use 'bf16' or 'fp16'")
+    if not cuda:
+        if mode == "auto":
+            return (
+                None,
+                False,
+                "off: auto enables AMP on CUDA only; amp=on gives bf16 autocast on CPU",
+            )
+        if dtype == "fp16":
+            return None, False, "skipped: fp16 autocast needs CUDA (GradScaler); no CUDA, use bf16"
+        return torch.bfloat16, False, "on: bf16 autocast (cpu)"
+    if dtype is None:
+        dtype = "bf16" if torch.cuda.is_bf16_supported() else "fp16"
+    if dtype == "bf16":
+        return torch.bfloat16, False, "on: bf16 autocast (cuda)"
+    return torch.float16, True, "on: fp16 autocast (cuda) with GradScaler"
+
+
+def _to_float32(value: Any) -> Any:
+    if isinstance(value, torch.Tensor) and value.is_floating_point():
+        return value.float()
+    if isinstance(value, tuple | list):
+        return type(value)(_to_float32(v) for v in value)
+    if isinstance(value, dict):
+        return {k: _to_float32(v) for k, v in value.items()}
+    return value
+
+
+def autocast_forward(module: torch.nn.Module, device_type: str, dtype: torch.dtype) -> None:
+    """Run `module`'s forward under autocast; outputs come back fp32 so losses stay exact."""
+    forward: Callable[..., Any] = module.forward
+
+    @functools.wraps(forward)
+    def run(*args: Any, **kwargs: Any) -> Any:
+        with torch.autocast(device_type, dtype=dtype):
+            out = forward(*args, **kwargs)
+        return _to_float32(out)
+
+    # An instance attribute shadows the class's forward; DDP and compile call it.
+    module.forward = run
+
+
+def faster_optimizer(opt: Optimizer, device: torch.device, mode: str) -> tuple[Optimizer, str]:
+    """Rebuild `opt` with fused (or multi-tensor foreach) kernels when its class offers them."""
+    if mode == "off":
+        return opt, "off"
+    cls = type(opt)
+    if any(opt.state.values()):
+        return (
+            opt,
+            f"skipped: {cls.__name__} already has state; pass a fresh optimizer to prepare()",
+        )
+    params = inspect.signature(cls.__init__).parameters
+    fused_ok = device.type in _foreach_utils._get_fused_kernels_supported_devices()
+    foreach_ok = device.type in _foreach_utils._get_foreach_kernels_supported_devices()
+    if "fused" in params and fused_ok:
+        kind, override = "fused", {"fused": True, "foreach": False}
+    elif "foreach" in params and foreach_ok:
+        kind, override = "foreach", {"foreach": True}
+    else:
+        return opt, (
+            f"skipped: {cls.__name__} has no fused or foreach kernels for {device.type}: "
+            f"fused={'fused' in params} (device: {fused_ok}), "
+            f"foreach={'foreach' in params} (device: {foreach_ok})"
+        )
+    groups = [
+        {**g, **{k: v for k, v in override.items() if k in g or k == kind}}
+        for g in opt.param_groups
+    ]
+    defaults = {k: v for k, v in opt.defaults.items() if k in params}
+    defaults.update({k: v for k, v in override.items() if k in params})
+    try:
+        new = cls(groups, **defaults)
+    except (RuntimeError, ValueError, TypeError) as exc:
+        return opt, f"skipped: {cls.__name__} refused {kind}=True: {exc}"
+    return new, f"on: {cls.__name__}({kind}=True)"
+
+
+def compile_backend_missing(device: torch.device) -> str | None:
+    """Why torch.compile cannot work here, or None when it can."""
+    if device.type == "cuda":
+        if importlib.util.find_spec("triton") is None:
+            return "triton is not installed (Inductor needs it on CUDA)"
+        return None
+    if not (shutil.which("cc") or shutil.which("gcc") or shutil.which("clang")):
+        return "no C compiler on PATH (Inductor builds CPU kernels with one)"
+    return None
+
+
+def measure_device_costs(
+    device: torch.device, collective_latency_s: float | None = None
+) -> DeviceCosts:
+    """A ~50 ms probe of the rates strategy.py weighs compression with, on this device.
+
+    Measured while the other ranks do the same, so on a shared CPU the rates
+    already reflect the contention training will see.
+    """
+
+    def sync() -> None:
+        if device.type == "cuda":
+            torch.cuda.synchronize()
+
+    x = torch.randn(2**21, device=device)  # 8 MiB of fp32
+    a = torch.randn(256, 256, device=device)
+
+    def best_of(fn: Callable[[], object], reps: int = 3) -> float:
+        times = []
+        for _ in range(reps):
+            sync()
+            start = time.perf_counter()
+            fn()
+            sync()
+            times.append(time.perf_counter() - start)
+        return max(min(times), 1e-9)
+
+    cast = best_of(lambda: x.to(torch.float16))
+    matmul = best_of(lambda: a @ a)
+    copy = best_of(lambda: x.add(x))  # reads two buffers, writes one: what a reduction does
+    default_latency = 2e-5 if device.type == "cuda" else 2e-4
+    return DeviceCosts(
+        cast_gbytes_per_s=x.numel() * 4 / cast / 1e9,
+        matmul_gflops=2 * 256**3 / matmul / 1e9,
+        collective_latency_s=default_latency
+        if collective_latency_s is None
+        else collective_latency_s,
+        memory_gbytes_per_s=x.numel() * 4 / copy / 1e9,
+    )
