@@ -48,6 +48,8 @@ def test_the_rdma_example_renders_every_setting_and_node_env(cluster, namespace,
         assert json.loads(notes["trainwave.io/worker-env"]) == {
             "NCCL_IB_HCA": "=" + ",".join(ports),
             "NCCL_NET_GDR_LEVEL": "PIX",
+            # 8 ports x 400 Gbit/s on every simulated IB node: the runtime's `auto` reads it.
+            "TRAINWAVE_INTER_NODE_GBPS": "3200",
         }
 
 

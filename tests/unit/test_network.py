@@ -14,6 +14,7 @@ from trainwave import contract
 from trainwave.api.trainingjob import InvalidSpec, parse_trainingjob
 from trainwave.builders.gangs import gang_request
 from trainwave.builders.network import (
+    gang_link_env,
     network_requirements,
     node_network_env,
     rdma_shortfall,
@@ -242,3 +243,11 @@ def test_the_users_nccl_settings_win_over_the_defaults() -> None:
     pod = worker({"rdma": {}}, env=(("NCCL_DEBUG", "WARN"),))
     values = [e["value"] for e in container(pod)["env"] if e["name"] == "NCCL_DEBUG"]
     assert values == ["WARN"]
+
+
+def test_the_gang_link_rate_is_its_slowest_nodes_active_ports() -> None:
+    fast, slow = inventory("IB"), inventory("IB", nics=2)
+    slow["nics"][1]["state"] = "DOWN"
+    assert gang_link_env(network(), [fast, slow]) == {contract.ENV_INTER_NODE_GBPS: "400"}
+    assert gang_link_env(network(), [fast, inventory(None)]) == {}, "a node without: unknown"
+    assert gang_link_env(None, [fast]) == {}, "no RDMA asked: TCP's rate is not known"

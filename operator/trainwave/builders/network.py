@@ -137,6 +137,28 @@ def node_network_env(network: NetworkSpec | None, inventory: Mapping[str, Any]) 
     return env
 
 
+def gang_link_env(
+    network: NetworkSpec | None, inventories: list[Mapping[str, Any]]
+) -> dict[str, str]:
+    """TRAINWAVE_INTER_NODE_GBPS for the runtime's `auto` comm choice: the slowest node's
+    aggregate rate of the active ports NCCL will use. Only with RDMA configured: over
+    TCP the pod network's rate is not something the inventory knows."""
+    if network is None or network.rdma is None or not inventories:
+        return {}
+    layers = _LINK_LAYERS[network.rdma.link_layer]
+    rates = []
+    for inventory in inventories:
+        total = sum(
+            float(nic.get("rateGbps") or 0)
+            for nic in inventory.get("nics") or []
+            if nic.get("state") == "ACTIVE" and nic.get("linkLayer") in layers
+        )
+        if total <= 0:
+            return {}
+        rates.append(total)
+    return {contract.ENV_INTER_NODE_GBPS: f"{min(rates):g}"}
+
+
 def _gdr_level(inventory: Mapping[str, Any], by_gpu: list[Mapping[str, Any]]) -> dict[str, str]:
     gdr = inventory.get("gdr") or {}
     if not gdr.get("possible"):

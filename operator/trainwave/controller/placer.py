@@ -35,7 +35,7 @@ from typing import Any
 from trainwave import contract
 from trainwave.api.network import NetworkSpec
 from trainwave.builders.gating import build_release_patch, is_gated
-from trainwave.builders.network import node_network_env, rdma_shortfall
+from trainwave.builders.network import gang_link_env, node_network_env, rdma_shortfall
 from trainwave.controller import metrics
 from trainwave.controller.kube import Conflict, KubeClient, Rejected
 from trainwave.lifecycle.decide import RDMA_UNAVAILABLE, PlacementWait
@@ -227,15 +227,12 @@ class Placer:
             contract.ANNOTATION_RELEASED_AT: _now(),
             contract.ANNOTATION_PLACEMENT_SUMMARY: summary,
         }
-        patches = [
-            (
-                pod,
-                build_release_patch(
-                    pod, node, notes, node_network_env(network, inventories.get(node or "", {}))
-                ),
-            )
-            for pod, node in zip(gang, nodes, strict=True)
-        ]
+        chosen = [inventories[n] for n in dict.fromkeys(nodes) if n and n in inventories]
+        link = gang_link_env(network, chosen) if len(chosen) == len(set(nodes)) else {}
+        patches = []
+        for pod, node in zip(gang, nodes, strict=True):
+            env = {**node_network_env(network, inventories.get(node or "", {})), **link}
+            patches.append((pod, build_release_patch(pod, node, notes, env)))
         await self._apply_release(key, patches, summary)
 
     async def _apply_release(
