@@ -13,7 +13,8 @@ from trainwave.api.status import ConditionType, Phase
 from trainwave.builders.gangs import gang_request
 from trainwave.builders.gating import build_release_patch, is_gated
 from trainwave.builders.pods import build_worker_pods
-from trainwave.lifecycle.decide import INVALID_PLACEMENT, PlacementWait, decide
+from trainwave.lifecycle.decide import PlacementWait, decide
+from trainwave.lifecycle.placing import INVALID_PLACEMENT
 from trainwave.placement.ranks import Parallelism
 from trainwave.placement.topology import DEFAULT_LEVELS
 

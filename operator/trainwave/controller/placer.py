@@ -38,7 +38,8 @@ from trainwave.builders.gating import build_release_patch, is_gated
 from trainwave.builders.network import gang_link_env, node_network_env, rdma_shortfall
 from trainwave.controller import metrics
 from trainwave.controller.kube import Conflict, KubeClient, Rejected
-from trainwave.lifecycle.decide import RDMA_UNAVAILABLE, PlacementWait
+from trainwave.lifecycle.draft import PlacementWait
+from trainwave.lifecycle.placing import RDMA_UNAVAILABLE
 from trainwave.placement.gang import GangRequest, Placement
 from trainwave.placement.queueing import PendingJob, QueuePolicy, schedule
 from trainwave.placement.sharing import (

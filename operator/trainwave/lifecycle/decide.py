@@ -15,136 +15,19 @@ Invariants:
 """
 
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
 from datetime import datetime, timedelta
-from typing import Literal
 
 from trainwave.api.sharing import isolation
-from trainwave.api.status import ConditionType, Phase, PlacementStatus, TrainingJobStatus
+from trainwave.api.status import ConditionType, Phase, TrainingJobStatus
 from trainwave.api.trainingjob import ObjectMeta, TrainingJob
-from trainwave.lifecycle.conditions import clear_condition, set_condition
+from trainwave.lifecycle.draft import Decision, Draft, JobEvent, PlacementWait, complete, fail
 from trainwave.lifecycle.failures import judge_failure
 from trainwave.lifecycle.observed import PodPhase, WorkerPod
+from trainwave.lifecycle.placing import await_placement, bind_timed_out, record_placement
 from trainwave.lifecycle.reports import WorkerReport, progress_status, rdma_verdict
-from trainwave.placement.sharing import LARGER_THAN_ANY_GPU
 from trainwave.sizing.requests import shared_memory
 
-_EVENT_TYPES: dict[Phase, Literal["Normal", "Warning"]] = {
-    Phase.RESTARTING: "Warning",
-    Phase.FAILED: "Warning",
-}
-
-
-@dataclass(frozen=True)
-class JobEvent:
-    type: Literal["Normal", "Warning"]
-    reason: str
-    message: str
-
-
-# The placer's codes for gangs that can never start as asked: the job fails
-# with this reason rather than wait forever.
-INVALID_PLACEMENT = "InvalidRequest"  # e.g. an unknown topology level
-RDMA_UNAVAILABLE = "RDMAUnavailable"  # no node can provide the RDMA asked for
-_REFUSALS = {
-    INVALID_PLACEMENT: ("InvalidSpec", "spec.placement"),
-    RDMA_UNAVAILABLE: (RDMA_UNAVAILABLE, "spec.network.rdma"),
-    LARGER_THAN_ANY_GPU: (LARGER_THAN_ANY_GPU, "spec.gpuSharing"),
-}
-
-
-@dataclass(frozen=True)
-class PlacementWait:
-    """The placer's latest word on a gang it could not place: a Blocker code and why."""
-
-    code: str
-    reason: str
-
-
-@dataclass(frozen=True)
-class Decision:
-    status: TrainingJobStatus
-    create_ranks: tuple[int, ...] = ()
-    delete_pods: tuple[str, ...] = ()
-    events: tuple[JobEvent, ...] = ()
-    requeue_after: float | None = None
-    delete_job: bool = False
-    # Seconds from the start of this attempt's gang to every worker running, set only
-    # on the decision that first saw it (the metric is observed once).
-    all_running_after: float | None = None
-    # Every worker of the attempt exists behind the gate: hand the gang to the placer.
-    wants_placement: bool = False
-
-
-@dataclass
-class _Draft:
-    """Status under construction, plus the actions that go with it."""
-
-    meta: ObjectMeta
-    now: datetime
-    status: TrainingJobStatus
-    create: list[int] = field(default_factory=list)
-    delete: list[str] = field(default_factory=list)
-    events: list[JobEvent] = field(default_factory=list)
-    requeue_after: float | None = None
-    delete_job: bool = False
-    all_running_after: float | None = None
-    wants_placement: bool = False
-
-    def update(self, **changes: object) -> None:
-        self.status = self.status.model_copy(update=changes)
-
-    def condition(self, kind: ConditionType, true: bool | None, reason: str, message: str) -> None:
-        conditions = set_condition(
-            list(self.status.conditions),
-            kind,
-            true=true,
-            reason=reason,
-            message=message,
-            now=self.now,
-            generation=self.meta.generation,
-        )
-        self.update(conditions=conditions)
-
-    def clear(self, kind: ConditionType, reason: str, message: str) -> None:
-        conditions = clear_condition(
-            list(self.status.conditions),
-            kind,
-            reason=reason,
-            message=message,
-            now=self.now,
-            generation=self.meta.generation,
-        )
-        self.update(conditions=conditions)
-
-    def enter(self, phase: Phase, reason: str, message: str, *, warning: bool = False) -> None:
-        """Move to `phase`; an Event is recorded for every change of phase."""
-        if self.status.phase != phase:
-            kind = "Warning" if warning else _EVENT_TYPES.get(phase, "Normal")
-            self.events.append(JobEvent(kind, reason, message))
-        self.update(phase=phase, reason=reason, message=message)
-
-    def stop(self, pods: Sequence[WorkerPod]) -> None:
-        self.delete.extend(p.name for p in pods if p.active)
-
-    def requeue(self, seconds: float) -> None:
-        seconds = max(seconds, 0.0)
-        self.requeue_after = (
-            seconds if self.requeue_after is None else min(self.requeue_after, seconds)
-        )
-
-    def finish(self) -> Decision:
-        self.update(observed_generation=self.meta.generation)
-        return Decision(
-            status=self.status,
-            create_ranks=tuple(self.create),
-            delete_pods=tuple(dict.fromkeys(self.delete)),
-            events=tuple(self.events),
-            requeue_after=self.requeue_after,
-            delete_job=self.delete_job,
-            all_running_after=self.all_running_after,
-            wants_placement=self.wants_placement,
-        )
+__all__ = ["Decision", "JobEvent", "PlacementWait", "decide", "decide_invalid"]
 
 
 def decide(
@@ -154,7 +37,7 @@ def decide(
     waiting: PlacementWait | None = None,
     reports: Mapping[int, WorkerReport] | None = None,
 ) -> Decision:
-    draft = _Draft(meta=job.metadata, now=now, status=job.status)
+    draft = Draft(meta=job.metadata, now=now, status=job.status)
     mine = [p for p in pods if p.owner_uid == job.metadata.uid]
     kept_apart = _isolation(job)
     if draft.status.isolation != kept_apart:
@@ -184,14 +67,14 @@ def decide_invalid(
     now: datetime,
 ) -> Decision:
     """A spec the schema let through but that cannot run: Failed, InvalidSpec."""
-    draft = _Draft(meta=meta, now=now, status=status)
+    draft = Draft(meta=meta, now=now, status=status)
     if status.phase is None or not status.phase.terminal:
-        _fail(draft, "InvalidSpec", message)
+        fail(draft, "InvalidSpec", message)
     draft.stop([p for p in pods if p.owner_uid == meta.uid])
     return draft.finish()
 
 
-def _finished(draft: _Draft, job: TrainingJob, mine: list[WorkerPod]) -> None:
+def _finished(draft: Draft, job: TrainingJob, mine: list[WorkerPod]) -> None:
     draft.stop(mine)
     ttl = job.spec.run_policy.ttl_seconds_after_finished
     done_at = draft.status.completion_time
@@ -204,7 +87,7 @@ def _finished(draft: _Draft, job: TrainingJob, mine: list[WorkerPod]) -> None:
         draft.requeue(remaining)
 
 
-def _suspend(draft: _Draft, job: TrainingJob, mine: list[WorkerPod]) -> None:
+def _suspend(draft: Draft, job: TrainingJob, mine: list[WorkerPod]) -> None:
     draft.stop(mine)
     draft.condition(ConditionType.SUSPENDED, True, "Suspended", "runPolicy.suspend is true")
     draft.clear(ConditionType.RUNNING, "Suspended", "workers stopped by suspension")
@@ -215,7 +98,7 @@ def _suspend(draft: _Draft, job: TrainingJob, mine: list[WorkerPod]) -> None:
     _count(draft, job, [])
 
 
-def _resume(draft: _Draft) -> None:
+def _resume(draft: Draft) -> None:
     # A new attempt: the previous pods may still be terminating, and fresh names
     # keep the new gang clear of them. Resuming is not a counted restart.
     draft.update(attempt=draft.status.attempt + 1)
@@ -224,7 +107,7 @@ def _resume(draft: _Draft) -> None:
 
 
 def _run(
-    draft: _Draft, job: TrainingJob, mine: list[WorkerPod], waiting: PlacementWait | None
+    draft: Draft, job: TrainingJob, mine: list[WorkerPod], waiting: PlacementWait | None
 ) -> None:
     attempt = draft.status.attempt
     current = [p for p in mine if p.attempt == attempt]
@@ -236,7 +119,7 @@ def _run(
     # Under AllWorkers success and a failure cannot both be seen.
     if _succeeded(job, current):
         draft.stop(current)
-        _complete(draft, Phase.SUCCEEDED, "Succeeded", _success_message(job))
+        complete(draft, Phase.SUCCEEDED, "Succeeded", _success_message(job))
         return
     failed = [p for p in current if p.phase == PodPhase.FAILED]
     if failed:
@@ -245,12 +128,12 @@ def _run(
     lost = _lost_ranks(draft, job, current)
     if lost:
         what = f"worker {lost[0]} was lost (deleted or evicted before it finished)"
-        _restart_or_fail(draft, job, current, what, counted=True)
+        _restart_orfail(draft, job, current, what, counted=True)
         return
     if _past_deadline(draft, job):
         draft.stop(current)
         deadline = job.spec.run_policy.active_deadline_seconds
-        _fail(draft, "DeadlineExceeded", f"job ran longer than activeDeadlineSeconds ({deadline}s)")
+        fail(draft, "DeadlineExceeded", f"job ran longer than activeDeadlineSeconds ({deadline}s)")
         return
 
     present = {p.rank for p in current}
@@ -263,7 +146,7 @@ def _run(
     _progress(draft, job, current, waiting)
 
 
-def _lost_ranks(draft: _Draft, job: TrainingJob, current: list[WorkerPod]) -> list[int]:
+def _lost_ranks(draft: Draft, job: TrainingJob, current: list[WorkerPod]) -> list[int]:
     """Ranks whose pod vanished or is being deleted after the whole gang existed.
 
     The phase leaves Pending only once every worker of the attempt was seen,
@@ -279,24 +162,24 @@ def _lost_ranks(draft: _Draft, job: TrainingJob, current: list[WorkerPod]) -> li
 
 
 def _on_failure(
-    draft: _Draft, job: TrainingJob, failed: list[WorkerPod], current: list[WorkerPod]
+    draft: Draft, job: TrainingJob, failed: list[WorkerPod], current: list[WorkerPod]
 ) -> None:
     verdict = judge_failure(job.spec.run_policy.failure_policy, failed)
     what = verdict.describe()
     if verdict.action == "FailJob":
         draft.stop(current)
-        _fail(draft, "FailedByRule", f"{what}; the job failed")
+        fail(draft, "FailedByRule", f"{what}; the job failed")
         return
-    _restart_or_fail(draft, job, current, what, counted=verdict.counted)
+    _restart_orfail(draft, job, current, what, counted=verdict.counted)
 
 
-def _restart_or_fail(
-    draft: _Draft, job: TrainingJob, current: list[WorkerPod], what: str, *, counted: bool
+def _restart_orfail(
+    draft: Draft, job: TrainingJob, current: list[WorkerPod], what: str, *, counted: bool
 ) -> None:
     policy = job.spec.run_policy.failure_policy
     draft.stop(current)
     if counted and draft.status.restarts >= policy.max_restarts:
-        _fail(
+        fail(
             draft,
             "MaxRestartsExceeded",
             f"{what} after {draft.status.restarts} restart(s); "
@@ -318,7 +201,7 @@ def _restart_or_fail(
 
 
 def _progress(
-    draft: _Draft, job: TrainingJob, current: list[WorkerPod], waiting: PlacementWait | None
+    draft: Draft, job: TrainingJob, current: list[WorkerPod], waiting: PlacementWait | None
 ) -> None:
     total = job.spec.workers
     existing = [p for p in current if not p.deleting]
@@ -331,16 +214,11 @@ def _progress(
             )
         return
     if any(p.gated for p in existing):
-        if waiting is not None and waiting.code in _REFUSALS:
-            reason, field = _REFUSALS[waiting.code]
-            draft.stop(existing)
-            _fail(draft, reason, f"{field}: {waiting.reason}")
-            return
-        _await_placement(draft, job, waiting)
+        await_placement(draft, job, existing, waiting)
         return
-    _record_placement(draft, existing)
+    record_placement(draft, existing)
     if bound < total:
-        if _bind_timed_out(draft, job, existing):
+        if bind_timed_out(draft, job, existing):
             return
         message = f"{bound}/{total} workers bound to nodes"
         draft.condition(ConditionType.SCHEDULED, False, "WaitingForNodes", message)
@@ -359,60 +237,7 @@ def _progress(
     draft.enter(Phase.RUNNING, "AllWorkersRunning", f"{total} workers running")
 
 
-def _await_placement(draft: _Draft, job: TrainingJob, waiting: PlacementWait | None) -> None:
-    """The gang exists behind the gate; the placer decides when and where it starts."""
-    draft.wants_placement = True
-    draft.update(placement=None)
-    if waiting is None:
-        spec = job.spec
-        reason = "Placing"
-        message = f"finding room for {spec.workers} worker(s) x {spec.gpus_per_worker} GPU(s)"
-    else:
-        reason, message = waiting.code, waiting.reason
-    draft.condition(ConditionType.SCHEDULED, False, reason, message)
-    draft.enter(Phase.SCHEDULING, reason, message)
-
-
-def _record_placement(draft: _Draft, existing: list[WorkerPod]) -> None:
-    ranks = sorted(existing, key=lambda p: p.rank)
-    if not any(p.placed_node for p in ranks):
-        return
-    summary = next((p.placement_summary for p in ranks if p.placement_summary), "")
-    nodes = [p.placed_node for p in ranks]
-    if draft.status.placement is None or draft.status.placement.nodes != nodes:
-        draft.update(placement=PlacementStatus(nodes=nodes, summary=summary))
-
-
-def _bind_timed_out(draft: _Draft, job: TrainingJob, existing: list[WorkerPod]) -> bool:
-    """Re-plan a placed gang whose pods did not bind in time: someone else took the room.
-
-    A released pod's node can no longer change, so re-planning means a new
-    attempt with new pods. It is not a counted restart: nothing ran.
-    """
-    released = [p.released_at for p in existing if not p.bound and p.released_at is not None]
-    if not released:
-        return False
-    timeout = job.spec.placement.bind_timeout_seconds
-    waited = (draft.now - min(released)).total_seconds()
-    if waited < timeout:
-        draft.requeue(timeout - waited)
-        return False
-    unbound = sorted(p.rank for p in existing if not p.bound)
-    message = (
-        f"worker(s) {', '.join(map(str, unbound[:5]))} not bound {timeout}s after placement "
-        "(bindTimeoutSeconds); the room was taken: re-planning the gang"
-    )
-    draft.stop(existing)
-    draft.update(attempt=draft.status.attempt + 1, attempt_start_time=None, all_running_time=None)
-    draft.condition(ConditionType.SCHEDULED, False, "BindTimeout", message)
-    draft.update(placement=None)
-    # Pending, not Scheduling: the new attempt has no pods yet, and in
-    # Scheduling missing pods would count as lost workers.
-    draft.enter(Phase.PENDING, "BindTimeout", message, warning=True)
-    return True
-
-
-def _reported(draft: _Draft, job: TrainingJob, reports: Mapping[int, WorkerReport]) -> None:
+def _reported(draft: Draft, job: TrainingJob, reports: Mapping[int, WorkerReport]) -> None:
     """Progress from rank 0's runtime; RDMAVerified when the job asked for RDMA."""
     progress = progress_status(reports)
     if progress is not None:
@@ -435,14 +260,14 @@ def _isolation(job: TrainingJob) -> str:
     return isolation(sharing, job.spec.runtime, budget)
 
 
-def _clear_stale(draft: _Draft, stale: list[WorkerPod]) -> None:
+def _clear_stale(draft: Draft, stale: list[WorkerPod]) -> None:
     """Stop stale workers; keep the finished pods of the last attempt for their logs."""
     draft.stop(stale)
     oldest_kept = draft.status.attempt - 1
     draft.delete.extend(p.name for p in stale if p.attempt < oldest_kept and not p.deleting)
 
 
-def _count(draft: _Draft, job: TrainingJob, current: list[WorkerPod]) -> None:
+def _count(draft: Draft, job: TrainingJob, current: list[WorkerPod]) -> None:
     total = job.spec.workers
     ready = sum(1 for p in current if p.phase == PodPhase.RUNNING and p.ready and not p.deleting)
     holding = sum(1 for p in current if p.active)
@@ -468,7 +293,7 @@ def _success_message(job: TrainingJob) -> str:
     return f"all {workers} workers completed" if workers > 1 else "the worker completed"
 
 
-def _past_deadline(draft: _Draft, job: TrainingJob) -> bool:
+def _past_deadline(draft: Draft, job: TrainingJob) -> bool:
     deadline = job.spec.run_policy.active_deadline_seconds
     started = draft.status.start_time
     if deadline is None or started is None:
@@ -478,17 +303,3 @@ def _past_deadline(draft: _Draft, job: TrainingJob) -> bool:
         draft.requeue(remaining)
         return False
     return True
-
-
-def _fail(draft: _Draft, reason: str, message: str) -> None:
-    _complete(draft, Phase.FAILED, reason, message)
-
-
-def _complete(draft: _Draft, phase: Phase, reason: str, message: str) -> None:
-    kind = ConditionType.SUCCEEDED if phase == Phase.SUCCEEDED else ConditionType.FAILED
-    draft.condition(kind, True, reason, message)
-    draft.clear(ConditionType.RUNNING, reason, message)
-    draft.clear(ConditionType.RESTARTING, reason, message)
-    draft.enter(phase, reason, message)
-    draft.update(completion_time=draft.now, gpus=0, ready_workers=0)
-    draft.update(ready=f"0/{draft.status.total_workers}")
