@@ -89,7 +89,12 @@ class OperatorProcess:
     process: subprocess.Popen[bytes] | None = None
 
     def start(self, timeout: float = 60) -> None:
-        environment = os.environ | {"KUBECONFIG": str(self.kubeconfig)}
+        # This checkout's operator, not whichever checkout the venv was installed from.
+        source_root = REPO / "operator"
+        python_path = os.pathsep.join(
+            filter(None, [str(source_root), os.environ.get("PYTHONPATH")])
+        )
+        environment = os.environ | {"KUBECONFIG": str(self.kubeconfig), "PYTHONPATH": python_path}
         log = self.log_path.open("ab")
         self.process = subprocess.Popen(
             [sys.executable, "-m", "trainwave.cli", "operator",

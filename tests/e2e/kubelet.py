@@ -28,7 +28,6 @@ from pathlib import Path
 from typing import Any
 
 from kubernetes import client, config, watch
-from kubernetes.client.exceptions import ApiException
 
 from e2e.formats import hosts_file
 from e2e.nodes import KUBELET_LABEL, build_kubelet_node, delete_node, heartbeat
@@ -88,6 +87,7 @@ class TestKubelet:
         }
         self.host = Host(self.core, workdir, base_env, MountPoints())
         self.runs: dict[str, PodRun] = {}  # by pod uid
+        self.deleted: list[PodRun] = []  # kept for their logs
         self._events: queue.Queue[tuple[str, dict[str, Any]]] = queue.Queue()
         self._stopping = threading.Event()
         self._addresses = AddressPool()
@@ -131,7 +131,7 @@ class TestKubelet:
 
     def pod_runs(self, namespace: str, prefix: str = "") -> list[PodRun]:
         """The pods this kubelet ran in `namespace` whose names start with `prefix`."""
-        runs = list(self.runs.values())
+        runs = [*self.deleted, *self.runs.values()]
         return [r for r in runs if r.namespace == namespace and r.name.startswith(prefix)]
 
     def run_of(self, namespace: str, name: str) -> PodRun:
@@ -201,6 +201,7 @@ class TestKubelet:
         if kind == "DELETED":
             if run is not None:
                 del self.runs[meta["uid"]]
+                self.deleted.append(run)
                 run.kill()
                 self._addresses.release(run.ip)
                 self._refresh_hosts(run.namespace)

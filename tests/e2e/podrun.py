@@ -13,6 +13,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -35,6 +36,24 @@ NAMESPACES = ["unshare", "--uts", "--mount", "--propagation", "private", "--pid"
 # If the kubelet dies, its sandboxes die with it (and with them, their PID namespaces).
 ORPHAN_GUARD = ["setpriv", "--pdeathsig", "KILL"]
 KILLED_EXIT_CODE = 128 + signal.SIGKILL
+
+
+def sandbox_unavailable() -> str | None:
+    """Why pods cannot run as local processes here, or None when they can."""
+    missing = [tool for tool in (NAMESPACES[0], ORPHAN_GUARD[0]) if shutil.which(tool) is None]
+    if missing:
+        return f"no {' or '.join(missing)} on PATH (util-linux): pods run in namespaces"
+    probe = [*NAMESPACES, "--", "true"]
+    try:
+        result = subprocess.run(probe, capture_output=True, text=True, timeout=10, check=False)
+    except (OSError, subprocess.TimeoutExpired) as error:
+        return f"`{' '.join(probe)}` failed: {error}"
+    if result.returncode != 0:
+        return (
+            f"`{' '.join(probe)}` failed ({result.stderr.strip() or result.returncode}): "
+            "creating namespaces needs root (or CAP_SYS_ADMIN)"
+        )
+    return None
 
 
 class MountPoints:
