@@ -4,6 +4,7 @@ trainwave operator [--namespace NS]... [--metrics-port N] [--health-port N]
 trainwave agent [--node-name N] [--root DIR] [--interval S] [--once] [--shared-gpus ...]
 trainwave doctor [--root /] [--json] [--nccl-log FILE]...   GPUDirect RDMA checklist
 trainwave crd            print the TrainingJob CRD the models define
+trainwave size           per-GPU memory and FLOPs of a training step; whole or shared GPUs
 trainwave version
 """
 
@@ -46,6 +47,13 @@ def main(argv: list[str] | None = None) -> int:
         "--runtime-image",
         default=contract.DEFAULT_RUNTIME_IMAGE,
         help="image of the runtime init container for jobs with spec.runtime",
+    )
+    operator.add_argument(
+        "--status-networks",
+        default="",
+        metavar="CIDRS",
+        help="comma-separated CIDRs of pod IPs whose runtime status the operator may read "
+        "(default: any)",
     )
     planner = commands.add_parser("plan", help="dry-run placement of a TrainingJob manifest")
     planner.add_argument("manifest", help="a TrainingJob YAML file")
@@ -95,6 +103,7 @@ def main(argv: list[str] | None = None) -> int:
         metavar="FILE",
         help="NCCL_DEBUG=INFO output to judge the transport from (repeatable)",
     )
+    add_size_parser(commands)
     commands.add_parser("crd", help="print the TrainingJob CustomResourceDefinition")
     commands.add_parser("version", help="print the version")
 
@@ -113,6 +122,8 @@ def main(argv: list[str] | None = None) -> int:
         return run_agent(options)
     if options.command == "doctor":
         return run_doctor(options)
+    if options.command == "size":
+        return run_size(options)
     return run_operator(options)
 
 
@@ -212,6 +223,78 @@ def run_doctor(options: argparse.Namespace) -> int:
     report = run_doctor(host)
     print(json.dumps(report.as_dict(), indent=2) if options.json else report.render())
     return {Status.PASS: 0, Status.WARN: 1, Status.FAIL: 2}[report.verdict]
+def add_size_parser(commands: "argparse._SubParsersAction[argparse.ArgumentParser]") -> None:
+    from trainwave.sizing.setup import CHECKPOINTING, OPTIMIZER_STATES, PRECISIONS
+    from trainwave.sizing.shapes import PRESETS
+
+    size = commands.add_parser("size", help="GPU memory and FLOPs of a training step")
+    what = size.add_mutually_exclusive_group(required=True)
+    what.add_argument("--model", choices=sorted(PRESETS), help="a named architecture")
+    what.add_argument("--params", type=int, help="only a parameter count (no activations)")
+    what.add_argument("--mlp", metavar="W,W,...", help="MLP widths, input to output")
+    what.add_argument("--layers", type=int, help="a transformer: also --hidden --heads --vocab")
+    for flag in ("--hidden", "--heads", "--vocab", "--ffn"):
+        size.add_argument(flag, type=int, default=0)
+    size.add_argument("--precision", choices=list(PRECISIONS), default="bf16-mixed")
+    size.add_argument("--optimizer", choices=list(OPTIMIZER_STATES), default="adamw")
+    size.add_argument("--micro-batch", type=int, default=1)
+    size.add_argument("--seq", type=int, default=0, help="tokens per sample")
+    size.add_argument("--checkpointing", choices=list(CHECKPOINTING), default="off")
+    size.add_argument("--dp", type=int, default=1, help="data-parallel degree")
+    size.add_argument("--tp", type=int, default=1, help="tensor-parallel degree")
+    size.add_argument("--sequence-parallel", action="store_true")
+    size.add_argument("--zero", type=int, default=0, help="ZeRO stage 0-3")
+    size.add_argument("--gpu-memory-gib", type=float, default=80.0)
+    size.add_argument("--json", action="store_true", help="print JSON")
+
+
+def run_size(options: argparse.Namespace) -> int:
+    import json
+
+    from trainwave.sizing.errors import SizingError
+    from trainwave.sizing.flops import step_flops
+    from trainwave.sizing.recommend import recommend
+    from trainwave.sizing.report import render_json, render_text
+    from trainwave.sizing.setup import TrainingSetup
+    from trainwave.sizing.shapes import MLPShape, Model, ParameterCount, TransformerShape, preset
+
+    try:
+        model: Model
+        if options.model:
+            model = preset(options.model)
+        elif options.params is not None:
+            model = ParameterCount(options.params)
+        elif options.mlp:
+            model = MLPShape(tuple(int(w) for w in options.mlp.split(",")))
+        else:
+            model = TransformerShape(
+                layers=options.layers,
+                hidden=options.hidden,
+                heads=options.heads,
+                vocab=options.vocab,
+                ffn=options.ffn,
+            )
+        setup = TrainingSetup(
+            precision=options.precision,
+            optimizer=options.optimizer,
+            micro_batch=options.micro_batch,
+            sequence=options.seq,
+            checkpointing=options.checkpointing,
+            data_parallel=options.dp,
+            tensor_parallel=options.tp,
+            sequence_parallel=options.sequence_parallel,
+            zero_stage=options.zero,
+        )
+        result = recommend(model, setup, int(options.gpu_memory_gib * (1 << 30)))
+        flops = step_flops(model, result.setup)
+    except (SizingError, ValueError) as invalid:
+        print(f"trainwave size: {invalid}", file=sys.stderr)
+        return 2
+    if options.json:
+        print(json.dumps(render_json(model, result, flops), indent=2))
+    else:
+        print(render_text(model, result, flops))
+    return 0 if result.mode != "none" else 1
 
 
 def run_operator(options: argparse.Namespace) -> int:
@@ -230,6 +313,13 @@ def run_operator(options: argparse.Namespace) -> int:
     handlers.OPTIONS.metrics_port = options.metrics_port
     handlers.OPTIONS.workers = options.workers
     handlers.OPTIONS.runtime_image = options.runtime_image
+    from trainwave.controller.reporting import parse_networks
+
+    try:
+        handlers.OPTIONS.status_networks = parse_networks(options.status_networks)
+    except ValueError as error:
+        print(f"trainwave operator: {error}", file=sys.stderr)
+        return 2
     levels = tuple(x for x in options.topology_levels.split(",") if x)
     if levels:
         handlers.OPTIONS.topology_levels = levels

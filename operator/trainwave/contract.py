@@ -111,6 +111,8 @@ ANNOTATION_AGENT_LABELS: Final = "trainwave.io/agent-labels"
 SHARED_GPU_MEMORY_RESOURCE: Final = "trainwave.io/gpu-memory"
 # Field manager of the agent's node patches (managedFields show who wrote what).
 AGENT_FIELD_MANAGER: Final = "trainwave-agent"
+# The shared GPU a worker was pinned to (its UUID), set when its gate is lifted.
+ANNOTATION_GPU_UUID: Final = "trainwave.io/gpu-uuid"
 # The DaemonSet passes its node's name through the downward API.
 ENV_NODE_NAME: Final = "NODE_NAME"
 

@@ -99,7 +99,10 @@ class OperatorProcess:
         self.process = subprocess.Popen(
             [sys.executable, "-m", "trainwave.cli", "operator",
              "--metrics-port", str(self.metrics_port), "--health-port", str(self.health_port),
-             "--health-host", "127.0.0.1"],
+             "--health-host", "127.0.0.1",
+             # Simulated pods get addresses that lead nowhere; only the test
+             # kubelet's pods (loopback) have a runtime to read.
+             "--status-networks", "127.0.0.0/8"],
             env=environment, stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
         )  # fmt: skip
         deadline = time.monotonic() + timeout

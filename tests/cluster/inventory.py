@@ -35,6 +35,7 @@ def inventory_annotation(
     link_layer: str | None,
     rate_gbps: float,
     gpu_direct: bool,
+    shared: bool = False,
 ) -> dict[str, str]:
     per_numa = max(1, gpus // 2)
     gpu_infos = tuple(
@@ -83,7 +84,7 @@ def inventory_annotation(
         nearest_nics=nearest,
         gdr=gdr,
     )
-    document = inventory_document(inventory)
+    document = inventory_document(inventory, gpu_infos if shared else ())
     return {ANNOTATION_INVENTORY: json.dumps(document, separators=(",", ":"), sort_keys=True)}
 
 

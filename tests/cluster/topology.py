@@ -54,6 +54,7 @@ from trainwave.contract import (
     NODE_LABEL_SPINE,
     RDMA_LINK_LAYER_LABELS,
     RDMA_RESOURCE,
+    SHARED_GPU_MEMORY_RESOURCE,
 )
 
 # kwok manages exactly the nodes carrying this annotation (see controlplane.py).
@@ -95,6 +96,11 @@ class GpuSpec(_Model):
     count: int = Field(ge=1, le=64, description="count: GPUs per node.")
     memory_mib: int = Field(
         alias="memoryMiB", ge=1, description="memoryMiB: memory of one GPU in MiB."
+    )
+    shared: bool = Field(
+        default=False,
+        description="shared: the node agent offers every GPU for sharing (inventory "
+        "sharedGpus and the trainwave.io/gpu-memory resource).",
     )
 
 
@@ -274,6 +280,8 @@ def build_node(
             # systems, as "<cluster>.<clique>"; mirror that.
             labels[NODE_LABEL_GPU_CLIQUE] = f"{cluster}.{domain}"
         capacity[GPU_RESOURCE] = str(shape.gpu.count)
+        if shape.gpu.shared:
+            capacity[SHARED_GPU_MEMORY_RESOURCE] = str(shape.gpu.count * shape.gpu.memory_mib)
     if shape.rdma is not None:
         labels[NODE_LABEL_RDMA] = RDMA_LINK_LAYER_LABELS[shape.rdma.link_layer]
         labels[NODE_LABEL_RDMA_NICS] = str(shape.rdma.nics)
@@ -296,6 +304,7 @@ def build_node(
             link_layer=shape.rdma.link_layer if shape.rdma else None,
             rate_gbps=shape.rdma.rate_gbps if shape.rdma else 0,
             gpu_direct=shape.rdma.gpu_direct if shape.rdma else False,
+            shared=shape.gpu.shared,
         )
     return {
         "apiVersion": "v1",

@@ -131,7 +131,9 @@ def wait_for_phase(
 
 
 def condition(body: dict[str, Any], kind: str) -> dict[str, Any] | None:
-    return next((c for c in body["status"].get("conditions", []) if c["type"] == kind), None)
+    return next(
+        (c for c in body.get("status", {}).get("conditions", []) if c["type"] == kind), None
+    )
 
 
 def env_of(pod: dict[str, Any]) -> dict[str, str]:

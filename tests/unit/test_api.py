@@ -289,12 +289,15 @@ def test_cel_rules_are_present(path: str, fragment: str) -> None:
 def test_printer_columns_point_at_status_fields() -> None:
     columns = VERSION["additionalPrinterColumns"]
     assert [c["name"] for c in columns if "priority" not in c] == [
-        "Phase", "Ready", "Restarts", "GPUs", "Age",
+        "Phase", "Ready", "Restarts", "GPUs", "Progress", "Age",
     ]  # fmt: skip
     for column in columns:
-        kind, _, field = column["jsonPath"].lstrip(".").partition(".")
+        kind, *path = column["jsonPath"].lstrip(".").split(".")
         if kind == "status":
-            assert STATUS_SCHEMA["properties"][field]["type"] == column["type"], field
+            schema = STATUS_SCHEMA
+            for field in path:
+                schema = schema["properties"][field]
+            assert schema["type"] == column["type"], column["jsonPath"]
 
 
 def test_crd_names_and_subresources() -> None:

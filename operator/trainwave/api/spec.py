@@ -15,6 +15,7 @@ from trainwave.api.base import ApiModel, OpenObject, Quantity, cel, validations
 from trainwave.api.network import NetworkSpec
 from trainwave.api.runtime import RuntimeSpec
 from trainwave.api.scheduling import PlacementSpec
+from trainwave.api.sharing import GpuSharingSpec
 
 ENV_NAME_PATTERN = r"^[-._a-zA-Z][-._a-zA-Z0-9]*$"
 MAX_WORKERS = 10_000
@@ -176,6 +177,7 @@ IMMUTABLE_WHILE_RUNNING = (
     "template",
     "network",
     "runtime",
+    "gpuSharing",
 )
 
 
@@ -185,9 +187,18 @@ def _immutable_rules() -> dict[str, Any]:
         "(has(self.command) && size(self.command) > 0)",
         "spec.command must be set when spec.runtime is enabled: the launcher wraps the "
         "command, and the image's own entrypoint cannot be seen from the cluster",
-        ".runtime",
     )
-    rules = [launcher] + [
+    shared_gpus = cel(
+        "!has(self.gpuSharing) || !has(self.gpusPerWorker) || self.gpusPerWorker == 0",
+        "spec.gpuSharing asks for part of one GPU per worker; set spec.gpusPerWorker to 0 "
+        "(or leave it out) with it",
+    )
+    shared_gang = cel(
+        "!has(self.gpuSharing) || self.workers == 1 || self.gpuSharing.allowMultipleWorkers",
+        "spec.gpuSharing with more than one worker needs spec.gpuSharing.allowMultipleWorkers: "
+        "true (a gang on shared GPUs runs at the pace of its slowest sharer)",
+    )
+    rules = [launcher, shared_gpus, shared_gang] + [
         cel(
             # Optional fields may be absent on either side: absent == absent.
             f"oldSelf.runPolicy.suspend || (has(self.{field}) ? has(oldSelf.{field}) && "
@@ -289,6 +300,10 @@ class TrainingJobSpec(ApiModel):
     runtime: RuntimeSpec | None = Field(
         default=None,
         description="runtime: inject trainwave's acceleration runtime into the workers.",
+    )
+    gpu_sharing: GpuSharingSpec | None = Field(
+        default=None,
+        description="gpuSharing: GPU memory on one shared GPU per worker instead of whole GPUs.",
     )
 
     @property

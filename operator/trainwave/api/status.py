@@ -42,6 +42,7 @@ class ConditionType(StrEnum):
     SUSPENDED = "Suspended"
     SUCCEEDED = "Succeeded"
     FAILED = "Failed"
+    RDMA_VERIFIED = "RDMAVerified"
 
 
 class Condition(ApiModel):
@@ -73,6 +74,21 @@ class PlacementStatus(ApiModel):
     summary: str = Field(
         default="", description="summary: how tightly the gang sits, per topology level."
     )
+
+
+class ProgressStatus(ApiModel):
+    model_config = _LENIENT
+
+    step: int | None = Field(default=None, description="step: training steps done (rank 0).")
+    total_steps: int | None = Field(default=None, description="totalSteps: steps of the run.")
+    samples_per_second: float | None = Field(
+        default=None, description="samplesPerSecond: recent throughput of rank 0."
+    )
+    loss: float | None = Field(default=None, description="loss: the latest loss of rank 0.")
+    eta_seconds: float | None = Field(
+        default=None, description="etaSeconds: estimated seconds to the last step."
+    )
+    summary: str = Field(default="", description="summary: one line for kubectl get.")
 
 
 class TrainingJobStatus(ApiModel):
@@ -116,6 +132,12 @@ class TrainingJobStatus(ApiModel):
     )
     placement: PlacementStatus | None = Field(
         default=None, description="placement: where the current gang's ranks went."
+    )
+    progress: ProgressStatus | None = Field(
+        default=None, description="progress: what the workers' runtime reports."
+    )
+    isolation: str = Field(
+        default="", description="isolation: what keeps this job apart from others on its GPUs."
     )
 
     def condition(self, kind: ConditionType) -> Condition | None:

@@ -37,6 +37,7 @@ PRINTER_COLUMNS = [
     {"name": "Ready", "type": "string", "jsonPath": ".status.ready"},
     {"name": "Restarts", "type": "integer", "jsonPath": ".status.restarts"},
     {"name": "GPUs", "type": "integer", "jsonPath": ".status.gpus"},
+    {"name": "Progress", "type": "string", "jsonPath": ".status.progress.summary"},
     {"name": "Age", "type": "date", "jsonPath": ".metadata.creationTimestamp"},
     {"name": "Reason", "type": "string", "jsonPath": ".status.reason", "priority": 1},
     {"name": "Attempt", "type": "integer", "jsonPath": ".status.attempt", "priority": 1},

@@ -21,6 +21,7 @@ from trainwave.builders.names import (
 from trainwave.builders.network import set_network
 from trainwave.builders.owners import job_labels, owner_reference
 from trainwave.builders.runtime import set_runtime
+from trainwave.builders.sharing import set_shared_gpu
 from trainwave.builders.worker import Mutator, Worker
 
 # Pod fields trainwave owns; a template that sets them is refused rather than
@@ -223,5 +224,6 @@ MUTATORS: tuple[Mutator, ...] = (
     set_gpus,
     set_network,
     set_runtime,
+    set_shared_gpu,
     set_scheduling_gate,
 )

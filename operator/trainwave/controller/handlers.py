@@ -23,6 +23,7 @@ from trainwave.controller.kube import KubeClient, load_config
 from trainwave.controller.placer import Placer
 from trainwave.controller.queue import WorkQueue
 from trainwave.controller.reconciler import JobKey, Reconciler
+from trainwave.controller.reporting import ANY_NETWORK, Network, StatusPoller
 from trainwave.lifecycle.observed import WorkerPod, observe_pod
 from trainwave.placement.topology import DEFAULT_LEVELS
 
@@ -38,6 +39,7 @@ class Options:
     resync_seconds: float = 300.0
     topology_levels: tuple[str, ...] = DEFAULT_LEVELS
     runtime_image: str = contract.DEFAULT_RUNTIME_IMAGE
+    status_networks: tuple[Network, ...] = ANY_NETWORK
 
 
 OPTIONS = Options()
@@ -102,6 +104,7 @@ async def start(
         return list(worker_pods.get(key, []))
 
     placer = Placer(kube, OPTIONS.topology_levels, _wake)
+    poller = StatusPoller(_wake, networks=OPTIONS.status_networks)
     reconciler = Reconciler(
         kube,
         pods_of,
@@ -109,12 +112,14 @@ async def start(
         placer,
         OPTIONS.topology_levels,
         runtime_image=OPTIONS.runtime_image,
+        poller=poller,
     )
     queue = WorkQueue(reconciler)
     queue.start(OPTIONS.workers)
     _QUEUE["jobs"] = queue
     _PLACER["gangs"] = placer
     memo.placer = asyncio.create_task(placer.run())
+    memo.poller = asyncio.create_task(poller.run())
     memo.resync = asyncio.create_task(_resync(queue, job_phases))
     metrics.serve(
         OPTIONS.metrics_port, lambda: Counter({p: len(keys) for p, keys in job_phases.items()})
@@ -124,7 +129,7 @@ async def start(
 
 @kopf.on.cleanup()
 async def stop(memo: Any, **_: Any) -> None:
-    for task in ("resync", "placer"):
+    for task in ("resync", "placer", "poller"):
         if getattr(memo, task, None):
             getattr(memo, task).cancel()
     _PLACER.pop("gangs", None)

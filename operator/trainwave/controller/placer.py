@@ -41,6 +41,13 @@ from trainwave.controller.kube import Conflict, KubeClient, Rejected
 from trainwave.lifecycle.decide import RDMA_UNAVAILABLE, PlacementWait
 from trainwave.placement.gang import GangRequest, Placement
 from trainwave.placement.queueing import PendingJob, QueuePolicy, schedule
+from trainwave.placement.sharing import (
+    Pin,
+    SharedNode,
+    SharedRefusal,
+    build_shared_nodes,
+    place_shared,
+)
 from trainwave.placement.snapshot import build_snapshot, pod_gpus
 
 logger = logging.getLogger(__name__)
@@ -58,6 +65,7 @@ class Ticket:
     priority: int = 0
     arrival: float = 0.0
     network: NetworkSpec | None = None  # for the NCCL settings of each chosen node
+    shared_mib: int | None = None  # GPU memory per worker on a shared GPU (gpuSharing)
 
 
 class Placer:
@@ -127,9 +135,15 @@ class Placer:
         for key in tickets.keys() - gangs.keys():
             self._tickets.pop(key, None)  # released, gone, or a newer attempt took over
         snapshot = build_snapshot(nodes, pods, levels=self._levels, reserved=reserved_gpus(pods))
+        inventories = _inventories(nodes)
+        shared = {k: g for k, g in gangs.items() if tickets[k].shared_mib is not None}
+        if shared:
+            await self._place_shared(shared, tickets, nodes, pods)
         pending: dict[str, JobKey] = {}
         jobs = []
         for key, gang in gangs.items():
+            if key in shared:
+                continue
             ticket = tickets[key]
             request = ticket.request
             if len(gang) != request.workers:  # a partly released gang: place the rest
@@ -147,7 +161,6 @@ class Placer:
                 PendingJob(name, request, ticket.priority, ticket.arrival, self._skips.get(key, 0))
             )
         result = schedule(snapshot, jobs, self._policy)
-        inventories = _inventories(nodes)
         for admit in result.admitted:
             key = pending[admit.job.key]
             placement = admit.placement
@@ -155,6 +168,46 @@ class Placer:
         for wait in result.waiting:
             self._note_wait(pending[wait.job.key], wait.code, wait.reason, wait.skipped)
         metrics.GANGS_WAITING.set(len(result.waiting))
+
+    async def _place_shared(
+        self,
+        gangs: Mapping[JobKey, list[Pod]],
+        tickets: Mapping[JobKey, Ticket],
+        nodes: list[Pod],
+        pods: list[Pod],
+    ) -> None:
+        """Shared-GPU gangs, one after another in queue order, each pinned GPU by GPU."""
+        working = build_shared_nodes(nodes, pods)
+        active = [mib for g in gangs.values() for pod in g if (mib := _shared_request(pod))]
+        order = sorted(gangs, key=lambda k: (-tickets[k].priority, tickets[k].arrival, k))
+        for key in order:
+            ticket, gang = tickets[key], gangs[key]
+            mib = ticket.shared_mib or 0
+            selector = {k: v for k, v in ticket.request.node_selector.items() if isinstance(v, str)}
+            result = place_shared(working, len(gang), mib, selector, active)
+            if isinstance(result, SharedRefusal):
+                self._note_wait(key, result.code, result.reason, 0)
+                continue
+            working = [_with_pins(node, result) for node in working]
+            pins = {pod["metadata"]["name"]: pin for pod, pin in zip(gang, result, strict=True)}
+            summary = ", ".join(f"{p.node}/{p.gpu_uuid[:12]}" for p in result)
+            await self._release_pinned(key, gang, pins, f"shared GPUs: {summary}")
+
+    async def _release_pinned(
+        self, key: JobKey, gang: list[Pod], pins: Mapping[str, Pin], summary: str
+    ) -> None:
+        now = _now()
+        patches = []
+        for pod in gang:
+            pin = pins[pod["metadata"]["name"]]
+            notes = {
+                contract.ANNOTATION_RELEASED_AT: now,
+                contract.ANNOTATION_PLACEMENT_SUMMARY: summary,
+                contract.ANNOTATION_GPU_UUID: pin.gpu_uuid,
+            }
+            env = {"CUDA_VISIBLE_DEVICES": pin.gpu_uuid}
+            patches.append((pod, build_release_patch(pod, pin.node, notes, env)))
+        await self._apply_release(key, patches, summary)
 
     async def _release(
         self,
@@ -166,21 +219,33 @@ class Placer:
     ) -> None:
         nodes: list[str | None] = list(placement.nodes) if placement else [None] * len(gang)
         network = self._tickets[key].network if key in self._tickets else None
-        envs = [node_network_env(network, inventories.get(n or "", {})) for n in nodes]
-        now = datetime.now(UTC).isoformat(timespec="seconds").replace("+00:00", "Z")
         notes = {
-            contract.ANNOTATION_RELEASED_AT: now,
+            contract.ANNOTATION_RELEASED_AT: _now(),
             contract.ANNOTATION_PLACEMENT_SUMMARY: summary,
         }
+        patches = [
+            (
+                pod,
+                build_release_patch(
+                    pod, node, notes, node_network_env(network, inventories.get(node or "", {}))
+                ),
+            )
+            for pod, node in zip(gang, nodes, strict=True)
+        ]
+        await self._apply_release(key, patches, summary)
+
+    async def _apply_release(
+        self, key: JobKey, patches: list[tuple[Pod, dict[str, Any]]], summary: str
+    ) -> None:
         results = await asyncio.gather(
             *(
                 asyncio.to_thread(
                     self._kube.patch_pod,
                     pod["metadata"]["namespace"],
                     pod["metadata"]["name"],
-                    build_release_patch(pod, node, notes, env),
+                    patch,
                 )
-                for pod, node, env in zip(gang, nodes, envs, strict=True)
+                for pod, patch in patches
             ),
             return_exceptions=True,
         )
@@ -220,6 +285,31 @@ def _gated_gangs(pods: list[Pod], tickets: Mapping[JobKey, Ticket]) -> dict[JobK
     for gang in gangs.values():
         gang.sort(key=lambda pod: int(pod["metadata"]["labels"][contract.LABEL_RANK]))
     return gangs
+
+
+def _now() -> str:
+    return datetime.now(UTC).isoformat(timespec="seconds").replace("+00:00", "Z")
+
+
+def _shared_request(pod: Pod) -> int:
+    container: dict[str, Any] = next(iter((pod.get("spec") or {}).get("containers") or []), {})
+    limits = (container.get("resources") or {}).get("limits") or {}
+    try:
+        return int(str(limits.get(contract.SHARED_GPU_MEMORY_RESOURCE, 0)))
+    except ValueError:
+        return 0
+
+
+def _with_pins(node: SharedNode, pins: tuple[Pin, ...]) -> SharedNode:
+    """`node` with the memory of the pins on its GPUs counted as used."""
+    extra: dict[str, int] = {}
+    for pin in pins:
+        if pin.node == node.name:
+            extra[pin.gpu_uuid] = extra.get(pin.gpu_uuid, 0) + pin.memory_mib
+    if not extra:
+        return node
+    gpus = tuple(replace(g, used_mib=g.used_mib + extra.get(g.uuid, 0)) for g in node.gpus)
+    return replace(node, gpus=gpus)
 
 
 def _inventories(nodes: list[dict[str, Any]]) -> dict[str, Mapping[str, Any]]:

@@ -30,8 +30,9 @@ from trainwave.builders.service import build_service
 from trainwave.controller import metrics
 from trainwave.controller.kube import Conflict, KubeClient, Rejected
 from trainwave.controller.placer import Placer, Ticket
+from trainwave.controller.reporting import StatusPoller, Targets
 from trainwave.lifecycle.decide import Decision, decide, decide_invalid
-from trainwave.lifecycle.observed import WorkerPod
+from trainwave.lifecycle.observed import PodPhase, WorkerPod
 
 logger = logging.getLogger(__name__)
 
@@ -50,12 +51,14 @@ class Reconciler:
         levels: tuple[str, ...],
         *,
         runtime_image: str = contract.DEFAULT_RUNTIME_IMAGE,
+        poller: StatusPoller | None = None,
         clock: Callable[[], datetime] = lambda: datetime.now(UTC),
     ):
         self._kube = kube
         self._placer = placer
         self._levels = levels
         self._runtime_image = runtime_image
+        self._poller = poller
         self._worker_pods = worker_pods
         self._has_service = has_service
         self._clock = clock
@@ -75,6 +78,8 @@ class Reconciler:
         body = await asyncio.to_thread(self._kube.get_job, namespace, name)
         if body is None or body["metadata"].get("deletionTimestamp"):
             self._placer.withdraw(key)
+            if self._poller:
+                self._poller.forget(key)
             return None  # garbage collection removes the children
         meta = parse_metadata(body)
         pods = list(self._worker_pods(key))
@@ -83,6 +88,7 @@ class Reconciler:
             self._placer.submit(key, self._ticket(job, decision))
         else:
             self._placer.withdraw(key)
+        self._track_workers(key, job, decision, pods)
         try:
             body = await self._write_status(body, meta, decision)
         except Conflict as conflict:
@@ -109,7 +115,27 @@ class Reconciler:
             check_template(job)
         except InvalidSpec as invalid:
             return decide_invalid(meta, parse_status(body), pods, str(invalid), now), None
-        return decide(job, pods, now, self._placer.waiting(key)), job
+        reports = self._poller.reports(key, job.status.attempt) if self._poller else {}
+        return decide(job, pods, now, self._placer.waiting(key), reports), job
+
+    def _track_workers(
+        self, key: JobKey, job: TrainingJob | None, decision: Decision, pods: list[WorkerPod]
+    ) -> None:
+        """Poll the runtime of a running gang that has one; forget every other."""
+        if self._poller is None:
+            return
+        runtime = job.spec.runtime if job is not None else None
+        phase = decision.status.phase
+        if runtime is None or not runtime.enabled or phase not in (Phase.STARTING, Phase.RUNNING):
+            self._poller.forget(key)
+            return
+        attempt = decision.status.attempt
+        workers = {
+            p.rank: (p.pod_ip, runtime.status_port)
+            for p in pods
+            if p.attempt == attempt and p.pod_ip and p.phase == PodPhase.RUNNING
+        }
+        self._poller.track(key, Targets(attempt, workers))
 
     def _ticket(self, job: TrainingJob, decision: Decision) -> Ticket:
         created = job.metadata.creationTimestamp
@@ -119,6 +145,7 @@ class Reconciler:
             priority=job.spec.placement.priority,
             arrival=created.timestamp() if created else 0.0,
             network=job.spec.network,
+            shared_mib=job.spec.gpu_sharing.memory_mib if job.spec.gpu_sharing else None,
         )
 
     async def _write_status(

@@ -12,13 +12,14 @@ def set_condition(
     conditions: list[Condition],
     kind: ConditionType,
     *,
-    true: bool,
+    true: bool | None,
     reason: str,
     message: str,
     now: datetime,
     generation: int,
 ) -> list[Condition]:
-    status = "True" if true else "False"
+    """`true` None is "Unknown": not decided yet, e.g. no proof either way so far."""
+    status = "Unknown" if true is None else "True" if true else "False"
     previous = next((c for c in conditions if c.type == kind), None)
     moved = previous is None or previous.status != status
     updated = Condition(

@@ -14,16 +14,18 @@ Invariants:
   return at once, finished pods stay for their logs until the TTL.
 """
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from typing import Literal
 
+from trainwave.api.sharing import isolation
 from trainwave.api.status import ConditionType, Phase, PlacementStatus, TrainingJobStatus
 from trainwave.api.trainingjob import ObjectMeta, TrainingJob
 from trainwave.lifecycle.conditions import clear_condition, set_condition
 from trainwave.lifecycle.failures import judge_failure
 from trainwave.lifecycle.observed import PodPhase, WorkerPod
+from trainwave.lifecycle.reports import WorkerReport, progress_status, rdma_verdict
 
 _EVENT_TYPES: dict[Phase, Literal["Normal", "Warning"]] = {
     Phase.RESTARTING: "Warning",
@@ -89,7 +91,7 @@ class _Draft:
     def update(self, **changes: object) -> None:
         self.status = self.status.model_copy(update=changes)
 
-    def condition(self, kind: ConditionType, true: bool, reason: str, message: str) -> None:
+    def condition(self, kind: ConditionType, true: bool | None, reason: str, message: str) -> None:
         conditions = set_condition(
             list(self.status.conditions),
             kind,
@@ -147,9 +149,13 @@ def decide(
     pods: Sequence[WorkerPod],
     now: datetime,
     waiting: PlacementWait | None = None,
+    reports: Mapping[int, WorkerReport] | None = None,
 ) -> Decision:
     draft = _Draft(meta=job.metadata, now=now, status=job.status)
     mine = [p for p in pods if p.owner_uid == job.metadata.uid]
+    kept_apart = isolation(job.spec.gpu_sharing, job.spec.runtime)
+    if draft.status.isolation != kept_apart:
+        draft.update(isolation=kept_apart)
     if draft.status.phase is None:
         draft.condition(ConditionType.CREATED, True, "Created", "job accepted")
         draft.enter(Phase.PENDING, "Created", "job accepted")
@@ -162,6 +168,8 @@ def decide(
         if phase == Phase.SUSPENDED:
             _resume(draft)
         _run(draft, job, mine, waiting)
+    if reports:
+        _reported(draft, job, reports)
     return draft.finish()
 
 
@@ -399,6 +407,18 @@ def _bind_timed_out(draft: _Draft, job: TrainingJob, existing: list[WorkerPod]) 
     # Scheduling missing pods would count as lost workers.
     draft.enter(Phase.PENDING, "BindTimeout", message, warning=True)
     return True
+
+
+def _reported(draft: _Draft, job: TrainingJob, reports: Mapping[int, WorkerReport]) -> None:
+    """Progress from rank 0's runtime; RDMAVerified when the job asked for RDMA."""
+    progress = progress_status(reports)
+    if progress is not None:
+        draft.update(progress=progress)
+    network = job.spec.network
+    if network is not None and network.rdma is not None:
+        status, reason, message = rdma_verdict(reports, job.spec.workers)
+        true = {"True": True, "False": False}.get(status)
+        draft.condition(ConditionType.RDMA_VERIFIED, true, reason, message)
 
 
 def _clear_stale(draft: _Draft, stale: list[WorkerPod]) -> None:

@@ -39,6 +39,7 @@ class WorkerPod:
     placed_node: str = ""
     released_at: datetime | None = None
     placement_summary: str = ""
+    pod_ip: str = ""
 
     @property
     def active(self) -> bool:
@@ -91,6 +92,7 @@ def observe_pod(body: dict[str, Any]) -> WorkerPod | None:
         placed_node=annotations.get(contract.ANNOTATION_PLACED_NODE, ""),
         released_at=_parse_time(annotations.get(contract.ANNOTATION_RELEASED_AT)),
         placement_summary=annotations.get(contract.ANNOTATION_PLACEMENT_SUMMARY, ""),
+        pod_ip=str(status.get("podIP") or ""),
     )
 
 

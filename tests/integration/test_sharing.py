@@ -1,0 +1,99 @@
+"""Shared GPUs on the real control plane: per-GPU pinning, budgets that add up, refusals."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from integration.node_pools import H100, node_pool
+from integration.trainwave_fixtures import (
+    apply,
+    condition,
+    get_json,
+    job,
+    job_manifest,
+    wait_for_phase,
+    wait_until,
+    worker_pods,
+)
+
+pytestmark = [pytest.mark.integration, pytest.mark.timeout(180)]
+
+SHARED_NODE = {"cpu": "192", "gpu": {**H100, "count": 2, "shared": True}}
+MIB = 30 * 1024  # 30Gi: two fit on one 80GB GPU, three do not
+
+
+def shared_job(name, pool, memory="30Gi"):
+    manifest = job_manifest(
+        name, workers=1, gpus=0, run_for="120s", template_spec={"nodeSelector": pool.selector}
+    )
+    manifest["spec"]["gpuSharing"] = {"memory": memory}
+    return manifest
+
+
+def test_shared_jobs_are_pinned_to_gpus_whose_budgets_add_up(cluster, namespace, running_operator):
+    with node_pool(cluster, rack_sizes=(1,), shape=SHARED_NODE) as pool:
+        [node_name] = pool.nodes
+        node = json.loads(cluster.kubectl("get", "node", node_name, "-o", "json").stdout)
+        inventory = json.loads(node["metadata"]["annotations"]["trainwave.io/inventory"])
+        sizes = {g["uuid"]: g["memoryMiB"] for g in inventory["sharedGpus"]}
+        assert node["status"]["allocatable"]["trainwave.io/gpu-memory"] == str(sum(sizes.values()))
+
+        names = [f"share-{i}" for i in range(4)]
+        apply(cluster, namespace, *(shared_job(n, pool) for n in names))
+        for name in names:
+            wait_for_phase(cluster, namespace, name, "Running", timeout=60)
+        budgets: dict[str, int] = {}
+        for name in names:
+            [pod] = worker_pods(cluster, namespace, name)
+            uuid = pod["metadata"]["annotations"]["trainwave.io/gpu-uuid"]
+            assert uuid in sizes
+            assert pod["spec"]["nodeName"] == node_name
+            env = json.loads(pod["metadata"]["annotations"]["trainwave.io/worker-env"])
+            assert env == {"CUDA_VISIBLE_DEVICES": uuid}
+            worker = next(c for c in pod["spec"]["containers"] if c["name"] == "worker")
+            assert worker["resources"]["limits"] == {"trainwave.io/gpu-memory": str(MIB)}
+            budgets[uuid] = budgets.get(uuid, 0) + MIB
+        assert sorted(budgets.values()) == [2 * MIB, 2 * MIB], "two per GPU, both GPUs used"
+        assert all(budgets[u] <= sizes[u] for u in budgets)
+        status = job(cluster, namespace, names[0])["status"]
+        assert status["isolation"].startswith("soft: pinned to one GPU")
+
+        # A fifth would fit the node's total (kube-scheduler's view) but no single GPU.
+        apply(cluster, namespace, shared_job("fifth", pool))
+        why = wait_until(
+            lambda: (c := condition(job(cluster, namespace, "fifth"), "Scheduled"))
+            and c["reason"] == "NotEnoughGPUMemory" and c,
+            30, "fifth to wait for GPU memory",
+        )  # fmt: skip
+        assert "needs 30720 MiB on one GPU per worker" in why["message"]
+        [pod] = worker_pods(cluster, namespace, "fifth")
+        assert pod["spec"]["schedulingGates"], "it waits behind the gate"
+
+
+def test_kube_scheduler_refuses_to_over_commit_shared_gpu_memory(cluster, namespace):
+    with node_pool(cluster, rack_sizes=(1,), shape=SHARED_NODE) as pool:
+        too_much = 2 * H100["memoryMiB"] + 1
+        pod = {
+            "apiVersion": "v1",
+            "kind": "Pod",
+            "metadata": {"name": "greedy"},
+            "spec": {
+                "nodeSelector": pool.selector,
+                "containers": [{"name": "c", "image": "busybox",
+                                "resources": {"limits": {"trainwave.io/gpu-memory": too_much}}}],
+            },
+        }  # fmt: skip
+        apply(cluster, namespace, pod)
+
+        def refused():
+            found = get_json(cluster, namespace, "pod", "greedy")
+            scheduled = next(
+                (c for c in found["status"].get("conditions", []) if c["type"] == "PodScheduled"),
+                None,
+            )
+            return scheduled if scheduled and scheduled["status"] == "False" else None
+
+        scheduled = wait_until(refused, 30, "kube-scheduler to refuse the pod")
+        assert "Insufficient trainwave.io/gpu-memory" in scheduled["message"]

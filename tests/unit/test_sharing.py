@@ -1,0 +1,178 @@
+"""Shared GPUs: the API block, the worker pod, per-GPU placement and the honest isolation."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+import pytest
+from factories import make_job
+
+from cluster.inventory import inventory_annotation
+from trainwave import contract
+from trainwave.api.sharing import isolation, memory_bytes
+from trainwave.api.trainingjob import InvalidSpec
+from trainwave.builders.pods import build_worker_pods
+from trainwave.placement.sharing import (
+    NO_SHARED_GPUS,
+    NOT_ENOUGH_GPU_MEMORY,
+    Pin,
+    SharedGpu,
+    SharedNode,
+    SharedRefusal,
+    build_shared_nodes,
+    place_shared,
+)
+
+pytestmark = pytest.mark.timeout(20)
+GPU = 81559  # MiB of one H100 80GB
+
+
+def node(
+    name: str, *used: int, model: str = "H100", labels: dict[str, str] | None = None
+) -> SharedNode:
+    gpus = tuple(SharedGpu(f"GPU-{name}-{i}", i, GPU, u) for i, u in enumerate(used))
+    return SharedNode(name, model, gpus, labels=labels or {})
+
+
+def placed(result: tuple[Pin, ...] | SharedRefusal) -> tuple[Pin, ...]:
+    assert not isinstance(result, SharedRefusal), result
+    return result
+
+
+# --- the API and the pod ---------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("value", "expected"),
+    [("20Gi", 20 * 2**30), ("500M", 500 * 10**6), (1048576, 2**20), ("1.5Gi", int(1.5 * 2**30))],
+    ids=["Gi", "M", "bytes", "fraction"],
+)
+def test_memory_quantities(value: Any, expected: int) -> None:
+    assert memory_bytes(value) == expected
+
+
+def test_a_bad_memory_quantity_names_the_field_and_what_is_accepted() -> None:
+    with pytest.raises(InvalidSpec, match=r"spec\.gpuSharing\.memory.*suffix Ki, Mi, Gi"):
+        make_job(gpuSharing={"memory": "20 gigs"})
+
+
+def test_a_shared_worker_asks_for_gpu_memory_not_gpus() -> None:
+    job = make_job(workers=1, gpuSharing={"memory": "20Gi"})
+    [pod] = build_worker_pods(job, (0,), attempt=0)
+    worker = next(c for c in pod["spec"]["containers"] if c["name"] == "worker")
+    limits = worker["resources"]["limits"]
+    assert limits == {contract.SHARED_GPU_MEMORY_RESOURCE: 20480}
+    env = {e["name"]: e["value"] for e in worker["env"]}
+    assert env[contract.ENV_GPU_MEMORY_BUDGET] == str(20 * 2**30)
+    assert env["NVIDIA_VISIBLE_DEVICES"] == "all"
+
+
+@pytest.mark.parametrize(
+    ("runtime", "words"),
+    [
+        (None, "not enforced"),
+        (
+            {"features": {"submodel": "on"}},
+            "submodel allocator keeps device memory within 20480 MiB",
+        ),
+    ],
+    ids=["advertised-only", "enforced-by-the-allocator"],
+)
+def test_isolation_says_what_the_job_really_gets(runtime: Any, words: str) -> None:
+    job = make_job(
+        workers=1, gpuSharing={"memory": "20Gi"}, runtime=runtime, command=["python", "t.py"]
+    )
+    text = isolation(job.spec.gpu_sharing, job.spec.runtime)
+    assert text.startswith("soft: pinned to one GPU by CUDA_VISIBLE_DEVICES")
+    assert words in text
+    assert "not MIG, not MPS" in text
+
+
+# --- placement ---------------------------------------------------------------------------------
+
+
+def test_jobs_fill_a_used_gpu_before_opening_a_fresh_one() -> None:
+    cluster = [node("a", 30720, 0), node("b", 0, 0)]
+    [pin] = placed(place_shared(cluster, workers=1, memory_mib=30720))
+    assert (pin.node, pin.gpu_uuid) == ("a", "GPU-a-0"), "the half-used GPU, not an empty one"
+
+
+def test_a_gpu_never_gets_more_than_its_memory() -> None:
+    cluster = [node("a", GPU - 1000)]
+    refused = place_shared(cluster, workers=1, memory_mib=2000)
+    assert isinstance(refused, SharedRefusal)
+    assert refused.code == NOT_ENOUGH_GPU_MEMORY
+    assert "the most free on any shared GPU is 1000 MiB" in refused.reason
+
+
+def test_workers_of_one_job_get_distinct_room_and_the_budgets_add_up() -> None:
+    cluster = [node("a", 0, 0)]
+    pins = placed(place_shared(cluster, workers=4, memory_mib=30720))
+    per_gpu: dict[str, int] = {}
+    for pin in pins:
+        per_gpu[pin.gpu_uuid] = per_gpu.get(pin.gpu_uuid, 0) + pin.memory_mib
+    assert sorted(per_gpu.values()) == [61440, 61440]
+    assert all(total <= GPU for total in per_gpu.values())
+
+
+def test_all_or_nothing_with_the_count_that_would_fit() -> None:
+    refused = place_shared([node("a", 0)], workers=3, memory_mib=30720)
+    assert isinstance(refused, SharedRefusal)
+    assert "2 of 3 workers would fit" in refused.reason
+
+
+@pytest.mark.parametrize(
+    ("cluster", "selector", "code"),
+    [
+        ([], None, NO_SHARED_GPUS),
+        ([node("a", 0, labels={"pool": "x"})], {"pool": "y"}, NO_SHARED_GPUS),
+        ([node("a", 0)], None, NOT_ENOUGH_GPU_MEMORY),
+    ],
+    ids=["none-offered", "none-matching", "larger-than-any-gpu"],
+)
+def test_refusals_name_the_reason(cluster: list[SharedNode], selector: Any, code: str) -> None:
+    refused = place_shared(cluster, workers=1, memory_mib=GPU + 1, selector=selector)
+    assert isinstance(refused, SharedRefusal)
+    assert refused.code == code
+
+
+def test_random_arrivals_never_overfill_a_gpu() -> None:
+    import random
+
+    rng = random.Random(7)
+    cluster = [node(f"n{i}", 0, 0, 0, 0) for i in range(3)]
+    for _ in range(200):
+        mib = rng.choice((4096, 10240, 20480, 30720, 40960))
+        result = place_shared(cluster, workers=rng.choice((1, 1, 2)), memory_mib=mib)
+        if isinstance(result, SharedRefusal):
+            continue
+        for pin in result:
+            cluster = [
+                SharedNode(n.name, n.gpu_model, tuple(
+                    SharedGpu(g.uuid, g.index, g.memory_mib, g.used_mib + (pin.memory_mib if g.uuid == pin.gpu_uuid else 0))
+                    for g in n.gpus
+                ), labels=n.labels) if n.name == pin.node else n
+                for n in cluster
+            ]  # fmt: skip
+    assert all(g.used_mib <= g.memory_mib for n in cluster for g in n.gpus)
+    assert sum(g.used_mib for n in cluster for g in n.gpus) > 0.8 * 12 * GPU, "it packs"
+
+
+def test_shared_nodes_from_the_agents_inventory_and_the_pinned_pods() -> None:
+    notes = inventory_annotation(
+        "n0", gpus=2, product="H100", memory_mib=GPU, nics=0, link_layer=None, rate_gbps=0,
+        gpu_direct=False, shared=True,
+    )  # fmt: skip
+    uuid = json.loads(notes[contract.ANNOTATION_INVENTORY])["sharedGpus"][1]["uuid"]
+    raw_node = {"metadata": {"name": "n0", "annotations": notes, "labels": {}}, "status": {}}
+    pinned = {
+        "metadata": {"annotations": {contract.ANNOTATION_GPU_UUID: uuid}},
+        "spec": {
+            "containers": [{"resources": {"limits": {contract.SHARED_GPU_MEMORY_RESOURCE: 1000}}}]
+        },
+        "status": {"phase": "Running"},
+    }
+    done = {**pinned, "status": {"phase": "Succeeded"}}
+    [shared] = build_shared_nodes([raw_node], [pinned, done])
+    assert [g.used_mib for g in shared.gpus] == [0, 1000]
