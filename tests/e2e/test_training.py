@@ -165,7 +165,7 @@ def test_killed_worker_restarts_the_gang_from_the_latest_checkpoint(
 ) -> None:
     steps, every = 120, 10
     manifest = training_job(
-        "resume", test_kubelet, tmp_path, steps=steps, every=every, step_seconds=0.1
+        "resume", test_kubelet, tmp_path, steps=steps, every=every, step_seconds=0.2
     )
     apply(trainwave_installed, namespace, manifest)
     wait_until(lambda: [s for s in checkpoint_steps(tmp_path) if s >= 2 * every], 200,
@@ -175,6 +175,18 @@ def test_killed_worker_restarts_the_gang_from_the_latest_checkpoint(
     os.kill(victim, signal.SIGKILL)
     saved_before_restart = checkpoint_steps(tmp_path)[-1]
 
+    # The operator reads each worker's /status (the launcher, on the pod IP) and shows
+    # rank 0's progress; at 0.2 s a step, attempt 0 cannot have got this far.
+    def progress_of_attempt_1() -> dict[str, Any] | None:
+        status = job(trainwave_installed, namespace, "resume").get("status", {})
+        progress = status.get("progress") or {}
+        return (
+            progress if status.get("attempt") == 1 and (progress.get("step") or 0) >= 60 else None
+        )
+
+    progress = wait_until(progress_of_attempt_1, 200, "status.progress of attempt 1")
+    assert progress["totalSteps"] == steps
+    assert progress["loss"] is not None
     done = wait_for_phase(
         trainwave_installed, namespace, "resume", ("Succeeded", "Failed"), timeout=240
     )
