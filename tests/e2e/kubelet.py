@@ -31,7 +31,8 @@ from kubernetes import client, config, watch
 
 from e2e.formats import hosts_file
 from e2e.nodes import KUBELET_LABEL, build_kubelet_node, delete_node, heartbeat
-from e2e.podrun import Host, MountPoints, PodRun, force_delete
+from e2e.podrun import Host, PodRun, force_delete
+from e2e.volumes import MountPoints
 
 logger = logging.getLogger(__name__)
 

@@ -2,7 +2,7 @@
 
 A `PodRun` owns a directory (logs, emptyDirs, downward API files, the hosts
 file, a private TMPDIR) and one thread: it resolves the pod (podspec.py),
-starts sandbox.py in fresh UTS, mount and PID namespaces, turns the
+prepares its volumes (volumes.py), starts sandbox.py in fresh UTS, mount and PID namespaces, turns the
 sandbox's container events into pod status (podstatus.py) and, when the pod
 was deleted, removes it with grace period 0 once its processes are gone,
 which is a kubelet's last word on a pod.
@@ -10,8 +10,8 @@ which is a kubelet's last word on a pod.
 
 from __future__ import annotations
 
-import contextlib
 import json
+import logging
 import os
 import shutil
 import signal
@@ -28,8 +28,11 @@ from kubernetes.client.exceptions import ApiException
 
 from e2e.formats import PodAddress
 from e2e.nodes import NODE_IP, now_rfc3339
-from e2e.podspec import ContainerPlan, PodContext, Unsupported, downward_files, plan_containers
+from e2e.podspec import ContainerPlan, PodContext, Unsupported, plan_containers
 from e2e.podstatus import START_ERROR_EXIT_CODE, PodState
+from e2e.volumes import MountPoints, PodVolumes
+
+logger = logging.getLogger(__name__)
 
 SANDBOX = Path(__file__).resolve().parent / "sandbox.py"
 NAMESPACES = ["unshare", "--uts", "--mount", "--propagation", "private", "--pid", "--kill-child"]
@@ -54,33 +57,6 @@ def sandbox_unavailable() -> str | None:
             "creating namespaces needs root (or CAP_SYS_ADMIN)"
         )
     return None
-
-
-class MountPoints:
-    """Mount targets that did not exist on this machine, created for pods and removed at the
-    end: a bind mount needs its target to exist, and pods share this machine's filesystem."""
-
-    def __init__(self) -> None:
-        self._lock = threading.Lock()
-        self._created: list[Path] = []
-
-    def ensure(self, target: Path, *, file: bool) -> None:
-        with self._lock:
-            missing = [p for p in (target, *target.parents) if not p.exists()]
-            for path in reversed(missing):
-                if path == target and file:
-                    path.touch()
-                else:
-                    path.mkdir()
-                self._created.append(path)
-
-    def remove_all(self) -> None:
-        with self._lock:
-            for path in reversed(self._created):
-                # Not empty, or still mounted somewhere: leave it, never force.
-                with contextlib.suppress(OSError):
-                    path.rmdir() if path.is_dir() else path.unlink()
-            self._created.clear()
 
 
 @dataclass(frozen=True)
@@ -119,7 +95,7 @@ class PodRun:
         self._process: subprocess.Popen[bytes] | None = None
         self._terminating = False
         self._killer: threading.Timer | None = None
-        self._downward: list[tuple[Path, list[dict[str, Any]], str]] = []
+        self.volumes = PodVolumes(host.core, self.dir / "volumes")
         self._hosts = ""
         self._thread = threading.Thread(target=self._run, name=f"pod-{self.name}", daemon=True)
 
@@ -160,8 +136,7 @@ class PodRun:
         after = pod["metadata"]
         if all(before.get(k) == after.get(k) for k in ("labels", "annotations")):
             return
-        for directory, items, where in self._downward:
-            _write_files(directory, downward_files(items, pod, self.context, where))
+        self.volumes.refresh(pod, self.context)
 
     def terminate(self, grace: int) -> None:
         """SIGTERM to the pod's processes, SIGKILL `grace` seconds later; then delete it."""
@@ -192,6 +167,14 @@ class PodRun:
         return [p for p in (_process(pid) for pid in _descendants(process.pid)) if p]
 
     def _run(self) -> None:
+        try:
+            self._run_pod()
+        except Exception:  # a kubelet bug must not leave stop() waiting for this pod
+            logger.exception("pod %s/%s: the test kubelet failed", self.namespace, self.name)
+            self.kill()
+            self._finish()
+
+    def _run_pod(self) -> None:
         try:
             plan = self._prepare()
         except (Unsupported, OSError, ApiException) as error:
@@ -255,7 +238,7 @@ class PodRun:
         """Volumes, mount points and the sandbox's plan file; returns the plan's path."""
         context = self.context
         init, main = plan_containers(self.pod, context)
-        sources = {v["name"]: self._volume(v) for v in self.pod["spec"].get("volumes") or []}
+        sources = self.volumes.prepare(self.pod, context)
         plan = {
             "hostname": self.address.hostname,
             "hostsFile": str(self.hosts_path),
@@ -285,59 +268,6 @@ class PodRun:
             "mounts": mounts,
         }
 
-    def _volume(self, volume: Mapping[str, Any]) -> Path:
-        name = volume["name"]
-        where = f"spec.volumes[{name}]"
-        local = self.dir / "volumes" / name
-        if "emptyDir" in volume:
-            local.mkdir(exist_ok=True)
-            return local
-        if "hostPath" in volume:
-            return _host_path(volume["hostPath"], where)
-        if "downwardAPI" in volume:
-            self._downward_volume(local, volume["downwardAPI"].get("items") or [], where)
-            return local
-        if "projected" in volume:
-            local.mkdir(exist_ok=True)
-            for index, source in enumerate(volume["projected"].get("sources") or []):
-                self._projected(local, source, f"{where}.projected.sources[{index}]")
-            return local
-        kinds = ", ".join(k for k in volume if k != "name")
-        raise Unsupported(f"{where}: {kinds} volumes are not emulated; "
-                          "accepted: emptyDir, hostPath, downwardAPI, projected")  # fmt: skip
-
-    def _downward_volume(self, directory: Path, items: list[dict[str, Any]], where: str) -> None:
-        directory.mkdir(exist_ok=True)
-        _write_files(directory, downward_files(items, self.pod, self.context, where))
-        self._downward.append((directory, items, where))
-
-    def _projected(self, directory: Path, source: Mapping[str, Any], where: str) -> None:
-        if "downwardAPI" in source:
-            self._downward_volume(directory, source["downwardAPI"].get("items") or [], where)
-        elif "configMap" in source:
-            ref = source["configMap"]
-            found = self.host.core.read_namespaced_config_map(
-                ref["name"], self.namespace, _preload_content=False
-            )
-            data = json.loads(found.data).get("data") or {}
-            items = ref.get("items") or [{"key": k, "path": k} for k in data]
-            _write_files(directory, {i["path"]: data[i["key"]] for i in items})
-        elif "serviceAccountToken" in source:
-            token = source["serviceAccountToken"]
-            request = {"spec": {
-                "audiences": [token["audience"]] if token.get("audience") else [],
-                "expirationSeconds": token.get("expirationSeconds", 3600),
-                "boundObjectRef": {"apiVersion": "v1", "kind": "Pod", "name": self.name,
-                                   "uid": self.uid},
-            }}  # fmt: skip
-            account = self.pod["spec"].get("serviceAccountName") or "default"
-            answer = self.host.core.create_namespaced_service_account_token(
-                account, self.namespace, request, _preload_content=False
-            )
-            _write_files(directory, {token["path"]: json.loads(answer.data)["status"]["token"]})
-        else:
-            raise Unsupported(f"{where}: only downwardAPI, configMap and serviceAccountToken")
-
 
 def force_delete(core: client.CoreV1Api, namespace: str, name: str, uid: str) -> None:
     """Delete with grace period 0: the kubelet's confirmation that nothing of the pod runs."""
@@ -347,28 +277,6 @@ def force_delete(core: client.CoreV1Api, namespace: str, name: str, uid: str) ->
     except ApiException as error:
         if error.status not in (404, 409):  # gone, or a new pod under the same name
             raise
-
-
-def _host_path(spec: Mapping[str, Any], where: str) -> Path:
-    path, kind = Path(spec["path"]), spec.get("type", "")
-    if kind in ("", "DirectoryOrCreate"):
-        path.mkdir(parents=True, exist_ok=True)
-    elif kind in ("Directory", "File") and not path.exists():
-        raise Unsupported(f"{where}.hostPath: {path} does not exist (type {kind})")
-    elif kind not in ("Directory", "File"):
-        raise Unsupported(f"{where}.hostPath.type {kind!r}: accepted: '', DirectoryOrCreate, "
-                          "Directory, File")  # fmt: skip
-    return path
-
-
-def _write_files(directory: Path, files: Mapping[str, str]) -> None:
-    """Each file replaced atomically, so a reader never sees half of one."""
-    for relative, content in files.items():
-        target = directory / relative
-        target.parent.mkdir(parents=True, exist_ok=True)
-        temporary = target.with_name(f".{target.name}.tmp")
-        temporary.write_text(content)
-        os.replace(temporary, target)
 
 
 def _descendants(root: int) -> list[int]:
