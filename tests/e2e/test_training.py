@@ -175,24 +175,27 @@ def test_killed_worker_restarts_the_gang_from_the_latest_checkpoint(
     os.kill(victim, signal.SIGKILL)
     saved_before_restart = checkpoint_steps(tmp_path)[-1]
 
-    # The operator reads each worker's /status (the launcher, on the pod IP) and shows
-    # rank 0's progress; at 0.2 s a step, attempt 0 cannot have got this far.
+    first = rank0(test_kubelet, namespace, "resume", attempt=0)
+    assert first.finished.wait(60), "attempt 0's worker 0 still runs a minute after the kill"
+    last_of_attempt_0 = events(first, "step")[-1]["step"]
+
+    # The operator reads each worker's /status (the launcher, on the pod IP) every 15 s and
+    # shows rank 0's progress; a step attempt 0 never reached proves it is attempt 1's.
     def progress_of_attempt_1() -> dict[str, Any] | None:
         status = job(trainwave_installed, namespace, "resume").get("status", {})
         progress = status.get("progress") or {}
-        return (
-            progress if status.get("attempt") == 1 and (progress.get("step") or 0) >= 60 else None
-        )
+        step = progress.get("step") or 0
+        return progress if status.get("attempt") == 1 and step > last_of_attempt_0 else None
 
     progress = wait_until(progress_of_attempt_1, 200, "status.progress of attempt 1")
     assert progress["totalSteps"] == steps
     assert progress["loss"] is not None
+
     done = wait_for_phase(
         trainwave_installed, namespace, "resume", ("Succeeded", "Failed"), timeout=240
     )
     assert done["status"]["phase"] == "Succeeded", done["status"]
     assert (done["status"]["attempt"], done["status"]["restarts"]) == (1, 1)
-    first = rank0(test_kubelet, namespace, "resume", attempt=0)
     second = rank0(test_kubelet, namespace, "resume", attempt=1)
     (restart,) = events(second, "start")
     resumed = restart["resumed_from"]
@@ -205,7 +208,6 @@ def test_killed_worker_restarts_the_gang_from_the_latest_checkpoint(
     after = events(second, "step")[0]["loss"]
     assert after < 0.5 * before[1], f"loss after resume {after} vs {before[1]} at step 1"
     assert checkpoint_steps(tmp_path)[-1] == steps
-    assert job(trainwave_installed, namespace, "resume")["status"]["phase"] == "Succeeded"
 
 
 def training_process(run: PodRun, rank: int) -> int:
