@@ -87,3 +87,4 @@ demo: venv tools ## the main job: cluster, chart, operator, every example to its
 .PHONY: bench
 bench: venv tools ## benchmarks, each on its own local cluster (see README, Performance)
 	$(PY) tests/benchmarks/bench_apply_to_running.py
+	$(PY) tests/benchmarks/bench_placement_vs_scheduler.py

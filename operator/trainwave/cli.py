@@ -223,6 +223,8 @@ def run_doctor(options: argparse.Namespace) -> int:
     report = run_doctor(host)
     print(json.dumps(report.as_dict(), indent=2) if options.json else report.render())
     return {Status.PASS: 0, Status.WARN: 1, Status.FAIL: 2}[report.verdict]
+
+
 def add_size_parser(commands: "argparse._SubParsersAction[argparse.ArgumentParser]") -> None:
     from trainwave.sizing.setup import CHECKPOINTING, OPTIMIZER_STATES, PRECISIONS
     from trainwave.sizing.shapes import PRESETS

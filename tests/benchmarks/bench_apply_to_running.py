@@ -22,10 +22,8 @@ import json
 import os
 import platform
 import re
-import statistics
 import sys
 import time
-from datetime import datetime
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[2]
@@ -33,9 +31,9 @@ sys.path.insert(0, str(REPO / "tests"))
 
 import yaml  # noqa: E402
 
+from benchmarks.operator_cluster import operator_cluster, parse_time  # noqa: E402
 from benchmarks.provenance import git_commit  # noqa: E402
-from cluster.controlplane import cache_dir, ensure_cluster  # noqa: E402
-from cluster.deploy import OperatorProcess, install_chart, service_account_kubeconfig  # noqa: E402
+from benchmarks.summaries import spread  # noqa: E402
 
 JOBS = int(os.environ.get("BENCH_JOBS", "100"))
 WORKERS = int(os.environ.get("BENCH_WORKERS", "4"))
@@ -57,38 +55,9 @@ def manifests() -> str:
     return yaml.safe_dump_all(jobs)
 
 
-def parse_time(value: str) -> float:
-    return datetime.fromisoformat(value.replace("Z", "+00:00")).timestamp()
-
-
-def percentile(values: list[float], q: float) -> float:
-    ordered = sorted(values)
-    return ordered[min(len(ordered) - 1, round(q * (len(ordered) - 1)))]
-
-
 def main() -> int:
-    state = cache_dir() / "bench-cluster"
-    cluster = ensure_cluster(TOPOLOGY, state_dir=state)
-    try:
-        install_chart(cluster)
-        cluster.kubectl("delete", "namespace", NAMESPACE, "--ignore-not-found", "--wait=true",
-                        timeout=300)  # fmt: skip
-        cluster.kubectl("create", "namespace", NAMESPACE)
-        cluster.kubectl("wait", "--for=create", "serviceaccount/default", "-n", NAMESPACE)
-        workdir = state / "bench"
-        workdir.mkdir(exist_ok=True)
-        operator = OperatorProcess(
-            kubeconfig=service_account_kubeconfig(cluster, workdir / "operator.kubeconfig"),
-            log_path=workdir / "operator.log",
-        )
-        operator.start()
-        try:
-            result = run(cluster, operator)
-        finally:
-            operator.stop()
-        cluster.kubectl("delete", "namespace", NAMESPACE, "--wait=false", check=False)
-    finally:
-        cluster.stop()
+    with operator_cluster(TOPOLOGY, "bench-cluster", NAMESPACE) as bench:
+        result = run(bench.cluster, bench.operator)
     RESULTS.parent.mkdir(parents=True, exist_ok=True)
     RESULTS.write_text(json.dumps(result, indent=2) + "\n")
     print(json.dumps(result, indent=2))
@@ -139,11 +108,7 @@ def run(cluster, operator) -> dict:
         # API timestamps have 1 s resolution; the wall clock brackets it.
         "apply_to_all_running_seconds": round(last_running - started, 1),
         "jobs_reporting_all_running": len(per_job),
-        "job_all_running_seconds": {
-            "p50": round(statistics.median(per_job), 1),
-            "p95": round(percentile(per_job, 0.95), 1),
-            "max": round(max(per_job), 1),
-        },
+        "job_all_running_seconds": spread(per_job),
         "reconciles": int(reconciles),
         "mean_reconcile_ms": round(1000 * reconcile_sum / reconciles, 1) if reconciles else None,
         "conditions": {

@@ -16,7 +16,8 @@ Measured:
 - the same quality numbers for a baseline fed the identical arrival stream: every worker
   goes to the node with the most free GPUs, ties broken at random (the LeastAllocated
   scoring kube-scheduler applies by default), all or nothing. It is simulated here; the
-  comparison with the real kube-scheduler on the simulated cluster is a separate benchmark.
+  comparison with the real kube-scheduler on a simulated cluster is
+  bench_placement_vs_scheduler.py.
 
 Goals (issue 3): p99 < 50 ms, >= 100 gangs/s, >= 95% inside one rack when a rack has room.
 
@@ -38,13 +39,14 @@ import sys
 import time
 from collections import Counter
 from dataclasses import dataclass, field
-from itertools import pairwise
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[2]
 sys.path[:0] = [str(REPO / "operator"), str(REPO / "tests")]
 
+from benchmarks.placement_quality import Fleet, Quality  # noqa: E402
 from benchmarks.provenance import git_commit  # noqa: E402
+from benchmarks.summaries import percentile  # noqa: E402
 from cluster.topology import build_nodes, load_topology  # noqa: E402
 from trainwave.contract import NODE_LABEL_GPU_PRODUCT  # noqa: E402
 from trainwave.placement.gang import GangRequest, Placement, place  # noqa: E402
@@ -97,64 +99,6 @@ def make_job(rng: random.Random, index: int) -> tuple[GangRequest, int]:
     return request, lifetime
 
 
-@dataclass
-class Quality:
-    """Multi-node jobs only; `room` = some rack could hold the whole gang when it arrived."""
-
-    placed: int = 0
-    room: int = 0
-    one_rack_with_room: int = 0
-    racks: list[int] = field(default_factory=list)
-    cross_rack_pairs: int = 0
-
-    def summary(self) -> dict[str, float | int]:
-        return {
-            "multi_node_jobs_placed": self.placed,
-            "with_room_in_one_rack": self.room,
-            "single_rack_share_when_room": round(self.one_rack_with_room / max(1, self.room), 4),
-            "mean_racks_per_job": round(statistics.fmean(self.racks), 3) if self.racks else 0.0,
-            "cross_rack_neighbour_pairs": self.cross_rack_pairs,
-            "cross_rack_pairs_per_job": round(self.cross_rack_pairs / max(1, self.placed), 3),
-        }
-
-    def record(self, room: bool, racks_in_rank_order: list[int]) -> None:
-        self.placed += 1
-        self.room += room
-        used = len(set(racks_in_rank_order))
-        self.one_rack_with_room += room and used == 1
-        self.racks.append(used)
-        pairs = pairwise(racks_in_rank_order)
-        self.cross_rack_pairs += sum(a != b for a, b in pairs)
-
-
-class Fleet:
-    """Per-node facts both placers share: rack of each node, who matches each selector."""
-
-    def __init__(self, snapshot: ClusterSnapshot):
-        topology = snapshot.topology
-        self.rack_level = topology.level_of("rack")
-        assert self.rack_level is not None
-        self.rack_of = topology.node_domains[self.rack_level]
-        self.racks = len(topology.domains[self.rack_level])
-        self.labels = [node.labels for node in snapshot.nodes]
-        self._eligible: dict[tuple[tuple[str, str], ...], list[int]] = {}
-
-    def eligible(self, request: GangRequest) -> list[int]:
-        key = tuple(sorted(request.node_selector.items()))
-        if key not in self._eligible:
-            self._eligible[key] = [
-                i for i, labels in enumerate(self.labels)
-                if all(labels.get(k) == v for k, v in key)
-            ]  # fmt: skip
-        return self._eligible[key]
-
-    def rack_has_room(self, free: list[int] | tuple[int, ...], request: GangRequest) -> bool:
-        room = [0] * self.racks
-        for node in self.eligible(request):
-            room[self.rack_of[node]] += free[node] // request.gpus_per_worker
-        return max(room) >= request.workers
-
-
 class Baseline:
     """Each worker to the node with the most free GPUs, ties at random; all or nothing."""
 
@@ -189,11 +133,6 @@ class Baseline:
         self.departures.setdefault(leaves, []).append((chosen, size))
         if request.gpus > 8:
             self.quality.record(room, [self.fleet.rack_of[n] for n in chosen])
-
-
-def percentile(values: list[float], q: float) -> float:
-    ordered = sorted(values)
-    return ordered[min(len(ordered) - 1, round(q * (len(ordered) - 1)))]
 
 
 def timings(values_ns: list[int]) -> dict[str, float | int]:
@@ -243,8 +182,7 @@ class Engine:
         self.snapshot = snapshot.with_usage(usage)
         self.departures.setdefault(leaves, []).append(usage)
         if request.gpus > 8:
-            index = snapshot.topology.node_index
-            self.quality.record(room, [self.fleet.rack_of[index[n]] for n in result.nodes])
+            self.quality.record(room, self.fleet.racks_of(list(result.nodes)))
 
 
 def time_queue_round(snapshot: ClusterSnapshot, rng: random.Random) -> dict[str, float | int]:

@@ -89,12 +89,10 @@ class OperatorProcess:
     process: subprocess.Popen[bytes] | None = None
 
     def start(self, timeout: float = 60) -> None:
-        # This checkout's operator, not whichever checkout the venv was installed from.
-        source_root = REPO / "operator"
-        python_path = os.pathsep.join(
-            filter(None, [str(source_root), os.environ.get("PYTHONPATH")])
-        )
-        environment = os.environ | {"KUBECONFIG": str(self.kubeconfig), "PYTHONPATH": python_path}
+        # This checkout's operator, not whichever one the venv's editable install points at:
+        # in a git worktree those differ, and tests would exercise the other code.
+        path = os.pathsep.join(filter(None, [str(REPO / "operator"), os.environ.get("PYTHONPATH")]))
+        environment = os.environ | {"KUBECONFIG": str(self.kubeconfig), "PYTHONPATH": path}
         log = self.log_path.open("ab")
         self.process = subprocess.Popen(
             [sys.executable, "-m", "trainwave.cli", "operator",

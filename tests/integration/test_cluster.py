@@ -86,15 +86,22 @@ def test_cluster_is_healthy_and_reports_status(cluster: Cluster) -> None:
 def test_small_topology_nodes_are_ready_with_gpus(cluster: Cluster) -> None:
     nodes = get(cluster, "default", "nodes", "-l", "type=kwok")["items"]
 
-    assert len(nodes) == 8
+    nodes = [n for n in nodes if "test.trainwave.io/pool" not in n["metadata"]["labels"]]
+
+    assert len(nodes) == 9
     for node in nodes:
         ready = {c["type"]: c["status"] for c in node["status"]["conditions"]}["Ready"]
         assert ready == "True", node["metadata"]["name"]
         assert node["status"]["allocatable"][GPU_RESOURCE] == "8"
-        assert RDMA_RESOURCE in node["status"]["allocatable"]
         assert node["metadata"]["labels"][NODE_LABEL_GPU_PRODUCT] == "NVIDIA-H100-80GB-HBM3"
         assert not node["spec"].get("taints")
-    assert {n["metadata"]["labels"][NODE_LABEL_RACK] for n in nodes} == {"rack-00", "rack-01"}
+    racks = {n["metadata"]["name"]: n["metadata"]["labels"][NODE_LABEL_RACK] for n in nodes}
+    assert sorted(set(racks.values())) == ["rack-00", "rack-01", "rack-02"]
+    shared = [n for n in nodes if racks[n["metadata"]["name"]] == "rack-02"]
+    assert [n["status"]["allocatable"].get("trainwave.io/gpu-memory") for n in shared] == [
+        str(8 * 81559)
+    ]
+    assert all(RDMA_RESOURCE in n["status"]["allocatable"] for n in nodes if n not in shared)
 
 
 def test_gpu_pod_is_scheduled_runs_and_succeeds_after_run_for(

@@ -16,6 +16,7 @@ OUTCOMES = {
     "single-worker.yaml": ("Succeeded", "Succeeded", 0),
     "distributed-4x8.yaml": ("Succeeded", "Succeeded", 0),
     "rdma-gpudirect-2x8.yaml": ("Succeeded", "Succeeded", 0),
+    "shared-gpu-finetune.yaml": ("Succeeded", "Succeeded", 0),
     "restart-then-fail.yaml": ("Failed", "MaxRestartsExceeded", 2),
     "suspended.yaml": ("Suspended", "Suspended", 0),
 }

@@ -97,3 +97,18 @@ def test_kube_scheduler_refuses_to_over_commit_shared_gpu_memory(cluster, namesp
 
         scheduled = wait_until(refused, 30, "kube-scheduler to refuse the pod")
         assert "Insufficient trainwave.io/gpu-memory" in scheduled["message"]
+
+
+def test_a_model_larger_than_any_shared_gpu_fails_with_the_estimate(
+    cluster, namespace, running_operator
+):
+    with node_pool(cluster, rack_sizes=(1,), shape=SHARED_NODE) as pool:
+        manifest = shared_job("llama", pool)
+        manifest["spec"]["gpuSharing"] = {"model": {"preset": "llama-7b", "sequence": 2048}}
+        apply(cluster, namespace, manifest)
+        body = wait_for_phase(cluster, namespace, "llama", "Failed", timeout=30)
+        assert body["status"]["reason"] == "LargerThanAnyGPU"
+        message = body["status"]["message"]
+        assert message.startswith("spec.gpuSharing: asks ")
+        assert "the largest shared GPU has 81559 MiB" in message
+        assert "estimated from spec.gpuSharing.model (weights " in message

@@ -26,7 +26,7 @@ pytestmark = pytest.mark.timeout(10)
 @pytest.mark.parametrize(
     ("name", "levels", "domains"),
     [
-        pytest.param("small", ["cluster", "spine", "rack", "node"], [1, 1, 2, 8], id="small"),
+        pytest.param("small", ["cluster", "spine", "rack", "node"], [1, 1, 3, 9], id="small"),
         pytest.param("medium-64", ["cluster", "spine", "rack", "node"], [1, 2, 8, 64], id="medium"),
         pytest.param("large", ["cluster", "spine", "rack", "node"], [1, 4, 64, 1024], id="large"),
     ],
@@ -202,9 +202,16 @@ def test_nodes_that_take_no_new_pods_offer_nothing(
 
 def test_snapshot_carries_topology_labels_and_capacity() -> None:
     snapshot = build_snapshot(small_nodes(), [])
-    assert len(snapshot.nodes) == 8
+    assert len(snapshot.nodes) == 9
     assert snapshot.node(NODE).gpus == 8
     assert snapshot.node(NODE).labels[NODE_LABEL_RACK] == "rack-00"
+
+
+def test_gpus_offered_for_sharing_are_not_whole_gpus_for_gangs() -> None:
+    snapshot = build_snapshot(small_nodes(), [])
+    shared = [n for n in snapshot.nodes if n.labels[NODE_LABEL_RACK] == "rack-02"]
+    assert [(n.name, n.gpus) for n in shared] == [("gpu-r02-n00", 0)]
+    assert sum(n.gpus for n in snapshot.nodes) == 64
 
 
 def test_with_usage_returns_a_new_snapshot_sharing_the_tree() -> None:

@@ -6,14 +6,17 @@ import json
 from typing import Any
 
 import pytest
-from factories import make_job
+from factories import NOW, make_job, make_pod
 
 from cluster.inventory import inventory_annotation
 from trainwave import contract
 from trainwave.api.sharing import isolation, memory_bytes
+from trainwave.api.status import Phase
 from trainwave.api.trainingjob import InvalidSpec
 from trainwave.builders.pods import build_worker_pods
+from trainwave.lifecycle.decide import PlacementWait, decide
 from trainwave.placement.sharing import (
+    LARGER_THAN_ANY_GPU,
     NO_SHARED_GPUS,
     NOT_ENOUGH_GPU_MEMORY,
     Pin,
@@ -23,6 +26,11 @@ from trainwave.placement.sharing import (
     build_shared_nodes,
     place_shared,
 )
+from trainwave.sizing.memory import estimate_memory
+from trainwave.sizing.recommend import recommend
+from trainwave.sizing.requests import shared_memory
+from trainwave.sizing.setup import TrainingSetup
+from trainwave.sizing.shapes import preset
 
 pytestmark = pytest.mark.timeout(20)
 GPU = 81559  # MiB of one H100 80GB
@@ -83,7 +91,7 @@ def test_isolation_says_what_the_job_really_gets(runtime: Any, words: str) -> No
     job = make_job(
         workers=1, gpuSharing={"memory": "20Gi"}, runtime=runtime, command=["python", "t.py"]
     )
-    text = isolation(job.spec.gpu_sharing, job.spec.runtime)
+    text = isolation(job.spec.gpu_sharing, job.spec.runtime, 20480)
     assert text.startswith("soft: pinned to one GPU by CUDA_VISIBLE_DEVICES")
     assert words in text
     assert "not MIG, not MPS" in text
@@ -127,7 +135,7 @@ def test_all_or_nothing_with_the_count_that_would_fit() -> None:
     [
         ([], None, NO_SHARED_GPUS),
         ([node("a", 0, labels={"pool": "x"})], {"pool": "y"}, NO_SHARED_GPUS),
-        ([node("a", 0)], None, NOT_ENOUGH_GPU_MEMORY),
+        ([node("a", 0)], None, LARGER_THAN_ANY_GPU),
     ],
     ids=["none-offered", "none-matching", "larger-than-any-gpu"],
 )
@@ -176,3 +184,45 @@ def test_shared_nodes_from_the_agents_inventory_and_the_pinned_pods() -> None:
     done = {**pinned, "status": {"phase": "Succeeded"}}
     [shared] = build_shared_nodes([raw_node], [pinned, done])
     assert [g.used_mib for g in shared.gpus] == [0, 1000]
+
+
+# --- memory from a model description -------------------------------------------------------
+
+
+def test_a_model_description_is_sized_by_the_same_code_as_trainwave_size() -> None:
+    model = {"preset": "gpt2-124m", "microBatch": 4, "sequence": 512}
+    job = make_job(workers=1, gpuSharing={"model": model})
+    assert job.spec.gpu_sharing is not None
+    memory = shared_memory(job.spec.gpu_sharing)
+    setup = TrainingSetup(micro_batch=4, sequence=512)
+    expected = recommend(preset("gpt2-124m"), setup, 80 * 2**30)
+    assert memory.bytes == expected.memory_request, "the request `trainwave size` prints"
+    assert memory.bytes - estimate_memory(preset("gpt2-124m"), setup).total < 256 * 2**20
+    assert memory.how.startswith("estimated from spec.gpuSharing.model (weights ")
+    [pod] = build_worker_pods(job, (0,), attempt=0)
+    limits = next(c for c in pod["spec"]["containers"] if c["name"] == "worker")["resources"][
+        "limits"
+    ]
+    assert limits[contract.SHARED_GPU_MEMORY_RESOURCE] == memory.mib
+
+
+@pytest.mark.parametrize(
+    "sharing",
+    [{}, {"memory": "1Gi", "model": {"preset": "gpt2-124m"}}, {"model": {}}],
+    ids=["neither", "both", "model-without-size"],
+)
+def test_exactly_one_source_of_memory(sharing: dict[str, Any]) -> None:
+    with pytest.raises(InvalidSpec, match=r"spec\.gpuSharing"):
+        make_job(gpuSharing=sharing)
+
+
+def test_a_worker_larger_than_any_gpu_fails_the_job_saying_why() -> None:
+    job = make_job(workers=1, phase="Scheduling", gpuSharing={"model": {"preset": "llama-7b"}})
+    gated = [make_pod(0, 0, "Pending", ready=False, bound=False, gated=True)]
+    why = PlacementWait(
+        LARGER_THAN_ANY_GPU, "asks 120000 MiB of one GPU; the largest shared GPU has 81559 MiB"
+    )
+    decision = decide(job, gated, NOW, why)
+    assert decision.status.phase == Phase.FAILED
+    assert decision.status.reason == LARGER_THAN_ANY_GPU
+    assert decision.status.message.startswith("spec.gpuSharing: asks 120000 MiB")

@@ -55,7 +55,7 @@ def labels(node: dict[str, Any]) -> dict[str, str]:
 @pytest.mark.parametrize(
     ("file", "nodes", "gpus", "racks", "spines"),
     [
-        pytest.param("small.yaml", 8, 64, 2, 1, id="small"),
+        pytest.param("small.yaml", 9, 72, 3, 1, id="small"),
         pytest.param("medium-64.yaml", 64, 512, 8, 2, id="medium-64"),
         pytest.param("large.yaml", 1024, 8192, 64, 4, id="large"),
     ],

@@ -1,10 +1,11 @@
 """The `gpuSharing` block of a TrainingJob: part of one shared GPU per worker. Pure."""
 
 import re
+from typing import Literal
 
-from pydantic import Field, field_validator
+from pydantic import ConfigDict, Field, field_validator, model_validator
 
-from trainwave.api.base import ApiModel, Quantity
+from trainwave.api.base import ApiModel, Quantity, cel, validations
 from trainwave.api.runtime import RuntimeSpec
 
 _MEMORY = re.compile(r"^([0-9]+(?:\.[0-9]+)?)(Ki|Mi|Gi|Ti|k|K|M|G|T)?$")
@@ -27,11 +28,58 @@ def memory_bytes(value: int | str) -> int:
     return int(float(number) * _FACTORS[suffix])
 
 
+class ModelDescription(ApiModel):
+    """Enough about the model for trainwave to estimate its memory (`trainwave size`)."""
+
+    preset: Literal["gpt2-124m", "llama-7b", "bert-base"] | None = Field(
+        default=None, description="preset: a named architecture."
+    )
+    parameters: int | None = Field(
+        default=None,
+        ge=1,
+        description="parameters: the parameter count, when no preset fits (activations are "
+        "then not counted: give memory instead if they matter).",
+    )
+    precision: Literal["fp32", "bf16-mixed", "fp16-mixed", "bf16"] = Field(
+        default="bf16-mixed", description="precision: of weights, gradients and activations."
+    )
+    optimizer: Literal["sgd", "sgd-momentum", "adagrad", "lion", "adam", "adamw"] = Field(
+        default="adamw", description="optimizer: decides the optimizer state per parameter."
+    )
+    micro_batch: int = Field(default=1, ge=1, description="microBatch: samples per step.")
+    sequence: int = Field(default=0, ge=0, description="sequence: tokens per sample.")
+    checkpointing: Literal["off", "selective", "full"] = Field(
+        default="off", description="checkpointing: activation recomputation."
+    )
+
+
 class GpuSharingSpec(ApiModel):
-    memory: Quantity = Field(
+    model_config = ConfigDict(
+        **ApiModel.model_config,
+        json_schema_extra=validations(
+            cel(
+                "has(self.memory) != has(self.model)",
+                "spec.gpuSharing needs exactly one of memory (e.g. 20Gi) or model (trainwave "
+                "estimates the memory from it)",
+            ),
+            cel(
+                "!has(self.model) || has(self.model.preset) != has(self.model.parameters)",
+                "spec.gpuSharing.model needs exactly one of preset or parameters",
+                ".model",
+            ),
+        ),
+    )
+
+    memory: Quantity | None = Field(
+        default=None,
         description="memory: GPU memory each worker needs on one shared GPU, e.g. 20Gi. "
         "The worker is pinned to a GPU with that much free, and its runtime keeps it within "
         "the budget.",
+    )
+    model: ModelDescription | None = Field(
+        default=None,
+        description="model: estimate the memory from the model instead (weights, gradients, "
+        "optimizer state, activations, and a stated overhead).",
     )
     allow_multiple_workers: bool = Field(
         default=False,
@@ -41,29 +89,30 @@ class GpuSharingSpec(ApiModel):
 
     @field_validator("memory")
     @classmethod
-    def _at_least_one_mib(cls, value: int | str) -> int | str:
-        if memory_bytes(value) < MIB:
+    def _at_least_one_mib(cls, value: int | str | None) -> int | str | None:
+        if value is not None and memory_bytes(value) < MIB:
             raise ValueError(f"{value!r} is less than 1Mi")
         return value
 
-    @property
-    def memory_bytes(self) -> int:
-        return memory_bytes(self.memory)
+    @model_validator(mode="after")
+    def _one_source(self) -> "GpuSharingSpec":
+        if (self.memory is None) == (self.model is None):
+            raise ValueError("needs exactly one of memory (e.g. 20Gi) or model")
+        if self.model is not None and (self.model.preset is None) == (
+            self.model.parameters is None
+        ):
+            raise ValueError("model needs exactly one of preset or parameters")
+        return self
 
-    @property
-    def memory_mib(self) -> int:
-        """Rounded up: the extended resource counts whole MiB."""
-        return -(-self.memory_bytes // MIB)
 
-
-def isolation(sharing: GpuSharingSpec | None, runtime: RuntimeSpec | None) -> str:
+def isolation(sharing: GpuSharingSpec | None, runtime: RuntimeSpec | None, memory_mib: int) -> str:
     """What keeps a shared-GPU job apart from its neighbours, said plainly."""
     if sharing is None:
         return ""
     enforced = (
         runtime is not None and runtime.enabled and runtime.features.submodel in ("on", "auto")
     )
-    budget = f"{sharing.memory_mib} MiB"
+    budget = f"{memory_mib} MiB"
     memory = (
         f"the runtime's submodel allocator keeps device memory within {budget}"
         if enforced

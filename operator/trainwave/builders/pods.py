@@ -23,6 +23,7 @@ from trainwave.builders.owners import job_labels, owner_reference
 from trainwave.builders.runtime import set_runtime
 from trainwave.builders.sharing import set_shared_gpu
 from trainwave.builders.worker import Mutator, Worker
+from trainwave.sizing.requests import shared_memory
 
 # Pod fields trainwave owns; a template that sets them is refused rather than
 # silently overridden, so the user learns why their value had no effect.
@@ -44,6 +45,11 @@ def check_template(job: TrainingJob) -> None:
             f"spec.template.spec.restartPolicy is {policy!r}; accepted: 'Never' or unset "
             "(trainwave restarts the whole gang itself, see runPolicy.failurePolicy)"
         )
+    if job.spec.gpu_sharing is not None:
+        try:
+            shared_memory(job.spec.gpu_sharing)
+        except ValueError as error:
+            raise InvalidSpec(str(error)) from None
     runtime = job.spec.runtime
     if runtime is not None and runtime.enabled and not job.spec.command:
         raise InvalidSpec(

@@ -11,18 +11,20 @@ from typing import Any
 
 from trainwave import contract
 from trainwave.builders.worker import Worker
+from trainwave.sizing.requests import shared_memory
 
 
 def set_shared_gpu(pod: dict[str, Any], worker: Worker) -> None:
     sharing = worker.job.spec.gpu_sharing
     if sharing is None:
         return
+    memory = shared_memory(sharing)  # check_template has already refused what cannot be sized
     container = next(c for c in pod["spec"]["containers"] if c["name"] == contract.WORKER_CONTAINER)
     limits = container.setdefault("resources", {}).setdefault("limits", {})
-    limits[contract.SHARED_GPU_MEMORY_RESOURCE] = sharing.memory_mib
+    limits[contract.SHARED_GPU_MEMORY_RESOURCE] = memory.mib
     present = {e.get("name") for e in container.get("env", [])}
     env = {
-        contract.ENV_GPU_MEMORY_BUDGET: str(sharing.memory_bytes),
+        contract.ENV_GPU_MEMORY_BUDGET: str(memory.bytes),
         # No nvidia.com/gpu is requested, so the device plugin mounts nothing:
         # the NVIDIA container runtime exposes the node's GPUs and the launcher
         # narrows CUDA to the pinned one (CUDA_VISIBLE_DEVICES, by UUID).

@@ -66,6 +66,7 @@ class Ticket:
     arrival: float = 0.0
     network: NetworkSpec | None = None  # for the NCCL settings of each chosen node
     shared_mib: int | None = None  # GPU memory per worker on a shared GPU (gpuSharing)
+    shared_how: str = ""  # where that number came from, for the messages
 
 
 class Placer:
@@ -186,7 +187,10 @@ class Placer:
             selector = {k: v for k, v in ticket.request.node_selector.items() if isinstance(v, str)}
             result = place_shared(working, len(gang), mib, selector, active)
             if isinstance(result, SharedRefusal):
-                self._note_wait(key, result.code, result.reason, 0)
+                reason = (
+                    f"{result.reason} ({ticket.shared_how})" if ticket.shared_how else result.reason
+                )
+                self._note_wait(key, result.code, reason, 0)
                 continue
             working = [_with_pins(node, result) for node in working]
             pins = {pod["metadata"]["name"]: pin for pod, pin in zip(gang, result, strict=True)}

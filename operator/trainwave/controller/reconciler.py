@@ -33,6 +33,7 @@ from trainwave.controller.placer import Placer, Ticket
 from trainwave.controller.reporting import StatusPoller, Targets
 from trainwave.lifecycle.decide import Decision, decide, decide_invalid
 from trainwave.lifecycle.observed import PodPhase, WorkerPod
+from trainwave.sizing.requests import shared_memory
 
 logger = logging.getLogger(__name__)
 
@@ -139,13 +140,15 @@ class Reconciler:
 
     def _ticket(self, job: TrainingJob, decision: Decision) -> Ticket:
         created = job.metadata.creationTimestamp
+        shared = shared_memory(job.spec.gpu_sharing) if job.spec.gpu_sharing else None
         return Ticket(
             attempt=decision.status.attempt,
             request=gang_request(job, self._levels),
             priority=job.spec.placement.priority,
             arrival=created.timestamp() if created else 0.0,
             network=job.spec.network,
-            shared_mib=job.spec.gpu_sharing.memory_mib if job.spec.gpu_sharing else None,
+            shared_mib=shared.mib if shared else None,
+            shared_how=shared.how if shared else "",
         )
 
     async def _write_status(

@@ -26,6 +26,8 @@ from trainwave.lifecycle.conditions import clear_condition, set_condition
 from trainwave.lifecycle.failures import judge_failure
 from trainwave.lifecycle.observed import PodPhase, WorkerPod
 from trainwave.lifecycle.reports import WorkerReport, progress_status, rdma_verdict
+from trainwave.placement.sharing import LARGER_THAN_ANY_GPU
+from trainwave.sizing.requests import shared_memory
 
 _EVENT_TYPES: dict[Phase, Literal["Normal", "Warning"]] = {
     Phase.RESTARTING: "Warning",
@@ -47,6 +49,7 @@ RDMA_UNAVAILABLE = "RDMAUnavailable"  # no node can provide the RDMA asked for
 _REFUSALS = {
     INVALID_PLACEMENT: ("InvalidSpec", "spec.placement"),
     RDMA_UNAVAILABLE: (RDMA_UNAVAILABLE, "spec.network.rdma"),
+    LARGER_THAN_ANY_GPU: (LARGER_THAN_ANY_GPU, "spec.gpuSharing"),
 }
 
 
@@ -153,7 +156,7 @@ def decide(
 ) -> Decision:
     draft = _Draft(meta=job.metadata, now=now, status=job.status)
     mine = [p for p in pods if p.owner_uid == job.metadata.uid]
-    kept_apart = isolation(job.spec.gpu_sharing, job.spec.runtime)
+    kept_apart = _isolation(job)
     if draft.status.isolation != kept_apart:
         draft.update(isolation=kept_apart)
     if draft.status.phase is None:
@@ -419,6 +422,17 @@ def _reported(draft: _Draft, job: TrainingJob, reports: Mapping[int, WorkerRepor
         status, reason, message = rdma_verdict(reports, job.spec.workers)
         true = {"True": True, "False": False}.get(status)
         draft.condition(ConditionType.RDMA_VERIFIED, true, reason, message)
+
+
+def _isolation(job: TrainingJob) -> str:
+    sharing = job.spec.gpu_sharing
+    if sharing is None:
+        return ""
+    try:
+        budget = shared_memory(sharing).mib
+    except ValueError:
+        return ""  # check_template refuses the job with the reason
+    return isolation(sharing, job.spec.runtime, budget)
 
 
 def _clear_stale(draft: _Draft, stale: list[WorkerPod]) -> None:

@@ -78,6 +78,8 @@ class SharedRefusal:
 
 NO_SHARED_GPUS = "NoSharedGPUs"
 NOT_ENOUGH_GPU_MEMORY = "NotEnoughGPUMemory"
+# More than any shared GPU of the cluster has in all: waiting cannot help.
+LARGER_THAN_ANY_GPU = "LargerThanAnyGPU"
 
 
 def place_shared(
@@ -100,7 +102,7 @@ def place_shared(
     largest = max(g.memory_mib for n in usable for g in n.gpus)
     if memory_mib > largest:
         return SharedRefusal(
-            NOT_ENOUGH_GPU_MEMORY,
+            LARGER_THAN_ANY_GPU,
             f"asks {memory_mib} MiB of one GPU; the largest shared GPU has {largest} MiB",
         )
     policy = Trainwave(measure(usable, memory_mib, active_requests))

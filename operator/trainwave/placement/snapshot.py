@@ -12,12 +12,13 @@ the caller passes for gangs it has placed but kube-scheduler has not bound yet.
 
 from __future__ import annotations
 
+import json
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from functools import cached_property
 from typing import Any
 
-from trainwave.contract import GPU_RESOURCE
+from trainwave.contract import ANNOTATION_INVENTORY, GPU_RESOURCE
 from trainwave.placement.topology import (
     DEFAULT_LEVELS,
     DEFAULT_NVLINK_LABELS,
@@ -177,9 +178,25 @@ def node_schedulable(node: Mapping[str, Any], tolerated_taints: Sequence[str]) -
 
 
 def _node_gpus(node: Mapping[str, Any]) -> int:
+    """Whole GPUs for gangs: allocatable, less those the agent offers for sharing.
+
+    The device plugin still counts shared GPUs in nvidia.com/gpu; placing a
+    gang on them would run it next to the shared jobs pinned there.
+    """
     status = node.get("status") or {}
     amounts = status.get("allocatable") or status.get("capacity") or {}
-    return _count(amounts.get(GPU_RESOURCE))
+    return max(0, _count(amounts.get(GPU_RESOURCE)) - _shared_gpus(node))
+
+
+def _shared_gpus(node: Mapping[str, Any]) -> int:
+    annotations = (node.get("metadata") or {}).get("annotations") or {}
+    text = annotations.get(ANNOTATION_INVENTORY)
+    if not text or '"sharedGpus"' not in text:
+        return 0
+    try:
+        return len(json.loads(text).get("sharedGpus") or ())
+    except (ValueError, AttributeError):
+        return 0
 
 
 def _container_gpus(container: Mapping[str, Any]) -> int:

@@ -30,7 +30,11 @@ class Stalling(ArbiterClient):
 
     def acquire(self, nbytes: int) -> None:
         super().acquire(nbytes)
-        self.holding.write_text(str(nbytes))
+        # Written whole, then renamed: the test polls for the file and must
+        # never read it half-written.
+        partial = self.holding.with_suffix(".partial")
+        partial.write_text(str(nbytes))
+        partial.rename(self.holding)
         while True:
             time.sleep(60)
 

@@ -1,0 +1,64 @@
+"""A benchmark's own local cluster with trainwave installed and its operator running.
+
+Each benchmark gets a state directory of its own under the cache (never the
+integration tests' cluster), so a benchmark run cannot disturb a test session
+and starts from a known node set. The chart is installed and the operator runs
+as the chart's ServiceAccount, exactly as in the integration tests.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+from datetime import datetime
+from pathlib import Path
+
+from cluster.controlplane import Cluster, cache_dir, ensure_cluster
+from cluster.deploy import OperatorProcess, install_chart, service_account_kubeconfig
+
+
+@dataclass(frozen=True)
+class BenchCluster:
+    cluster: Cluster
+    operator: OperatorProcess
+    workdir: Path  # logs and kubeconfigs of this run
+
+
+@contextmanager
+def operator_cluster(topology: Path, state_name: str, namespace: str) -> Iterator[BenchCluster]:
+    """Start (or reuse) the cluster in `state_name`, install the chart, recreate `namespace`,
+    start the operator; stop all of it afterwards. The operator may be stopped early."""
+    state = cache_dir() / state_name
+    cluster = ensure_cluster(topology, state_dir=state)
+    try:
+        install_chart(cluster)
+        fresh_namespace(cluster, namespace)
+        workdir = state / "bench"
+        workdir.mkdir(exist_ok=True)
+        operator = OperatorProcess(
+            kubeconfig=service_account_kubeconfig(cluster, workdir / "operator.kubeconfig"),
+            log_path=workdir / "operator.log",
+        )
+        operator.start()
+        try:
+            yield BenchCluster(cluster, operator, workdir)
+        finally:
+            operator.stop()
+        cluster.kubectl("delete", "namespace", namespace, "--wait=false", check=False)
+    finally:
+        cluster.stop()
+
+
+def fresh_namespace(cluster: Cluster, namespace: str) -> None:
+    """Delete what an interrupted run left, then create the namespace and wait for its
+    `default` ServiceAccount (pods are refused until it exists)."""
+    cluster.kubectl("delete", "namespace", namespace, "--ignore-not-found", "--wait=true",
+                    timeout=300)  # fmt: skip
+    cluster.kubectl("create", "namespace", namespace)
+    cluster.kubectl("wait", "--for=create", "serviceaccount/default", "-n", namespace)
+
+
+def parse_time(value: str) -> float:
+    """An API timestamp ("2026-11-22T10:00:00Z") as seconds since the epoch."""
+    return datetime.fromisoformat(value.replace("Z", "+00:00")).timestamp()
