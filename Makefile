@@ -69,9 +69,16 @@ unit: venv ## fast unit tests (no cluster)
 integration: venv tools ## integration tests against the real local control plane
 	$(PYTEST) tests/integration
 
+.PHONY: e2e
+e2e: venv tools ## end-to-end: real training processes on the test kubelet's nodes (needs root)
+	$(PYTEST) tests/e2e
+
+# e2e runs in a pytest session of its own: it imports the integration fixtures,
+# and one session holding both directories would start two operators.
 .PHONY: test
-test: venv tools check-generated ## all tests: generated-file drift, unit, integration, examples
+test: venv tools check-generated ## all tests: generated-file drift, unit, integration, examples, e2e
 	$(PYTEST) tests/unit tests/integration
+	$(PYTEST) tests/e2e
 
 .PHONY: demo
 demo: venv tools ## the main job: cluster, chart, operator, every example to its terminal state
