@@ -2,7 +2,7 @@
 
 `publish` here is a plain recording function: these tests are about what the
 agent decides to send and how it survives failures. What the API server does
-with it is tested against the real control plane (tests/integration/test_agent.py).
+with it is tested against the real control plane (tests/integration/test_agent_publishes.py).
 """
 
 from __future__ import annotations
