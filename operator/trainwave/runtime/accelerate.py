@@ -20,9 +20,7 @@ needs one, so the loop above is correct for every combination.
 
 from __future__ import annotations
 
-import math
 import os
-import time
 from collections.abc import Iterator, Mapping
 from contextlib import contextmanager, nullcontext
 from typing import Any
@@ -33,9 +31,10 @@ from torch.nn.parallel import DistributedDataParallel
 from torch.optim import Optimizer
 
 from trainwave import contract
-from trainwave.runtime import features, strategy
+from trainwave.runtime import autocomm, features, strategy
 from trainwave.runtime.comm import PowerSGDOptions, RegisteredHook, register_comm_hook
-from trainwave.runtime.hierarchical import build_node_groups
+from trainwave.runtime.hierarchical import NodeGroups, build_node_groups
+from trainwave.runtime.trials import TrialOptions
 
 # What a feature the caller did not mention defaults to. Lossy compression and
 # the compilers change numbers or cost minutes of warm-up, so they are opt-in.
@@ -78,6 +77,7 @@ class Accelerator:
         amp_dtype: str | None = None,
         static_graph: bool = False,
         powersgd: PowerSGDOptions | None = None,
+        trials: TrialOptions | None = None,
         device: torch.device | str | None = None,
     ) -> None:
         if gradient_accumulation_steps < 1:
@@ -90,11 +90,14 @@ class Accelerator:
         self.local_world_size = local_world_size
         self.amp_dtype, self.static_graph = amp_dtype, static_graph
         self.powersgd = powersgd or PowerSGDOptions()
+        self.trial_options = trials or TrialOptions()
         self.device = torch.device(device) if device is not None else _default_device()
         self.report: dict[str, str] = {}
         self.ddp: DistributedDataParallel | None = None
         self.hook: RegisteredHook | None = None
-        self.comm_choice: strategy.Choice | None = None  # what `auto` picked, with its estimates
+        self.comm_choice: strategy.Choice | None = None  # the cost model's view, with estimates
+        self.auto_comm: autocomm.MeasuredComm | None = None  # auto's trials and its pick
+        self._auto_features: tuple[str, ...] = ()
         self._bucket_cap_mb = 25  # DDP's default, until _distribute sets it
         self.scaler: torch.amp.GradScaler | None = None
         self.sync_gradients = True
@@ -147,75 +150,96 @@ class Accelerator:
             )
         device_ids = [self.device.index] if self.device.type == "cuda" else None
         self.ddp = DistributedDataParallel(model, device_ids=device_ids, **kwargs)
-        compression, hierarchical = self._comm_plan(model, world)
-        groups = None
-        if hierarchical:
-            assert self.local_world_size is not None  # _comm_plan checked it
-            groups = build_node_groups(self.local_world_size)
+        comp, hier = self._comm_modes(world)
+        if "auto" not in (comp, hier):
+            self._register(comp, hier == "on")
+            return self.ddp
+        rates = None
+        if self.inter_node_gbps is not None and self.intra_node_gbps is not None:
+            rates = (self.inter_node_gbps, self.intra_node_gbps)
+        comm_plan = autocomm.plan(
+            model,
+            compression=comp,
+            hierarchical=hier,
+            world=world,
+            local=self.local_world_size,
+            rates=rates,
+            powersgd=self.powersgd,
+            bucket_cap_mb=self._bucket_cap_mb,
+            device=self.device,
+            options=self.trial_options,
+        )
+        self.comm_choice = comm_plan.model_choice
+        if len(comm_plan.candidates) == 1:
+            only = comm_plan.candidates[0]
+            self._register(*autocomm.strategy_modes(only, comp))
+            why = f"auto: {only} is the only candidate" + (
+                f" ({comm_plan.note})" if comm_plan.note else ""
+            )
+            for name in self._auto_features:
+                self.report[name] = autocomm.with_auto(self.report[name], why)
+            return self.ddp
+        uses_groups = any(autocomm.strategy_modes(c, comp)[1] for c in comm_plan.candidates)
+        self.auto_comm = autocomm.MeasuredComm(
+            self.ddp,
+            comm_plan,
+            groups=self._node_groups() if uses_groups else None,
+            powersgd=self.powersgd,
+            options=self.trial_options,
+            device=self.device,
+        )
+        self._merge_report(self.auto_comm.report(self._auto_features))
+        return self.ddp
+
+    def _node_groups(self) -> NodeGroups:
+        assert self.local_world_size is not None  # _comm_modes checked it
+        return build_node_groups(self.local_world_size)
+
+    def _register(self, compression: str, hierarchical: bool) -> None:
+        assert self.ddp is not None
+        groups = self._node_groups() if hierarchical else None
         self.hook = register_comm_hook(
             self.ddp, compression=compression, groups=groups, powersgd=self.powersgd
         )
-        # A report of "off" from the hook keeps the reason _comm_plan found for it.
-        for name, state in self.hook.report.items():
+        self._merge_report(self.hook.report)
+
+    def _merge_report(self, entries: Mapping[str, str]) -> None:
+        # A report of "off" from a hook keeps the reason _comm_modes found for it.
+        for name, state in entries.items():
             if not (state == "off" and self.report.get(name, "").startswith(("off", "skipped"))):
                 self.report[name] = state
-        return self.ddp
 
-    def _comm_plan(self, model: torch.nn.Module, world: int) -> tuple[str, bool]:
-        """(compression hook mode, hierarchical?) — the same answer on every rank."""
+    def _comm_modes(self, world: int) -> tuple[str, str]:
+        """(compression mode, hierarchical mode), hierarchical "off" when the layout forbids it."""
         comp, hier = self.modes["compression"], self.modes["hierarchical_allreduce"]
         local = self.local_world_size or _env_int(contract.ENV_LOCAL_WORLD_SIZE)
         self.local_world_size = local
-        hier_possible = None
         if hier != "off":
+            why = None
             if local is None:
-                hier_possible = f"skipped: {contract.ENV_LOCAL_WORLD_SIZE} is not set"
+                why = f"skipped: {contract.ENV_LOCAL_WORLD_SIZE} is not set"
             elif local == 1 or local >= world or world % local:
-                hier_possible = (
-                    f"skipped: {world} ranks as {local} per node have no two-level layout"
-                )
-        if hier_possible:
-            self.report["hierarchical_allreduce"] = hier_possible
-            hier = "off"
-        if "auto" not in (comp, hier):
-            return ("off" if comp == "off" else comp), hier == "on"
-        if self.inter_node_gbps is None or self.intra_node_gbps is None:
-            why = (
-                f"off: auto needs link rates ({contract.ENV_INTER_NODE_GBPS}, "
-                f"{contract.ENV_INTRA_NODE_GBPS}); none given"
-            )
-            self.report.update(
-                {
-                    k: why
-                    for k, m in (("compression", comp), ("hierarchical_allreduce", hier))
-                    if m == "auto"
-                }
-            )
-            return ("off" if comp == "auto" else comp), hier == "on"
-        grad_bytes = sum(
-            p.numel() * p.element_size() for p in model.parameters() if p.requires_grad
+                why = f"skipped: {world} ranks as {local} per node have no two-level layout"
+            if why:
+                self.report["hierarchical_allreduce"] = why
+                hier = "off"
+        self._auto_features = tuple(
+            n for n, m in (("compression", comp), ("hierarchical_allreduce", hier)) if m == "auto"
         )
-        layout_ok = local is not None and world % local == 0
-        problem = strategy.CommProblem(
-            nodes=world // local if layout_ok and local else world,
-            local_world_size=local if layout_ok and local else 1,
-            inter_node_gbps=self.inter_node_gbps,
-            intra_node_gbps=self.intra_node_gbps,
-            shapes=[tuple(p.shape) for p in model.parameters() if p.requires_grad],
-            powersgd_rank=self.powersgd.rank,
-            buckets=max(1, math.ceil(grad_bytes / (self._bucket_cap_mb * 2**20))),
-        )
-        costs = features.measure_device_costs(self.device, _collective_latency(world))
-        choice = strategy.choose(problem, costs, candidates=_candidates(comp, hier))
-        picked = [choice.strategy]
-        dist.broadcast_object_list(picked, src=0)  # ranks measure slightly different costs
-        choice = strategy.Choice(picked[0], choice.estimates, choice.reason)
-        self.comm_choice = choice
-        for name, mode in (("compression", comp), ("hierarchical_allreduce", hier)):
-            if mode == "auto":
-                self.report[name] = f"off: auto picked {choice.strategy} ({choice.reason})"
-        compression = choice.compression if comp == "auto" else comp
-        return compression, choice.hierarchical
+        return comp, hier
+
+    def _synced_step_done(self) -> None:
+        """Called by the prepared optimizer after each synchronized step (auto's trials)."""
+        if self.auto_comm is not None and not self.auto_comm.settled:
+            self.auto_comm.step_done()
+            self._merge_report(self.auto_comm.report(self._auto_features))
+
+    def close(self) -> None:
+        """Stop the comm hooks' worker threads (hierarchical, PowerSGD on gloo); optional."""
+        if self.hook is not None:
+            self.hook.close()
+        if self.auto_comm is not None:
+            self.auto_comm.close()
 
     # -- the training loop -------------------------------------------------------
     def backward(self, loss: torch.Tensor) -> None:
@@ -284,8 +308,10 @@ class PreparedOptimizer:
         if scaler is not None:
             out = scaler.step(self.optimizer)
             scaler.update()
-            return out
-        return self.optimizer.step(closure)
+        else:
+            out = self.optimizer.step(closure)
+        self._acc._synced_step_done()
+        return out
 
     def zero_grad(self, set_to_none: bool = True) -> None:
         if self._acc.sync_gradients:
@@ -294,30 +320,6 @@ class PreparedOptimizer:
     def __getattr__(self, name: str) -> Any:
         # param_groups, state, state_dict(), load_state_dict(): the optimizer's own.
         return getattr(self.optimizer, name)
-
-
-def _collective_latency(world: int, reps: int = 10) -> float:
-    """Seconds per ring step of a tiny allreduce over the whole world: the alpha of the model."""
-    tiny = torch.zeros(1)
-    dist.all_reduce(tiny)  # the first one sets up connections
-    start = time.perf_counter()
-    for _ in range(reps):
-        dist.all_reduce(tiny)
-    return (time.perf_counter() - start) / reps / (2 * (world - 1))
-
-
-def _candidates(compression: str, hierarchical: str) -> tuple[str, ...]:
-    """The strategies consistent with whichever of the two features is fixed."""
-    comps = {"off": ("",), "fp16": ("fp16",), "bf16": ("fp16",), "powersgd": ("powersgd",)}
-    allowed_comp = ("", "fp16", "powersgd") if compression == "auto" else comps[compression]
-    allowed_hier = (False, True) if hierarchical == "auto" else (hierarchical == "on",)
-    out = []
-    for s in strategy.STRATEGIES:
-        hier = s.startswith("hierarchical")
-        comp = "fp16" if s.endswith("fp16") else "powersgd" if s == "powersgd" else ""
-        if hier in allowed_hier and comp in allowed_comp:
-            out.append(s)
-    return tuple(out)
 
 
 def _default_device() -> torch.device:
