@@ -5,19 +5,22 @@ to what *could* win and a poor judge of what *does*: on a busy CPU it
 underestimated PowerSGD's cost by 3-7x. So the model only prunes, and the
 first steps of training time the survivors:
 
-    step:      0  1  2  3 | 4  5  6  7 | ... | (filler) | powersgd trial | decided
-    strategy:  flat (w, t, t, t) | fp16 (w, t, t, t) | ...
+    step:      0    1    2    3    4    5   ...  (interim)  powersgd x4  then the pick
+    strategy:  flat fp16 hier flat fp16 hier ...
 
-Each candidate runs `warmup_steps` untimed steps (buffers, threads, PowerSGD's
-factor matrices are set up there) and `timed_steps` timed ones. Every rank runs
-the same strategy at the same step because the schedule depends only on the
-candidate list and the step count, never on local timings. Timings enter at
-agreement points only, where the driver averages every rank's medians with one
-allreduce and hands the same numbers to `agree()` on every rank.
+Candidates take turns, one step each, for `warmup_steps` untimed rounds
+(buffers and threads are set up there) and `timed_steps` timed ones: on a
+shared machine a burst of load then slows every candidate, not just the one
+that happened to run. Every rank runs the same strategy at the same step
+because the schedule depends only on the candidate list and the step count,
+never on local timings. Timings enter at agreement points only, where the
+driver averages every rank's medians with one allreduce and hands the same
+numbers to `agree()` on every rank.
 
 PowerSGD compresses only from its `start_iter` on (before that it *is* a flat
-allreduce), so its trial cannot begin earlier. Candidates with such a start
-are timed last; until their start, the fastest candidate measured so far runs
+allreduce), so its trial cannot begin earlier, and it keeps state from step to
+step (error feedback, warm start), so its steps run back to back, after the
+others' rounds; until its start, the fastest candidate measured so far runs
 (an interim agreement picks it). Ties go to the earlier candidate in the list.
 """
 
@@ -38,8 +41,9 @@ class TrialOptions:
     warmup_steps: int = 1
     timed_steps: int = 3
     # The baseline (flat) and the best exact strategy always make the list;
-    # the rest are the model's favourites, up to this many in all.
-    max_candidates: int = 4
+    # the rest are the model's favourites, up to this many in all (5: every
+    # strategy the model does not call hopeless; it has ranked near-ties wrongly).
+    max_candidates: int = 5
     # Candidates the model thinks this many times slower than its favourite are
     # not worth their trial steps (the model has been off by up to ~7x, not 10x).
     prune_factor: float = 10.0
@@ -115,13 +119,6 @@ def pick_fastest(times: Mapping[str, float], lossy_margin: float) -> tuple[str, 
     )
 
 
-@dataclass(frozen=True)
-class _Block:
-    first: int  # first step of the block
-    strategy: str | None  # None: the interim pick runs (waiting for a deferred trial)
-    steps: int
-
-
 @dataclass
 class Trials:
     """The schedule of trial steps, the local timings, and the agreed decision."""
@@ -142,43 +139,44 @@ class Trials:
             raise ValueError(
                 f"Trials.candidates must be distinct and non-empty, got {list(self.candidates)}"
             )
-        per = self.options.warmup_steps + self.options.timed_steps
+        opts = self.options
+        rounds = opts.warmup_steps + opts.timed_steps
         now_ones = [c for c in self.candidates if self.not_before.get(c, 0) <= 0]
         later = sorted(
             (c for c in self.candidates if self.not_before.get(c, 0) > 0),
             key=lambda c: (self.not_before[c], list(self.candidates).index(c)),
         )
-        blocks, at = [], 0
-        for c in now_ones:
-            blocks.append(_Block(at, c, per))
-            at += per
-        for c in later:
-            start = max(at, self.not_before[c])
-            if start > at:
-                blocks.append(_Block(at, None, start - at))
-            blocks.append(_Block(start, c, per))
-            at = start + per
+        # Per step: the strategy (None: the interim pick) and whether it is timed.
+        plan: list[str | None] = []
+        timed: list[bool] = []
+        for r in range(rounds):  # round-robin, so a burst of load hits every candidate
+            plan += now_ones
+            timed += [r >= opts.warmup_steps] * len(now_ones)
+        for c in later:  # stateful (PowerSGD): one block, its own steps back to back
+            wait = max(0, self.not_before[c] - len(plan))
+            plan += [None] * wait
+            timed += [False] * wait
+            plan += [c] * rounds
+            timed += [i >= opts.warmup_steps for i in range(rounds)]
         if len(self.candidates) == 1:
-            blocks, at = [], 0
+            plan, timed = [], []
             self.chosen, self.reason = self.candidates[0], "the only candidate"
-        self._blocks: list[_Block] = blocks
-        if blocks and blocks[0].strategy is None:
+        self._plan, self._timed = plan, timed
+        if plan and plan[0] is None:
             # Every trial waits for a later start: run the first candidate until then.
             self.interim = self.candidates[0]
-        self.end = at  # the step from which the final pick runs
+        self.end = len(plan)  # the step from which the final pick runs
 
     # -- what runs when ---------------------------------------------------------
     def strategy_at(self, step: int) -> str:
         """The strategy that reduces the gradients of synchronized step `step` (0-based)."""
-        if self.chosen is not None and step >= self.end:
-            return self.chosen
-        for block in self._blocks:
-            if block.first <= step < block.first + block.steps:
-                if block.strategy is not None:
-                    return block.strategy
-                if self.interim is None:
-                    raise RuntimeError(f"step {step} needs the interim pick; call agree() first")
-                return self.interim
+        if step < self.end:
+            planned = self._plan[step]
+            if planned is not None:
+                return planned
+            if self.interim is None:
+                raise RuntimeError(f"step {step} needs the interim pick; call agree() first")
+            return self.interim
         if self.chosen is None:
             raise RuntimeError(f"step {step} is past the trials; call agree() first")
         return self.chosen
@@ -189,11 +187,10 @@ class Trials:
 
     def finished(self, seconds: float) -> None:
         """The step in progress took `seconds` (from the previous step's end); count it."""
-        block = self._block_of(self.step)
-        if block is not None and block.strategy is not None:
-            offset = self.step - block.first
-            if offset >= self.options.warmup_steps:
-                self.samples.setdefault(block.strategy, []).append(seconds)
+        if self.step < self.end and self._timed[self.step]:
+            name = self._plan[self.step]
+            assert name is not None  # interim steps are never timed
+            self.samples.setdefault(name, []).append(seconds)
         self.step += 1
 
     # -- agreement ----------------------------------------------------------------
@@ -228,11 +225,9 @@ class Trials:
     def measuring(self) -> bool:
         return self.step < self.end
 
-    def _block_of(self, step: int) -> _Block | None:
-        for block in self._blocks:
-            if block.first <= step < block.first + block.steps:
-                return block
-        return None
-
     def _filler_starts(self, step: int) -> bool:
-        return any(b.strategy is None and b.first == step for b in self._blocks)
+        return (
+            step < self.end
+            and self._plan[step] is None
+            and (step == 0 or self._plan[step - 1] is not None)
+        )

@@ -29,10 +29,10 @@ def run(trials: Trials, seconds: dict[str, float], steps: int) -> list[str]:
     ("candidates", "not_before", "expected"),
     [
         pytest.param(
-            ["flat", "fp16"],
+            ["flat", "fp16", "hierarchical"],
             {},
-            ["flat"] * 3 + ["fp16"] * 3,
-            id="back-to-back",
+            ["flat", "fp16", "hierarchical"] * 3,
+            id="round-robin",
         ),
         pytest.param(
             ["flat", "powersgd"],
@@ -43,7 +43,7 @@ def run(trials: Trials, seconds: dict[str, float], steps: int) -> list[str]:
         pytest.param(
             ["flat", "fp16", "powersgd"],
             {"powersgd": 9},
-            ["flat"] * 3 + ["fp16"] * 3 + ["<interim>"] * 3 + ["powersgd"] * 3,
+            ["flat", "fp16"] * 3 + ["<interim>"] * 3 + ["powersgd"] * 3,
             id="powersgd-waits-for-its-start",
         ),
     ],
@@ -59,6 +59,15 @@ def test_warmup_steps_are_not_timed():
     trials = make_trials(["flat", "fp16"])
     run(trials, {"flat": 1.0, "fp16": 0.5}, 6)
     assert trials.samples == {"flat": [1.0, 1.0], "fp16": [0.5, 0.5]}
+
+
+def test_a_burst_of_load_hits_every_candidate():
+    """Steps 2-3 are slow for whatever runs then; round-robin spreads that over both."""
+    trials = make_trials(["flat", "fp16"])
+    for step in range(trials.end):
+        base = {"flat": 1.0, "fp16": 0.8}[trials.current]
+        trials.finished(base + (5.0 if step in (2, 3) else 0.0))
+    assert trials.samples == {"flat": [6.0, 1.0], "fp16": [5.8, 0.8]}
 
 
 @pytest.mark.parametrize(
@@ -80,6 +89,7 @@ def test_final_pick_runs_after_the_trials(seconds, expected):
 def test_interim_pick_runs_until_the_deferred_trial_then_the_final_pick():
     trials = make_trials(["flat", "fp16", "powersgd"], not_before={"powersgd": 10})
     ran = run(trials, {"flat": 1.0, "fp16": 2.0, "powersgd": 0.5}, 16)
+    assert ran[:6] == ["flat", "fp16"] * 3
     assert ran[6:10] == ["flat"] * 4  # measured faster than fp16 so far
     assert ran[10:13] == ["powersgd"] * 3
     assert trials.chosen == "powersgd"
@@ -145,6 +155,13 @@ ESTIMATES_1G = {  # the cost model at 1 Gbit/s in bench_comm: powersgd far too c
             ["flat", "hierarchical", "hierarchical+fp16", "powersgd"],
             ["fp16"],
             id="flat-and-best-exact-always-kept",
+        ),
+        pytest.param(
+            ESTIMATES_1G,
+            TrialOptions(),
+            ["flat", "hierarchical", "fp16", "hierarchical+fp16", "powersgd"],
+            [],
+            id="default-keeps-all-but-hopeless",
         ),
         pytest.param(
             {"powersgd": 0.01, "fp16": 0.5, "flat": 1.0},
