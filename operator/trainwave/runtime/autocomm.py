@@ -163,6 +163,8 @@ class MeasuredComm:
                 built.close()
             else:
                 hooks[name] = built
+        if not hooks:  # every candidate refused (bf16 on a CPU-only build): DDP's own allreduce
+            hooks["flat"] = build_comm_hook(backend, compression="off", groups=None)
         start = {"powersgd": powersgd.start_iter} if "powersgd" in hooks else {}
         self.trials = Trials(list(hooks), options, not_before=start)
         self.state = DispatchState(hooks, active=self.trials.current)
