@@ -10,9 +10,10 @@ Per link rate, tests/benchmarks/comm_worker.py trains the same model through
 trainwave's `Accelerator` with each strategy (flat allreduce, hierarchical,
 fp16, hierarchical+fp16, PowerSGD rank 1, and flat/hierarchical with 4-step
 accumulation) and records step time and cross-node bytes per optimizer step. It
-also asks `prepare()` with compression=auto and hierarchical=auto what it would
-pick, from link rates it measured at the start, to check `auto` against the
-measured best.
+then trains with compression=auto and hierarchical=auto (link rates measured at
+the start feed the cost model, which prunes; the first steps time the
+survivors) and records what `auto` chose, its trial timings and its step time
+afterwards, to check `auto` against the measured best.
 
 Goals (issue 5): hierarchical moves 1.0x the gradient size across nodes per step
 (flat ring: 1.5x with 2 nodes x 2 ranks) and is >= 1.3x faster when the
@@ -158,6 +159,11 @@ def conditions(load_before: tuple[float, ...], tools: str) -> dict:
         "model": f"{LAYERS} x Linear({WIDTH}, {WIDTH}) + ReLU, batch {BATCH} per rank, SGD",
         "steps": f"{WARMUP} warm-up + {STEPS} timed optimizer steps per strategy; median step time",
         "powersgd": "rank 1, compression from step 3 (start_iter=2), error feedback, warm start",
+        "auto": "compression=auto, hierarchical=auto, trainwave.runtime.trials.TrialOptions "
+        "defaults (the candidates the cost model does not call hopeless, <= 5; 1 warm-up + 3 "
+        "timed rounds, one step per candidate per round, PowerSGD's 4 steps back to back after "
+        "them; median; lossy only if > 1.1x faster than the best exact); then the same timed "
+        "steps as the others",
         "bytes": "veth tx/rx of node 0 per optimizer step; includes TCP/IP headers and ACKs",
         "iproute2": tools,
     }

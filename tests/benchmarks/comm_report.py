@@ -32,16 +32,30 @@ def summarize(runs: dict[str, dict]) -> dict[str, Any]:
         best = min(timed, key=timed.__getitem__) if timed else None
         exact = {n: t for n, t in timed.items() if n in EXACT}
         best_exact = min(exact, key=exact.__getitem__) if exact else None
-        pick = run["auto"]["strategy"]
+        auto = run["auto"]
+        pick = auto["strategy"]
         out[label] = {
             "rows": rows,
             "fastest": best,
             "fastest_exact": best_exact,
             "auto_pick": pick,
+            # The chosen strategy's time in its own run: did auto pick the right one?
             "auto_pick_time_over_fastest": round(timed[pick] / timed[best], 2)
             if best and pick in timed
             else None,
-            "auto_reason": run["auto"]["reason"],
+            # auto's own steps after its trials, against the fastest separate run.
+            "auto_step_s_after": round(auto["step_s_median_after"], 4),
+            "auto_after_over_fastest": round(auto["step_s_median_after"] / timed[best], 2)
+            if best
+            else None,
+            "auto_reason": auto["reason"],
+            "auto_measured_ms": {k: round(v * 1000) for k, v in auto["measured_s"].items()},
+            "auto_pruned_by_model": auto["pruned_by_model"],
+            "model_alone_would_pick": auto["model_pick"],
+            "auto_trial": {
+                "steps": auto["trial_steps"],
+                "seconds": round(auto["trial_seconds"], 1),
+            },
             "calibration": {k: round(v, 6) for k, v in run["calibration"].items()},
         }
     return out
@@ -52,13 +66,15 @@ def render_markdown(doc: dict) -> str:
     lines = ["# Gradient communication across two emulated nodes", "", "Conditions:", ""]
     lines += [f"- {k}: {v}" for k, v in cond.items()]
     lines += ["", "## Does `auto` pick right?", ""]
-    lines += ["| link | fastest measured | fastest exact | auto picks | auto's time / fastest | measured inter / intra Gbit/s |",
-              "|---|---|---|---|---|---|"]  # fmt: skip
+    lines += ["| link | fastest measured | fastest exact | auto chose | its time / fastest | auto's steps after trials / fastest | cost model alone | trials: steps, s | measured inter / intra Gbit/s |",
+              "|---|---|---|---|---|---|---|---|---|"]  # fmt: skip
     for label, s in summary.items():
-        cal = s["calibration"]
+        cal, trial = s["calibration"], s["auto_trial"]
         lines.append(
             f"| {label} | {s['fastest']} | {s['fastest_exact']} | {s['auto_pick']} | "
-            f"{s['auto_pick_time_over_fastest']} | {cal['inter']:.2f} / {cal['intra']:.2f} |"
+            f"{s['auto_pick_time_over_fastest']} | {s['auto_after_over_fastest']} | "
+            f"{s['model_alone_would_pick']} | {trial['steps']}, {trial['seconds']} | "
+            f"{cal['inter']:.2f} / {cal['intra']:.2f} |"
         )
     for label, s in summary.items():
         lines += ["", f"## {label}", ""]
@@ -69,5 +85,9 @@ def render_markdown(doc: dict) -> str:
                 f"| {name} | {r['step_s']:.3f} | {r['per_micro_batch_s']:.3f} | "
                 f"{r['speedup_vs_flat_per_micro_batch']} | {r['cross_node_bytes_per_step_x_grad']:.3f} |"
             )
-        lines += ["", f"auto: {s['auto_reason']}"]
+        measured = ", ".join(f"{k} {v}" for k, v in s["auto_measured_ms"].items())
+        line = f"auto: chose {s['auto_pick']} ({s['auto_reason']}); trial ms/step: {measured}"
+        if s["auto_pruned_by_model"]:
+            line += f"; the cost model left out {', '.join(s['auto_pruned_by_model'])}"
+        lines += ["", line]
     return "\n".join(lines) + "\n"

@@ -121,8 +121,7 @@ def run_strategy(args: argparse.Namespace, modes: dict, k: int) -> dict:
         log(f"{modes} k={k} timed: {times[-1]:.3f} s")
     dist.barrier()
     after = link_bytes(args.iface)
-    if acc.hook is not None and hasattr(acc.hook.state, "close"):
-        acc.hook.state.close()
+    acc.close()
     return {
         "step_s_median": statistics.median(times),
         "step_s": times,
@@ -135,8 +134,8 @@ def run_strategy(args: argparse.Namespace, modes: dict, k: int) -> dict:
     }
 
 
-def auto_pick(args: argparse.Namespace, rates: dict[str, float]) -> dict:
-    """What prepare() with compression=auto, hierarchical=auto picks given the measured rates."""
+def run_auto(args: argparse.Namespace, rates: dict[str, float]) -> dict:
+    """prepare() with compression=auto, hierarchical=auto: train through its trials, then time it."""
     acc = Accelerator(
         {"compression": "auto", "hierarchical_allreduce": "auto"},
         local_world_size=args.local,
@@ -145,10 +144,46 @@ def auto_pick(args: argparse.Namespace, rates: dict[str, float]) -> dict:
         powersgd=POWERSGD,
     )
     model = make_model(args.width, args.layers)
-    acc.prepare(model, torch.optim.SGD(model.parameters(), lr=1e-3))
-    choice = acc.comm_choice
-    assert choice is not None
-    return {"strategy": choice.strategy, "reason": choice.reason, "estimates_s": choice.estimates}
+    model, opt, _ = acc.prepare(model, torch.optim.SGD(model.parameters(), lr=1e-3))
+    gen = torch.Generator().manual_seed(dist.get_rank())
+    x = torch.randn(args.batch, args.width, generator=gen)
+
+    def step() -> float:
+        start = time.perf_counter()
+        acc.backward(model(x).square().mean())
+        opt.step()
+        opt.zero_grad()
+        return time.perf_counter() - start
+
+    trial_steps = 0
+    trial_start = time.perf_counter()
+    while acc.auto_comm is not None and not acc.auto_comm.settled:
+        trial_steps += 1
+        log(f"auto trial step {trial_steps}: {step():.3f} s ({acc.report['compression'][:60]})")
+        if trial_steps > 200:
+            raise RuntimeError(f"auto did not settle in 200 steps: {acc.report['compression']}")
+    trial_seconds = time.perf_counter() - trial_start
+    times = [step() for _ in range(args.steps)]
+    log(f"auto settled: {acc.report['compression']}; timed {times}")
+    acc.close()
+    choice, measured = acc.comm_choice, acc.auto_comm
+    if choice is None or measured is None:
+        raise RuntimeError(f"auto did not measure: {acc.report['compression']}")
+    return {
+        "strategy": measured.trials.chosen,
+        "reason": measured.trials.reason,
+        "trial_steps": trial_steps,
+        "trial_seconds": trial_seconds,
+        "measured_s": measured.trials.agreed,
+        "candidates": list(measured.trials.candidates),
+        "pruned_by_model": measured.plan.pruned,
+        "model_pick": choice.strategy,
+        "model_reason": choice.reason,
+        "estimates_s": choice.estimates,
+        "step_s_median_after": statistics.median(times),
+        "step_s_after": times,
+        "report": acc.report["compression"],
+    }
 
 
 def main() -> None:
@@ -179,7 +214,7 @@ def main() -> None:
     rates = {"inter": float(shared[0]), "intra": float(shared[1]), "latency_s": float(shared[2])}
     chosen = [s for s in STRATEGIES if not args.only or s in args.only.split(",")]
     results = {name: run_strategy(args, *STRATEGIES[name]) for name in chosen}
-    pick = auto_pick(args, rates)
+    pick = run_auto(args, rates)
     if args.rank == 0:
         doc = {"grad_bytes": grad_bytes, "calibration": rates, "strategies": results, "auto": pick}
         Path(args.out).write_text(json.dumps(doc))

@@ -20,22 +20,27 @@ needs one, so the loop above is correct for every combination.
 
 from __future__ import annotations
 
-import math
 import os
-import time
 from collections.abc import Iterator, Mapping
 from contextlib import contextmanager, nullcontext
+from pathlib import Path
 from typing import Any
 
 import torch
-import torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel
 from torch.optim import Optimizer
 
 from trainwave import contract
-from trainwave.runtime import features, strategy
-from trainwave.runtime.comm import PowerSGDOptions, RegisteredHook, register_comm_hook
-from trainwave.runtime.hierarchical import build_node_groups
+from trainwave.runtime import features
+from trainwave.runtime.autocomm import MeasuredComm
+from trainwave.runtime.checkpoint import Checkpointer
+from trainwave.runtime.comm import PowerSGDOptions, RegisteredHook
+from trainwave.runtime.distributing import Distributor, env_int
+from trainwave.runtime.gang_checkpoint import resume_gang, save_gang
+from trainwave.runtime.process_group import join_from_env
+from trainwave.runtime.settings import Settings, load_settings
+from trainwave.runtime.strategy import Choice
+from trainwave.runtime.trials import TrialOptions
 
 # What a feature the caller did not mention defaults to. Lossy compression and
 # the compilers change numbers or cost minutes of warm-up, so they are opt-in.
@@ -47,6 +52,7 @@ DEFAULT_MODES: Mapping[str, str] = {
     "hierarchical_allreduce": "auto",
     "compile": "off",
     "cuda_graphs": "off",
+    "checkpoint": "auto",  # on when a checkpoint directory is configured
 }
 
 
@@ -78,7 +84,10 @@ class Accelerator:
         amp_dtype: str | None = None,
         static_graph: bool = False,
         powersgd: PowerSGDOptions | None = None,
+        trials: TrialOptions | None = None,
+        checkpointer: Checkpointer | None = None,
         device: torch.device | str | None = None,
+        settings: Settings | None = None,
     ) -> None:
         if gradient_accumulation_steps < 1:
             raise ValueError(
@@ -86,24 +95,59 @@ class Accelerator:
             )
         self.modes = _check_modes(modes or {})
         self.accumulation_steps = gradient_accumulation_steps
-        self.inter_node_gbps, self.intra_node_gbps = inter_node_gbps, intra_node_gbps
-        self.local_world_size = local_world_size
-        self.amp_dtype, self.static_graph = amp_dtype, static_graph
+        self.amp_dtype = amp_dtype
         self.powersgd = powersgd or PowerSGDOptions()
+        self.trial_options = trials or TrialOptions()
         self.device = torch.device(device) if device is not None else _default_device()
         self.report: dict[str, str] = {}
-        self.ddp: DistributedDataParallel | None = None
-        self.hook: RegisteredHook | None = None
-        self.comm_choice: strategy.Choice | None = None  # what `auto` picked, with its estimates
-        self._bucket_cap_mb = 25  # DDP's default, until _distribute sets it
+        self.distributor = Distributor(
+            self.modes,
+            self.report,
+            local_world_size=local_world_size,
+            inter_node_gbps=inter_node_gbps,
+            intra_node_gbps=intra_node_gbps,
+            static_graph=static_graph,
+            powersgd=self.powersgd,
+            trial_options=self.trial_options,
+            device=self.device,
+        )
         self.scaler: torch.amp.GradScaler | None = None
         self.sync_gradients = True
         self._micro_step = 0
+        self.optimizer_steps = 0  # synchronized steps taken, counting those resumed from
+        self._saved_at: int | None = None
+        self.checkpointer = checkpointer
+        self._settings = settings  # set: prepare() joins the job's process group from env
+        self._model: Any = None
+        self._optimizer: Optimizer | None = None
+        self._loader: Any = None
+
+    @classmethod
+    def from_settings(cls, settings: Settings, **options: Any) -> Accelerator:
+        """Configured by the worker's TRAINWAVE_* environment; explicit `options` win over it.
+
+        Feature modes (TRAINWAVE_FEATURE_*), link rates for `auto`
+        (TRAINWAVE_INTER_NODE_GBPS, TRAINWAVE_INTRA_NODE_GBPS), LOCAL_WORLD_SIZE, and
+        checkpoints (TRAINWAVE_CHECKPOINT_DIR, _EVERY_STEPS, _KEEP). prepare() also
+        joins the process group from env:// when WORLD_SIZE > 1 and none exists.
+        """
+        modes = {n: m for n, m in settings.features.items() if n in DEFAULT_MODES}
+        options.setdefault("modes", modes)
+        options.setdefault("inter_node_gbps", settings.inter_node_gbps)
+        options.setdefault("intra_node_gbps", settings.intra_node_gbps)
+        options.setdefault("local_world_size", settings.identity.local_world_size)
+        options.setdefault("checkpointer", Checkpointer.from_settings(settings))
+        return cls(settings=settings, **options)
 
     # -- prepare ---------------------------------------------------------------
     def prepare(
         self, model: torch.nn.Module, optimizer: Optimizer, loader: Any = None
     ) -> tuple[Any, PreparedOptimizer, Any]:
+        if self._settings is not None:
+            joined = join_from_env(self._settings, self.device)
+            if joined:
+                self.report["process_group"] = joined
+        self.report["checkpoint"] = self._checkpoint_state()
         model.to(self.device)
         amp, needs_scaler, self.report["amp"] = features.choose_amp(
             self.modes["amp"], self.device, self.amp_dtype
@@ -115,107 +159,96 @@ class Accelerator:
         optimizer, self.report["fused_optimizer"] = features.faster_optimizer(
             optimizer, self.device, self.modes["fused_optimizer"]
         )
-        wrapped: Any = self._distribute(model)
-        wrapped = self._compile(wrapped)
+        wrapped: Any = self.distributor.wrap(model)
+        wrapped, compiled = features.compile_model(
+            wrapped, self.modes["compile"], self.modes["cuda_graphs"], self.device
+        )
+        self.report.update(compiled)
+        self._model, self._optimizer, self._loader = wrapped, optimizer, loader
         return wrapped, PreparedOptimizer(optimizer, self), loader
 
-    def _distribute(self, model: torch.nn.Module) -> torch.nn.Module:
-        world = dist.get_world_size() if dist.is_available() and dist.is_initialized() else 1
-        if world == 1:
-            why = "skipped: single process (torch.distributed not initialized or world size 1)"
-            for name in ("ddp_buckets", "compression", "hierarchical_allreduce"):
-                self.report[name] = why if self.modes[name] != "off" else "off"
-            return model
-        grad_bytes = sum(
-            p.numel() * p.element_size() for p in model.parameters() if p.requires_grad
-        )
-        kwargs: dict[str, Any] = {}
-        self._bucket_cap_mb = 25
-        if self.modes["ddp_buckets"] == "off":
-            self.report["ddp_buckets"] = "off: torch defaults"
-        else:
-            kwargs = {
-                "bucket_cap_mb": strategy.bucket_cap_mb(grad_bytes),
-                "gradient_as_bucket_view": True,
-                "static_graph": self.static_graph,
-            }
-            self._bucket_cap_mb = kwargs["bucket_cap_mb"]
-            self.report["ddp_buckets"] = (
-                f"on: bucket_cap_mb={kwargs['bucket_cap_mb']} for {grad_bytes / 2**20:.1f} MiB of "
-                f"gradients, gradient_as_bucket_view, static_graph={self.static_graph}"
-                + ("" if self.static_graph else " (pass static_graph=True when the graph is fixed)")
-            )
-        device_ids = [self.device.index] if self.device.type == "cuda" else None
-        self.ddp = DistributedDataParallel(model, device_ids=device_ids, **kwargs)
-        compression, hierarchical = self._comm_plan(model, world)
-        groups = None
-        if hierarchical:
-            assert self.local_world_size is not None  # _comm_plan checked it
-            groups = build_node_groups(self.local_world_size)
-        self.hook = register_comm_hook(
-            self.ddp, compression=compression, groups=groups, powersgd=self.powersgd
-        )
-        # A report of "off" from the hook keeps the reason _comm_plan found for it.
-        for name, state in self.hook.report.items():
-            if not (state == "off" and self.report.get(name, "").startswith(("off", "skipped"))):
-                self.report[name] = state
-        return self.ddp
+    # -- checkpoints ---------------------------------------------------------------
+    def save_checkpoint(
+        self,
+        step: int | None = None,
+        *,
+        force: bool = False,
+        extra: Mapping[str, Any] | None = None,
+    ) -> Path | None:
+        """Checkpoint when due (every TRAINWAVE_CHECKPOINT_EVERY_STEPS optimizer steps) or forced.
 
-    def _comm_plan(self, model: torch.nn.Module, world: int) -> tuple[str, bool]:
-        """(compression hook mode, hierarchical?) — the same answer on every rank."""
-        comp, hier = self.modes["compression"], self.modes["hierarchical_allreduce"]
-        local = self.local_world_size or _env_int(contract.ENV_LOCAL_WORLD_SIZE)
-        self.local_world_size = local
-        hier_possible = None
-        if hier != "off":
-            if local is None:
-                hier_possible = f"skipped: {contract.ENV_LOCAL_WORLD_SIZE} is not set"
-            elif local == 1 or local >= world or world % local:
-                hier_possible = (
-                    f"skipped: {world} ranks as {local} per node have no two-level layout"
-                )
-        if hier_possible:
-            self.report["hierarchical_allreduce"] = hier_possible
-            hier = "off"
-        if "auto" not in (comp, hier):
-            return ("off" if comp == "off" else comp), hier == "on"
-        if self.inter_node_gbps is None or self.intra_node_gbps is None:
-            why = (
-                f"off: auto needs link rates ({contract.ENV_INTER_NODE_GBPS}, "
-                f"{contract.ENV_INTRA_NODE_GBPS}); none given"
-            )
-            self.report.update(
-                {
-                    k: why
-                    for k, m in (("compression", comp), ("hierarchical_allreduce", hier))
-                    if m == "auto"
-                }
-            )
-            return ("off" if comp == "auto" else comp), hier == "on"
-        grad_bytes = sum(
-            p.numel() * p.element_size() for p in model.parameters() if p.requires_grad
+        Call it on every rank after every micro-batch or step (it gathers each
+        rank's RNG state). `step` defaults to the optimizer steps taken so far;
+        a step is written once however often this is called. Rank 0 writes and
+        gets the path; None when nothing was written.
+        """
+        step = self.optimizer_steps if step is None else step
+        if self.checkpointer is None or step == self._saved_at:
+            return None
+        if not (force or self.checkpointer.due(step)):
+            return None
+        self._saved_at = step
+        return save_gang(
+            self.checkpointer,
+            step,
+            model=self._prepared_model("save_checkpoint"),
+            optimizer=self._optimizer,
+            scaler=self.scaler,
+            sampler=_stateful_sampler(self._loader),
+            extra=extra,
         )
-        layout_ok = local is not None and world % local == 0
-        problem = strategy.CommProblem(
-            nodes=world // local if layout_ok and local else world,
-            local_world_size=local if layout_ok and local else 1,
-            inter_node_gbps=self.inter_node_gbps,
-            intra_node_gbps=self.intra_node_gbps,
-            shapes=[tuple(p.shape) for p in model.parameters() if p.requires_grad],
-            powersgd_rank=self.powersgd.rank,
-            buckets=max(1, math.ceil(grad_bytes / (self._bucket_cap_mb * 2**20))),
+
+    def resume(self) -> int:
+        """Load the newest checkpoint on every rank; returns its optimizer steps (0: none)."""
+        if self.checkpointer is None:
+            return 0
+        self.optimizer_steps = resume_gang(
+            self.checkpointer,
+            model=self._prepared_model("resume"),
+            optimizer=self._optimizer,
+            scaler=self.scaler,
+            sampler=_stateful_sampler(self._loader),
+            device=self.device,
         )
-        costs = features.measure_device_costs(self.device, _collective_latency(world))
-        choice = strategy.choose(problem, costs, candidates=_candidates(comp, hier))
-        picked = [choice.strategy]
-        dist.broadcast_object_list(picked, src=0)  # ranks measure slightly different costs
-        choice = strategy.Choice(picked[0], choice.estimates, choice.reason)
-        self.comm_choice = choice
-        for name, mode in (("compression", comp), ("hierarchical_allreduce", hier)):
-            if mode == "auto":
-                self.report[name] = f"off: auto picked {choice.strategy} ({choice.reason})"
-        compression = choice.compression if comp == "auto" else comp
-        return compression, choice.hierarchical
+        self._saved_at = self.optimizer_steps
+        return self.optimizer_steps
+
+    def _prepared_model(self, caller: str) -> torch.nn.Module:
+        if self._model is None:
+            raise RuntimeError(f"call prepare(model, optimizer, loader) before {caller}()")
+        return self._model  # type: ignore[no-any-return]
+
+    def _checkpoint_state(self) -> str:
+        c, mode = self.checkpointer, self.modes["checkpoint"]
+        if c is not None:
+            every = f"every {c.every_steps} steps" if c.every_steps else "when forced"
+            return f"on: {every} into {c.directory}, keep {c.keep}; save_checkpoint(step), resume()"
+        if mode == "off":
+            return "off"
+        if mode == "on":
+            return f"skipped: {contract.ENV_CHECKPOINT_DIR} is not set"
+        return f"off: no checkpoint directory ({contract.ENV_CHECKPOINT_DIR})"
+
+    # What the distributor did, where scripts and benchmarks look for it.
+    @property
+    def ddp(self) -> DistributedDataParallel | None:
+        return self.distributor.ddp
+
+    @property
+    def hook(self) -> RegisteredHook | None:
+        return self.distributor.hook
+
+    @property
+    def auto_comm(self) -> MeasuredComm | None:
+        return self.distributor.auto_comm
+
+    @property
+    def comm_choice(self) -> Choice | None:
+        return self.distributor.comm_choice
+
+    def close(self) -> None:
+        """Stop the comm hooks' worker threads (hierarchical, PowerSGD on gloo); optional."""
+        self.distributor.close()
 
     # -- the training loop -------------------------------------------------------
     def backward(self, loss: torch.Tensor) -> None:
@@ -240,35 +273,6 @@ class Accelerator:
         with ctx:
             yield
 
-    def _compile(self, model: Any) -> Any:
-        cuda = self.device.type == "cuda"
-        graphs, comp = self.modes["cuda_graphs"], self.modes["compile"]
-        if graphs == "on" and not cuda:
-            self.report["cuda_graphs"] = "skipped: no CUDA"
-        elif graphs == "on":
-            self.report["cuda_graphs"] = "on: torch.compile(mode='reduce-overhead')"
-        else:
-            self.report["cuda_graphs"] = (
-                "off" if graphs == "off" else "off: opt-in (cuda_graphs=on)"
-            )
-        with_graphs = graphs == "on" and cuda
-        if comp == "auto":
-            self.report["compile"] = "off: opt-in (compile=on)"
-        elif comp == "off":
-            self.report["compile"] = "off"
-        if comp != "on" and not with_graphs:
-            return model
-        missing = features.compile_backend_missing(self.device)
-        if missing:
-            for name in ("compile", "cuda_graphs"):
-                if self.report.get(name, "").startswith("on") or self.modes[name] == "on":
-                    self.report[name] = f"skipped: {missing}"
-            return model
-        mode = "reduce-overhead" if with_graphs else "default"
-        if comp == "on":
-            self.report["compile"] = f"on: torch.compile(mode={mode!r})"
-        return torch.compile(model, mode=mode)
-
 
 class PreparedOptimizer:
     """The user's optimizer, stepping only when gradients were synchronized."""
@@ -284,8 +288,11 @@ class PreparedOptimizer:
         if scaler is not None:
             out = scaler.step(self.optimizer)
             scaler.update()
-            return out
-        return self.optimizer.step(closure)
+        else:
+            out = self.optimizer.step(closure)
+        self._acc.optimizer_steps += 1
+        self._acc.distributor.step_done()
+        return out
 
     def zero_grad(self, set_to_none: bool = True) -> None:
         if self._acc.sync_gradients:
@@ -296,44 +303,19 @@ class PreparedOptimizer:
         return getattr(self.optimizer, name)
 
 
-def _collective_latency(world: int, reps: int = 10) -> float:
-    """Seconds per ring step of a tiny allreduce over the whole world: the alpha of the model."""
-    tiny = torch.zeros(1)
-    dist.all_reduce(tiny)  # the first one sets up connections
-    start = time.perf_counter()
-    for _ in range(reps):
-        dist.all_reduce(tiny)
-    return (time.perf_counter() - start) / reps / (2 * (world - 1))
-
-
-def _candidates(compression: str, hierarchical: str) -> tuple[str, ...]:
-    """The strategies consistent with whichever of the two features is fixed."""
-    comps = {"off": ("",), "fp16": ("fp16",), "bf16": ("fp16",), "powersgd": ("powersgd",)}
-    allowed_comp = ("", "fp16", "powersgd") if compression == "auto" else comps[compression]
-    allowed_hier = (False, True) if hierarchical == "auto" else (hierarchical == "on",)
-    out = []
-    for s in strategy.STRATEGIES:
-        hier = s.startswith("hierarchical")
-        comp = "fp16" if s.endswith("fp16") else "powersgd" if s == "powersgd" else ""
-        if hier in allowed_hier and comp in allowed_comp:
-            out.append(s)
-    return tuple(out)
+def _stateful_sampler(loader: Any) -> object | None:
+    """The loader's (batch) sampler when it can save its position, so a resume skips no data."""
+    for name in ("batch_sampler", "sampler"):
+        sampler = getattr(loader, name, None)
+        if callable(getattr(sampler, "state_dict", None)):
+            return sampler
+    return None
 
 
 def _default_device() -> torch.device:
     if torch.cuda.is_available():
-        return torch.device("cuda", _env_int(contract.ENV_LOCAL_RANK) or 0)
+        return torch.device("cuda", env_int(contract.ENV_LOCAL_RANK) or 0)
     return torch.device("cpu")
-
-
-def _env_int(name: str) -> int | None:
-    raw = os.environ.get(name)
-    if raw is None:
-        return None
-    try:
-        return int(raw)
-    except ValueError:
-        raise ValueError(f"{name}={raw!r} is not an integer") from None
 
 
 # -- module-level API: one accelerator per process ---------------------------------
@@ -343,8 +325,12 @@ _current: dict[str, Accelerator] = {}  # "this process" -> its accelerator
 def prepare(
     model: torch.nn.Module, optimizer: Optimizer, loader: Any = None, **options: Any
 ) -> tuple[Any, PreparedOptimizer, Any]:
-    """Create this process's Accelerator from `options` and prepare the three objects."""
-    acc = _current["process"] = Accelerator(**options)
+    """This process's Accelerator from the worker's environment (`options` win); prepare all three.
+
+    See Accelerator.from_settings for what the environment sets.
+    """
+    acc = Accelerator.from_settings(load_settings(os.environ), **options)
+    _current["process"] = acc
     return acc.prepare(model, optimizer, loader)
 
 
@@ -364,4 +350,21 @@ def accumulate() -> Any:
     return current().accumulate()
 
 
-__all__ = ["Accelerator", "PreparedOptimizer", "accumulate", "backward", "current", "prepare"]
+def save_checkpoint(step: int | None = None, *, force: bool = False) -> Path | None:
+    return current().save_checkpoint(step, force=force)
+
+
+def resume() -> int:
+    return current().resume()
+
+
+__all__ = [
+    "Accelerator",
+    "PreparedOptimizer",
+    "accumulate",
+    "backward",
+    "current",
+    "prepare",
+    "resume",
+    "save_checkpoint",
+]

@@ -17,7 +17,7 @@ import os
 import random
 import re
 import tempfile
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Protocol
@@ -154,8 +154,13 @@ class Checkpointer:
         scaler: Stateful | None = None,
         sampler: object | None = None,
         extra: Mapping[str, Any] | None = None,
+        rng_by_rank: Sequence[Mapping[str, Any]] | None = None,
     ) -> Path | None:
-        """Write checkpoint `step` (rank 0 only); returns its path, None on other ranks."""
+        """Write checkpoint `step` (rank 0 only); returns its path, None on other ranks.
+
+        `rng_by_rank`: every rank's RNG state (gang_checkpoint gathers them), so
+        each rank resumes its own random stream, not rank 0's.
+        """
         if self.rank != 0:
             return None
         self.directory.mkdir(parents=True, exist_ok=True)
@@ -174,6 +179,8 @@ class Checkpointer:
             state["sampler"] = sampler_state()
         if extra:
             state["extra"] = dict(extra)
+        if rng_by_rank is not None:
+            state["rng_by_rank"] = [dict(r) for r in rng_by_rank]
         self._remove_partials()
         path = self.directory / checkpoint_name(step)
         write_atomic(path, state)
@@ -188,6 +195,14 @@ class Checkpointer:
                 return Loaded(path, step, state)
         return None
 
+    def load_step(self, step: int, map_location: str | torch.device = "cpu") -> Loaded | None:
+        """Checkpoint `step` exactly, or None when it is missing or does not load."""
+        path = self.directory / checkpoint_name(step)
+        state = load_valid(path, map_location) if path.is_file() else None
+        if state is None or state["step"] != step:
+            return None
+        return Loaded(path, step, state)
+
     def resume(
         self,
         *,
@@ -196,9 +211,10 @@ class Checkpointer:
         scaler: Stateful | None = None,
         sampler: object | None = None,
         map_location: str | torch.device = "cpu",
+        loaded: Loaded | None = None,
     ) -> int:
-        """Restore all from the newest good checkpoint; returns its step (0: none found)."""
-        loaded = self.latest(map_location)
+        """Restore all from `loaded` or the newest good checkpoint; returns its step (0: none)."""
+        loaded = loaded or self.latest(map_location)
         if loaded is None:
             return 0
         state = loaded.state
@@ -210,7 +226,8 @@ class Checkpointer:
         sampler_load = getattr(sampler, "load_state_dict", None)
         if callable(sampler_load) and "sampler" in state:
             sampler_load(state["sampler"])
-        restore_rng(state["rng"])
+        own = state.get("rng_by_rank")
+        restore_rng(own[self.rank] if own and self.rank < len(own) else state["rng"])
         return loaded.step
 
     def _prune(self) -> None:

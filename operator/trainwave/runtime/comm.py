@@ -93,19 +93,41 @@ class RegisteredHook:
     """What was registered, kept so the caller can inspect or close it."""
 
     report: dict[str, str]
+    state: object | None  # the hook's own state (PowerSGD's, not its serializing wrapper)
+    _closers: list[Callable[[], None]] = field(default_factory=list)
+
+    def close(self) -> None:
+        """Stop the hook's worker threads, if it has any."""
+        for close in self._closers:
+            close()
+
+
+@dataclass
+class BuiltHook:
+    """A hook and its state, not yet registered; `hook` None: DDP's own allreduce."""
+
+    report: dict[str, str]
     state: object | None
+    hook: Callable[[Any, GradBucket], torch.futures.Future[torch.Tensor]] | None
+
+    def close(self) -> None:
+        """Stop the hook's worker threads, if it has any."""
+        close = getattr(self.state, "close", None)
+        if callable(close):
+            close()
 
 
-def register_comm_hook(
-    model: DistributedDataParallel,
+def build_comm_hook(
+    backend: str,
     *,
     compression: str,
     groups: NodeGroups | None,
     powersgd: PowerSGDOptions | None = None,
-) -> RegisteredHook:
-    """Register the hook for `compression` (off/fp16/bf16/powersgd), hierarchical when `groups`.
+) -> BuiltHook:
+    """The hook for `compression` (off/fp16/bf16/powersgd), hierarchical when `groups`.
 
-    Returns the report entries for "compression" and "hierarchical_allreduce".
+    `backend` is the process group's ("gloo", "nccl"). The report has the entries
+    for "compression" and "hierarchical_allreduce".
     """
     if compression not in HOOK_MODES:
         raise ValueError(
@@ -114,7 +136,7 @@ def register_comm_hook(
     hier_state = "on" if groups is not None else "off"
     if compression == "powersgd" and importlib.util.find_spec("numpy") is None:
         missing = "skipped: torch's PowerSGD hook needs numpy, which is not installed"
-        return RegisteredHook({"compression": missing, "hierarchical_allreduce": hier_state}, None)
+        return BuiltHook({"compression": missing, "hierarchical_allreduce": hier_state}, None, None)
     if compression == "powersgd":
         opts = powersgd or PowerSGDOptions()
         state = powerSGD_hook.PowerSGDState(
@@ -125,39 +147,58 @@ def register_comm_hook(
             warm_start=opts.warm_start,
         )
         detail = ""
-        if dist.get_backend(model.process_group) == "gloo":
-            serial = SerialState(state, powerSGD_hook.powerSGD_hook)
-            model.register_comm_hook(serial, serial_hook)
+        built = BuiltHook({}, state, powerSGD_hook.powerSGD_hook)
+        if backend == "gloo":
+            built = BuiltHook({}, SerialState(state, powerSGD_hook.powerSGD_hook), serial_hook)
             detail = ", one bucket at a time (gloo)"
-        else:
-            model.register_comm_hook(state, powerSGD_hook.powerSGD_hook)
         if groups is not None:
             hier_state = (
                 "skipped: PowerSGD sends low-rank factors; hierarchical applies to full gradients"
             )
-        compressed = f"on: powersgd rank {opts.rank} from step {opts.start_iter}{detail}"
-        return RegisteredHook(
-            {"compression": compressed, "hierarchical_allreduce": hier_state}, state
-        )
+        built.report = {
+            "compression": f"on: powersgd rank {opts.rank} from step {opts.start_iter}{detail}",
+            "hierarchical_allreduce": hier_state,
+        }
+        return built
     dtype = _DTYPES.get(compression)
     if groups is not None:
         hstate = HierarchicalState(groups, compress_dtype=dtype)
-        model.register_comm_hook(hstate, hierarchical_allreduce_hook)
         detail = f"on: {groups.nodes} nodes x {groups.local_world_size} local ranks"
         compressed = f"on: {compression}" if dtype else "off"
-        return RegisteredHook({"compression": compressed, "hierarchical_allreduce": detail}, hstate)
+        report = {"compression": compressed, "hierarchical_allreduce": detail}
+        return BuiltHook(report, hstate, hierarchical_allreduce_hook)
     if dtype is None:
-        return RegisteredHook({"compression": "off", "hierarchical_allreduce": "off"}, None)
+        return BuiltHook({"compression": "off", "hierarchical_allreduce": "off"}, None, None)
     hook = (
         default_hooks.fp16_compress_hook
         if compression == "fp16"
         else default_hooks.bf16_compress_hook
     )
+    report = {"compression": f"on: {compression}", "hierarchical_allreduce": "off"}
+    return BuiltHook(report, None, hook)
+
+
+def register_comm_hook(
+    model: DistributedDataParallel,
+    *,
+    compression: str,
+    groups: NodeGroups | None,
+    powersgd: PowerSGDOptions | None = None,
+) -> RegisteredHook:
+    """Build the hook for `compression` (see build_comm_hook) and register it on `model`."""
+    built = build_comm_hook(
+        dist.get_backend(model.process_group),
+        compression=compression,
+        groups=groups,
+        powersgd=powersgd,
+    )
+    if built.hook is None:
+        return RegisteredHook(built.report, built.state)
     try:
-        model.register_comm_hook(None, hook)
+        model.register_comm_hook(built.state, built.hook)
     except TypeError as exc:  # torch refuses bf16 without NCCL >= 2.10 (CPU-only builds)
+        built.close()
         skipped = {"compression": f"skipped: {exc}", "hierarchical_allreduce": "off"}
         return RegisteredHook(skipped, None)
-    return RegisteredHook(
-        {"compression": f"on: {compression}", "hierarchical_allreduce": "off"}, None
-    )
+    state = built.state.inner_state if isinstance(built.state, SerialState) else built.state
+    return RegisteredHook(built.report, state, [built.close])

@@ -109,6 +109,37 @@ def faster_optimizer(opt: Optimizer, device: torch.device, mode: str) -> tuple[O
     return new, f"on: {cls.__name__}({kind}=True)"
 
 
+def compile_model(
+    model: Any, compile_mode: str, graphs_mode: str, device: torch.device
+) -> tuple[Any, dict[str, str]]:
+    """torch.compile as the two opt-in features ask; returns the model and both reports."""
+    cuda = device.type == "cuda"
+    report = {}
+    if graphs_mode == "on" and not cuda:
+        report["cuda_graphs"] = "skipped: no CUDA"
+    elif graphs_mode == "on":
+        report["cuda_graphs"] = "on: torch.compile(mode='reduce-overhead')"
+    else:
+        report["cuda_graphs"] = "off" if graphs_mode == "off" else "off: opt-in (cuda_graphs=on)"
+    with_graphs = graphs_mode == "on" and cuda
+    if compile_mode == "auto":
+        report["compile"] = "off: opt-in (compile=on)"
+    elif compile_mode == "off":
+        report["compile"] = "off"
+    if compile_mode != "on" and not with_graphs:
+        return model, report
+    missing = compile_backend_missing(device)
+    if missing:
+        for name, mode in (("compile", compile_mode), ("cuda_graphs", graphs_mode)):
+            if report.get(name, "").startswith("on") or mode == "on":
+                report[name] = f"skipped: {missing}"
+        return model, report
+    mode = "reduce-overhead" if with_graphs else "default"
+    if compile_mode == "on":
+        report["compile"] = f"on: torch.compile(mode={mode!r})"
+    return torch.compile(model, mode=mode), report
+
+
 def compile_backend_missing(device: torch.device) -> str | None:
     """Why torch.compile cannot work here, or None when it can."""
     if device.type == "cuda":

@@ -1,9 +1,11 @@
-"""Which gradient communication strategy `auto` picks: a pure cost model.
+"""Which gradient communication strategies `auto` should try: a pure cost model.
 
 Pure: no torch, no I/O. Given the link rates the operator measured or declared
 (TRAINWAVE_INTER_NODE_GBPS / TRAINWAVE_INTRA_NODE_GBPS), the gang's shape and the
-gradient, estimate the seconds one gradient allreduce takes under each strategy
-and pick the cheapest.
+gradient, estimate the seconds one gradient allreduce takes under each strategy.
+`auto` uses the estimates to prune (trials.py) and then times the survivors on
+the live model: on a busy CPU this model ranked near-ties wrongly and
+underestimated PowerSGD's cost 3-7x (bench_comm), so it no longer decides alone.
 
 The model (alpha-beta per bucket, no overlap with compute; on a CPU the bytes
 every rank reduces, copies and casts cost as much as the wire, so they count):

@@ -14,7 +14,7 @@ import pickle
 import queue
 import socket
 import traceback
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from datetime import timedelta
 from typing import Any
 
@@ -26,21 +26,41 @@ def free_port() -> int:
 
 
 def _rank_main(
-    *, fn: Callable[..., Any], rank: int, world: int, port: int, out: Any, args: tuple
+    *,
+    fn: Callable[..., Any],
+    rank: int,
+    world: int,
+    port: int,
+    out: Any,
+    args: tuple,
+    init: bool = True,
+    env: Mapping[str, str] | None = None,
 ) -> None:
     os.environ["OMP_NUM_THREADS"] = "1"
+    os.environ.update(env or {})
     import torch
     import torch.distributed as dist
 
     torch.set_num_threads(1)
     try:
-        dist.init_process_group(
-            "gloo",
-            init_method=f"tcp://127.0.0.1:{port}",
-            rank=rank,
-            world_size=world,
-            timeout=timedelta(seconds=30),
-        )
+        if init:
+            dist.init_process_group(
+                "gloo",
+                init_method=f"tcp://127.0.0.1:{port}",
+                rank=rank,
+                world_size=world,
+                timeout=timedelta(seconds=30),
+            )
+        else:  # what torchrun would export; the code under test joins by itself
+            os.environ.update(
+                {
+                    "MASTER_ADDR": "127.0.0.1",
+                    "MASTER_PORT": str(port),
+                    "RANK": str(rank),
+                    "LOCAL_RANK": str(rank),
+                    "WORLD_SIZE": str(world),
+                }
+            )
         # Plain pickle copies tensors into the bytes; the queue's own pickler would
         # share their memory with a process that is about to exit.
         out.put((rank, True, pickle.dumps(fn(rank, world, *args))))
@@ -51,8 +71,19 @@ def _rank_main(
             dist.destroy_process_group()
 
 
-def run_world(fn: Callable[..., Any], world: int, *args: Any, timeout: float = 45.0) -> list[Any]:
-    """fn(rank, world, *args) on every rank; returns the results in rank order."""
+def run_world(
+    fn: Callable[..., Any],
+    world: int,
+    *args: Any,
+    timeout: float = 45.0,
+    init: bool = True,
+    env: Mapping[str, str] | None = None,
+) -> list[Any]:
+    """fn(rank, world, *args) on every rank; returns the results in rank order.
+
+    `env` is added to every rank's environment. With `init=False` the ranks get
+    torchrun's variables instead of a process group, for code that joins itself.
+    """
     ctx = mp.get_context("forkserver")
     # The server imports torch once; every rank is a fork of it, not a fresh import.
     ctx.set_forkserver_preload(["torch", "torch.distributed"])
@@ -61,7 +92,16 @@ def run_world(fn: Callable[..., Any], world: int, *args: Any, timeout: float = 4
     procs = [
         ctx.Process(
             target=_rank_main,
-            kwargs={"fn": fn, "rank": r, "world": world, "port": port, "out": out, "args": args},
+            kwargs={
+                "fn": fn,
+                "rank": r,
+                "world": world,
+                "port": port,
+                "out": out,
+                "args": args,
+                "init": init,
+                "env": dict(env or {}),
+            },
         )
         for r in range(world)
     ]
