@@ -24,7 +24,6 @@ been freed) and every few seconds while anything waits (foreign pods, nodes).
 
 import asyncio
 import contextlib
-import json
 import logging
 import time
 from collections.abc import Callable, Mapping, Sequence
@@ -44,12 +43,13 @@ from trainwave.placement.gang import GangRequest, Placement
 from trainwave.placement.queueing import PendingJob, QueuePolicy, schedule
 from trainwave.placement.sharing import (
     Pin,
-    SharedNode,
     SharedRefusal,
     build_shared_nodes,
     place_shared,
+    requested_mib,
+    with_pins,
 )
-from trainwave.placement.snapshot import build_snapshot, pod_gpus
+from trainwave.placement.snapshot import build_snapshot, pod_gpus, read_inventory
 
 logger = logging.getLogger(__name__)
 
@@ -180,7 +180,7 @@ class Placer:
     ) -> None:
         """Shared-GPU gangs, one after another in queue order, each pinned GPU by GPU."""
         working = build_shared_nodes(nodes, pods)
-        active = [mib for g in gangs.values() for pod in g if (mib := _shared_request(pod))]
+        active = [mib for g in gangs.values() for pod in g if (mib := requested_mib(pod))]
         order = sorted(gangs, key=lambda k: (-tickets[k].priority, tickets[k].arrival, k))
         for key in order:
             ticket, gang = tickets[key], gangs[key]
@@ -193,7 +193,7 @@ class Placer:
                 )
                 self._note_wait(key, result.code, reason, 0)
                 continue
-            working = [_with_pins(node, result) for node in working]
+            working = [with_pins(node, result) for node in working]
             pins = {pod["metadata"]["name"]: pin for pod, pin in zip(gang, result, strict=True)}
             summary = ", ".join(f"{p.node}/{p.gpu_uuid[:12]}" for p in result)
             await self._release_pinned(key, gang, pins, f"shared GPUs: {summary}")
@@ -293,41 +293,13 @@ def _now() -> str:
     return datetime.now(UTC).isoformat(timespec="seconds").replace("+00:00", "Z")
 
 
-def _shared_request(pod: Pod) -> int:
-    container: dict[str, Any] = next(iter((pod.get("spec") or {}).get("containers") or []), {})
-    limits = (container.get("resources") or {}).get("limits") or {}
-    try:
-        return int(str(limits.get(contract.SHARED_GPU_MEMORY_RESOURCE, 0)))
-    except ValueError:
-        return 0
-
-
-def _with_pins(node: SharedNode, pins: tuple[Pin, ...]) -> SharedNode:
-    """`node` with the memory of the pins on its GPUs counted as used."""
-    extra: dict[str, int] = {}
-    for pin in pins:
-        if pin.node == node.name:
-            extra[pin.gpu_uuid] = extra.get(pin.gpu_uuid, 0) + pin.memory_mib
-    if not extra:
-        return node
-    gpus = tuple(replace(g, used_mib=g.used_mib + extra.get(g.uuid, 0)) for g in node.gpus)
-    return replace(node, gpus=gpus)
-
-
 def _inventories(nodes: list[dict[str, Any]]) -> dict[str, Mapping[str, Any]]:
-    """Each node's agent inventory (annotation), parsed; nodes without one are left out."""
-    found: dict[str, Mapping[str, Any]] = {}
+    """Each node's agent inventory by node name; nodes without a readable one are left out."""
+    found = {}
     for node in nodes:
-        meta = node.get("metadata") or {}
-        text = (meta.get("annotations") or {}).get(contract.ANNOTATION_INVENTORY)
-        if not text:
-            continue
-        try:
-            found[meta["name"]] = json.loads(text)
-        except ValueError:
-            logger.warning(
-                "node %s: unreadable %s annotation", meta.get("name"), contract.ANNOTATION_INVENTORY
-            )
+        inventory = read_inventory(node)
+        if inventory is not None:
+            found[node["metadata"]["name"]] = inventory
     return found
 
 

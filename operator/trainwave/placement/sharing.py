@@ -19,7 +19,6 @@ a node's whole-GPU capacity is untouched (shared GPUs are the agent's choice).
 
 from __future__ import annotations
 
-import json
 import math
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, replace
@@ -27,13 +26,16 @@ from typing import Any
 
 from trainwave.contract import (
     ANNOTATION_GPU_UUID,
-    ANNOTATION_INVENTORY,
     NODE_LABEL_GPU_PRODUCT,
     SHARED_GPU_MEMORY_RESOURCE,
 )
 from trainwave.placement.fragmentation import MILLI, FragmentationMeasure, Shape, typical_shapes
 from trainwave.placement.packing import NodeState, Task, Trainwave, assign, choose
-from trainwave.placement.snapshot import DEFAULT_TOLERATED_TAINTS, node_schedulable
+from trainwave.placement.snapshot import (
+    DEFAULT_TOLERATED_TAINTS,
+    node_schedulable,
+    read_inventory,
+)
 
 # Enough CPU and memory that only GPU memory decides: kube-scheduler checks the rest.
 _UNCONSTRAINED = 1 << 40
@@ -203,11 +205,11 @@ def build_shared_nodes(
         uuid = (meta.get("annotations") or {}).get(ANNOTATION_GPU_UUID)
         phase = (pod.get("status") or {}).get("phase")
         if uuid and phase not in ("Succeeded", "Failed"):
-            used[uuid] = used.get(uuid, 0) + _requested_mib(pod)
+            used[uuid] = used.get(uuid, 0) + requested_mib(pod)
     shared = []
     for node in nodes:
         meta = node.get("metadata") or {}
-        gpus = _inventory_gpus(meta)
+        gpus = _inventory_gpus(node)
         if not gpus:
             continue
         labels = dict(meta.get("labels") or {})
@@ -223,20 +225,28 @@ def build_shared_nodes(
     return shared
 
 
-def _inventory_gpus(meta: Mapping[str, Any]) -> tuple[SharedGpu, ...]:
-    text = (meta.get("annotations") or {}).get(ANNOTATION_INVENTORY)
-    if not text:
-        return ()
+def with_pins(node: SharedNode, pins: Iterable[Pin]) -> SharedNode:
+    """`node` with the memory of the pins on its GPUs counted as used."""
+    for pin in pins:
+        if pin.node == node.name:
+            index = next(g.index for g in node.gpus if g.uuid == pin.gpu_uuid)
+            node = _with_used(node, index, pin.memory_mib)
+    return node
+
+
+def _inventory_gpus(node: Mapping[str, Any]) -> tuple[SharedGpu, ...]:
+    inventory = read_inventory(node)
     try:
-        listed = json.loads(text).get("sharedGpus") or []
+        listed = (inventory or {}).get("sharedGpus") or []
         return tuple(
             SharedGpu(str(g["uuid"]), int(g["index"]), int(g["memoryMiB"])) for g in listed
         )
-    except (ValueError, KeyError, TypeError, AttributeError):
+    except (KeyError, TypeError, ValueError):
         return ()  # an unreadable inventory offers nothing; the agent rewrites it
 
 
-def _requested_mib(pod: Mapping[str, Any]) -> int:
+def requested_mib(pod: Mapping[str, Any]) -> int:
+    """The pod's trainwave.io/gpu-memory request, summed over its containers."""
     total = 0
     for container in (pod.get("spec") or {}).get("containers") or ():
         limits = (container.get("resources") or {}).get("limits") or {}

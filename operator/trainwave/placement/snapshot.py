@@ -188,15 +188,23 @@ def _node_gpus(node: Mapping[str, Any]) -> int:
     return max(0, _count(amounts.get(GPU_RESOURCE)) - _shared_gpus(node))
 
 
-def _shared_gpus(node: Mapping[str, Any]) -> int:
+def read_inventory(node: Mapping[str, Any]) -> Mapping[str, Any] | None:
+    """The node agent's inventory annotation, parsed; None when absent or unreadable
+    (the agent rewrites it on its next pass)."""
     annotations = (node.get("metadata") or {}).get("annotations") or {}
     text = annotations.get(ANNOTATION_INVENTORY)
-    if not text or '"sharedGpus"' not in text:
-        return 0
+    if not text:
+        return None
     try:
-        return len(json.loads(text).get("sharedGpus") or ())
-    except (ValueError, AttributeError):
-        return 0
+        found = json.loads(text)
+    except ValueError:
+        return None
+    return found if isinstance(found, dict) else None
+
+
+def _shared_gpus(node: Mapping[str, Any]) -> int:
+    inventory = read_inventory(node)
+    return len(inventory.get("sharedGpus") or ()) if inventory else 0
 
 
 def _container_gpus(container: Mapping[str, Any]) -> int:
