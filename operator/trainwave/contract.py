@@ -131,6 +131,16 @@ ANNOTATION_WORKER_ENV: Final = "trainwave.io/worker-env"
 ANNOTATION_RELEASED_AT: Final = "trainwave.io/released-at"
 # How tightly the gang sits ("4 workers x 8 GPUs on 4 nodes, 1 rack"), on every pod.
 ANNOTATION_PLACEMENT_SUMMARY: Final = "trainwave.io/placement"
+# Written on every worker pod by the builder, so a running gang's priority and
+# whether it may be preempted are known from its pods alone (watch cache).
+ANNOTATION_PRIORITY: Final = "trainwave.io/priority"
+ANNOTATION_PREEMPTIBLE: Final = "trainwave.io/preemptible"
+# Set by the placer on each pod of a gang it preempts (the preemptor, namespace/name)
+# just before deleting it; the victim's next attempt then restarts uncounted.
+ANNOTATION_PREEMPTED_BY: Final = "trainwave.io/preempted-by"
+# On the pods of a later attempt: when an earlier one was preempted (RFC 3339), so
+# the gang is not preempted again within the grace period.
+ANNOTATION_PREEMPTED_AT: Final = "trainwave.io/preempted-at"
 
 # --- Acceleration runtime (runs inside the worker container) -------------
 # The init container copies the runtime here; PYTHONPATH points at it.

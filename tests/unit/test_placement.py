@@ -144,15 +144,19 @@ EXPLAINED = [
                  "has room for 1 such worker (8 GPUs free)", id="node-too-small"),
     pytest.param(make_cluster([8, 8], [8, 0]), make_request(4), Blocker.NOT_ENOUGH_GPUS,
                  "needs 32 GPUs (4 workers x 8); the free GPUs have room for 3 such workers "
-                 "(24 GPUs free)", id="not-enough"),
+                 "(24 GPUs free); 3/4 nodes fit a worker: 1 too few free nvidia.com/gpu "
+                 "(needs 8, largest free 0)", id="not-enough"),
     pytest.param(make_cluster([4, 4, 4], [4]), make_request(2), Blocker.NOT_ENOUGH_GPUS,
                  "needs 16 GPUs (2 workers x 8); the free GPUs have room for 0 such workers "
-                 "(16 GPUs free, some in pieces under 8)", id="fragmented"),
+                 "(16 GPUs free, some in pieces under 8); 0/4 nodes fit a worker: 4 too few "
+                 "free nvidia.com/gpu "
+                 "(needs 8, largest free 4)", id="fragmented"),
     pytest.param(make_cluster(FULL), make_request(1, 16), Blocker.WORKER_TOO_LARGE,
                  "each worker needs 16 GPUs, but the largest node has 8", id="worker-too-large"),
     pytest.param(make_cluster(FULL), make_request(1, node_selector={NODE_LABEL_GPU_PRODUCT: "B200"}),
                  Blocker.NO_MATCHING_NODES,
-                 "no schedulable node with GPUs matching gpu.product=B200", id="no-match"),
+                 "no node matching gpu.product=B200 can take a worker: 0/4 nodes fit a "
+                 "worker: 4 not matching gpu.product=B200", id="no-match"),
     pytest.param(make_cluster(FULL), make_request(2, tensor=16), Blocker.PARALLELISM,
                  "each tensor-parallel group of 16 GPUs (2 workers) must sit in one node; "
                  "the free ones hold 0 such groups, 1 needed", id="tensor-needs-nvlink"),
@@ -170,7 +174,7 @@ EXPLAINED = [
                  "tensor 8 x pipeline 3 = 24 GPUs per model replica does not divide the job's "
                  "16 GPUs (2 workers x 8)", id="replica-misaligned"),
     pytest.param(make_cluster(FULL), make_request(0), Blocker.INVALID_REQUEST,
-                 "workers and GPUs per worker must be at least 1", id="no-workers"),
+                 "workers must be at least 1 and GPUs per worker at least 0", id="no-workers"),
     pytest.param(make_cluster(FULL), make_request(1, required_level="zone"),
                  Blocker.INVALID_REQUEST,
                  "required level 'zone' is not a topology level; the levels are: spine, rack, "

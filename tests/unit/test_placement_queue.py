@@ -57,7 +57,8 @@ def test_two_gangs_that_fit_only_alone_never_hold_half_each(first: str, second: 
     assert outcome(result) == {first: "admit", second: Blocker.NOT_ENOUGH_GPUS}
     assert len(result.admitted[0].placement.nodes) == 6
     assert wait_of(result, second).reason == (
-        "needs 48 GPUs (6 workers x 8); the free GPUs have room for 2 such workers (16 GPUs free)"
+        "needs 48 GPUs (6 workers x 8); the free GPUs have room for 2 such workers (16 GPUs free); "
+        "2/8 nodes fit a worker: 6 too few free nvidia.com/gpu (needs 8, largest free 0)"
     )
     assert sum(result.snapshot.free) == 16
 

@@ -17,6 +17,7 @@ from placement_factories import (
 
 from cluster.topology import build_nodes, load_topology
 from trainwave.contract import GPU_RESOURCE, NODE_LABEL_NVLINK_DOMAIN, NODE_LABEL_RACK
+from trainwave.placement.gang import GangRequest
 from trainwave.placement.snapshot import ClusterSnapshot, build_snapshot, pod_gpus
 from trainwave.placement.topology import HOSTNAME_LABEL, build_topology
 
@@ -168,9 +169,14 @@ def test_pod_without_gpus_uses_none() -> None:
     assert pod_gpus({"spec": {"containers": [{"name": "c"}]}}) == 0
 
 
-def test_reserved_gpus_count_as_used() -> None:
-    snapshot = build_snapshot(small_nodes(), [make_pod(NODE, 2)], reserved={NODE: 4})
-    assert snapshot.node(NODE).free == 2
+def test_released_pods_not_bound_yet_count_on_their_node() -> None:
+    released = make_pod("", 4)
+    released["metadata"] = {"annotations": {"trainwave.io/node": NODE}}
+    gated = make_pod("", 8)
+    gated["metadata"] = {"annotations": {"trainwave.io/node": NODE}}
+    gated["spec"]["schedulingGates"] = [{"name": "trainwave.io/placement"}]
+    snapshot = build_snapshot(small_nodes(), [make_pod(NODE, 2), released, gated])
+    assert snapshot.node(NODE).free == 2, "2 bound + 4 reserved; a gated pod holds nothing"
 
 
 @pytest.mark.parametrize(
@@ -195,9 +201,9 @@ def test_nodes_that_take_no_new_pods_offer_nothing(
     nodes = small_nodes()
     for key, value in change.items():
         nodes[0].setdefault(key, {}).update(value)
-    node = build_snapshot(nodes, []).node(NODE)
-    assert node.schedulable is schedulable
-    assert node.free == (8 if schedulable else 0)
+    snapshot = build_snapshot(nodes, [])
+    index = snapshot.topology.node_index[NODE]
+    assert snapshot.slots(GangRequest("job", 1, 8).needs)[index] == (1 if schedulable else 0)
 
 
 def test_snapshot_carries_topology_labels_and_capacity() -> None:

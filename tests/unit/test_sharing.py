@@ -177,7 +177,8 @@ def test_shared_nodes_from_the_agents_inventory_and_the_pinned_pods() -> None:
     pinned = {
         "metadata": {"annotations": {contract.ANNOTATION_GPU_UUID: uuid}},
         "spec": {
-            "containers": [{"resources": {"limits": {contract.SHARED_GPU_MEMORY_RESOURCE: 1000}}}]
+            "nodeName": "n0",
+            "containers": [{"resources": {"limits": {contract.SHARED_GPU_MEMORY_RESOURCE: 1000}}}],
         },
         "status": {"phase": "Running"},
     }

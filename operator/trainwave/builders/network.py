@@ -18,11 +18,11 @@ from typing import Any
 from trainwave import contract
 from trainwave.api.network import NetworkSpec, RdmaSpec
 from trainwave.builders.worker import Worker
-from trainwave.placement import explain
-from trainwave.placement.snapshot import ClusterSnapshot, Selector
+from trainwave.placement.rdma import LINK_LAYERS, network_requirements, rdma_shortfall
+
+__all__ = ["network_requirements", "node_network_env", "rdma_shortfall", "set_network"]
 
 SHM_VOLUME = "trainwave-shm"
-_LINK_LAYERS = {"InfiniBand": ("IB",), "RoCE": ("RoCE",), "Any": ("IB", "RoCE")}
 # NCCL's own spelling of GPU<->NIC path types, best first (NCCL_NET_GDR_LEVEL).
 _DISTANCES = ("PIX", "PXB", "PHB", "NODE", "SYS")
 
@@ -70,53 +70,12 @@ def static_network_env(network: NetworkSpec) -> dict[str, str]:
     return env
 
 
-def network_requirements(network: NetworkSpec | None) -> dict[str, str | frozenset[str]]:
-    """Node label requirements: where the gang can get the RDMA it asks for."""
-    if network is None or network.rdma is None:
-        return {}
-    layers = frozenset(
-        contract.RDMA_LINK_LAYER_LABELS[x] for x in _LINK_LAYERS[network.rdma.link_layer]
-    )
-    wanted: dict[str, str | frozenset[str]] = {
-        contract.NODE_LABEL_RDMA: next(iter(layers)) if len(layers) == 1 else layers
-    }
-    if network.rdma.gpu_direct == "Required":
-        wanted[contract.NODE_LABEL_GPUDIRECT] = "true"
-    return wanted
-
-
-def rdma_shortfall(
-    network: NetworkSpec | None, selector: Selector, snapshot: ClusterSnapshot
-) -> str | None:
-    """Why no node of the cluster can give the gang its RDMA, or None when some can.
-
-    Counted over every node the job's own nodeSelector allows, busy or not:
-    this is not "wait for room" but "this cluster does not have it".
-    """
-    if network is None or network.rdma is None or any(snapshot.matching(selector)):
-        return None
-    wanted = network_requirements(network)
-    base = {k: v for k, v in selector.items() if k not in wanted}
-    allowed = sum(snapshot.matching(base))
-    rdma_key = contract.NODE_LABEL_RDMA
-    with_rdma = sum(snapshot.matching({**base, rdma_key: wanted[rdma_key]}))
-    asked = f"linkLayer {network.rdma.link_layer}, gpuDirect {network.rdma.gpu_direct}"
-    where = f"{allowed} node(s) the job may use" + explain.scope(base)
-    if with_rdma == 0:
-        return f"asks for RDMA ({asked}); none of the {where} has active RDMA ports of that kind"
-    return (
-        f"asks for RDMA ({asked}); {with_rdma} of the {where} have RDMA but none has "
-        "working GPUDirect RDMA (no peer-memory module or DMA-BUF; see the node's "
-        f"{contract.ANNOTATION_INVENTORY} annotation)"
-    )
-
-
 def node_network_env(network: NetworkSpec | None, inventory: Mapping[str, Any]) -> dict[str, str]:
     """NCCL settings for a worker on the node whose inventory annotation this is."""
     if network is None or network.rdma is None:
         return {}
     rdma: RdmaSpec = network.rdma
-    layers = _LINK_LAYERS[rdma.link_layer]
+    layers = LINK_LAYERS[rdma.link_layer]
     nics = [
         nic for nic in inventory.get("nics") or []
         if nic.get("state") == "ACTIVE" and nic.get("linkLayer") in layers
@@ -145,7 +104,7 @@ def gang_link_env(
     TCP the pod network's rate is not something the inventory knows."""
     if network is None or network.rdma is None or not inventories:
         return {}
-    layers = _LINK_LAYERS[network.rdma.link_layer]
+    layers = LINK_LAYERS[network.rdma.link_layer]
     rates = []
     for inventory in inventories:
         total = sum(

@@ -19,6 +19,8 @@ def plural(count: int, noun: str, many: str | None = None) -> str:
 def gang(workers: int, gpus_per_worker: int) -> str:
     """'32 GPUs (4 workers x 8)'."""
     total = workers * gpus_per_worker
+    if gpus_per_worker == 0:
+        return f"{plural(workers, 'worker')} (no GPUs)"
     if workers == 1:
         return f"{plural(total, 'GPU')} (1 worker)"
     return f"{total} GPUs ({workers} workers x {gpus_per_worker})"
@@ -43,7 +45,10 @@ def unknown_level(which: str, level: str, levels: str) -> str:
     return f"{which} level {level!r} is not a topology level; the levels are: {levels}"
 
 
-def no_matching_nodes(selector: Selector) -> str:
+def no_matching_nodes(selector: Selector, nodes: str = "") -> str:
+    """No node passes the filters that waiting cannot change; `nodes` says why, per node."""
+    if nodes:
+        return f"no node{scope(selector)} can take a worker: {nodes}"
     return f"no schedulable node with GPUs{scope(selector)}"
 
 
@@ -62,6 +67,17 @@ def not_enough_gpus(
         f"needs {gang(workers, gpus_per_worker)}; the free GPUs{scope(selector)} have room "
         f"for {plural(room, 'such worker')} ({free} GPUs free{pieces})"
     )
+
+
+def not_enough_room(
+    workers: int, gpus_per_worker: int, room: int, free: int, selector: Selector, nodes: str
+) -> str:
+    """Too few slots; `nodes` is the per-node breakdown (filters.describe)."""
+    if gpus_per_worker == 0:
+        head = f"needs {gang(workers, 0)}; the nodes{scope(selector)} have room for {room}"
+    else:
+        head = not_enough_gpus(workers, gpus_per_worker, room, free, selector)
+    return f"{head}; {nodes}" if nodes else head
 
 
 def tensor_groups_do_not_fit(

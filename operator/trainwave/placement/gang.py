@@ -7,8 +7,12 @@ workers inside one domain of it), an optional preferred level (soft) and optiona
 tensor/pipeline degrees. The topology tree is cluster -> configured levels (spine, rack) ->
 NVLink domain (when multi-node) -> node.
 
-Phase 1, capacity. Every node offers free // G worker slots (0 when it is cordoned, not
-Ready, or outside the request's node selector). Capacity is summed bottom-up in *units*:
+Phase 1, capacity. Every node offers as many worker slots as copies of the worker's pod
+it can take: 0 when any of kube-scheduler's filters rejects it for that pod (cordoned, not
+Ready, an untolerated taint, node selector or required affinity, a host port, too little
+of any requested resource; filters.py), else the smallest of free // request over every
+requested resource and the node's free pod count. Nodes outside the request's extra
+label selector (RDMA link layer) offer none. Capacity is summed bottom-up in *units*:
 one worker at the node, one tensor block (ranks.Blocks) at the NVLink domain, one model
 replica block at the pipeline level (the rack) and above. A level holds
 floor(children's total / blocks per unit), so a unit is never split across domains.
@@ -17,11 +21,15 @@ Phase 2, the domain. Walking up from the node level to the required level (or th
 the first level where one domain can hold the whole gang is the tightest possible. Among
 the domains there that can, take the one that
   a) needs the fewest domains at each level below (a trial descent, phase 3, counts them),
+  a') then scores highest on the workers' preferred node affinity (a soft wish, after the
+     topology objective, as kube-scheduler's NodeAffinity score is after its filters),
   b) then fits best: the least spare capacity, then the fewest free GPUs, then (nodes)
      the most GPUs already in use: large holes stay whole for large jobs,
   c) then sits in the fullest parent, grandparent...; then the lowest index.
 If none can, the job is unschedulable and the reason names the first constraint that
-fails: matching nodes, worker size, free GPUs, tensor groups, model replicas, the level.
+fails: matching nodes, worker size, free GPUs, tensor groups, model replicas, the level,
+with kube-scheduler-style counts of why nodes refuse a worker ("61/64 nodes ...: 48 too
+few free nvidia.com/gpu, 8 untolerated taint {team: vision}, ...").
 
 Phase 3, descent. Inside a domain, if one child can hold what is asked, the best-fitting
 child gets all of it (b). Otherwise children are taken largest first, each filled
@@ -45,8 +53,15 @@ from dataclasses import dataclass, field
 from enum import StrEnum
 from itertools import accumulate
 
-from trainwave.placement import explain
+from trainwave.contract import GPU_RESOURCE
+from trainwave.placement import explain, filters
 from trainwave.placement.ranks import Blocks, Parallelism, order_workers, plan_blocks
+from trainwave.placement.requirements import (
+    NOT_READY_TAINT,
+    UNREACHABLE_TAINT,
+    PodNeeds,
+    Toleration,
+)
 from trainwave.placement.snapshot import ClusterSnapshot, Selector
 from trainwave.placement.topology import Topology
 
@@ -58,6 +73,7 @@ class Blocker(StrEnum):
     NO_MATCHING_NODES = "NoMatchingNodes"
     WORKER_TOO_LARGE = "WorkerTooLarge"
     NOT_ENOUGH_GPUS = "NotEnoughGPUs"
+    NOT_ENOUGH_RESOURCES = "NotEnoughResources"  # CPU, memory or another resource is short
     PARALLELISM = "ParallelismDoesNotFit"
     REQUIRED_LEVEL = "RequiredDomainTooSmall"
 
@@ -72,11 +88,33 @@ class GangRequest:
     required_level: str | None = None
     preferred_level: str | None = None
     parallelism: Parallelism | None = None
-    node_selector: Selector = field(default_factory=dict)
+    node_selector: Selector = field(default_factory=dict)  # extra label requirements (RDMA)
+    # The worker's pod as kube-scheduler will see it; None: only `gpus_per_worker` GPUs,
+    # the GPU taint and the default NoExecute tolerations (benchmarks and unit tests).
+    pod: PodNeeds | None = None
+    # Shared GPUs: MiB of one GPU per worker instead of whole GPUs (gpus_per_worker 0).
+    shared_mib: int | None = None
 
     @property
     def gpus(self) -> int:
         return self.workers * self.gpus_per_worker
+
+    @property
+    def needs(self) -> PodNeeds:
+        if self.pod is not None:
+            return self.pod
+        return _gpu_only(self.gpus_per_worker)
+
+
+def _gpu_only(gpus: int) -> PodNeeds:
+    return PodNeeds(
+        requests=((GPU_RESOURCE, gpus),) if gpus else (),
+        tolerations=(
+            Toleration(GPU_RESOURCE, "Exists"),
+            Toleration(NOT_READY_TAINT, "Exists", "", "NoExecute"),
+            Toleration(UNREACHABLE_TAINT, "Exists", "", "NoExecute"),
+        ),
+    )
 
 
 @dataclass(frozen=True)
@@ -92,6 +130,12 @@ class Placement:
     nodes: tuple[str, ...]  # nodes[rank]: where worker `rank` goes
     usage: tuple[LevelUsage, ...]  # each level below the cluster, top to bottom
     preferred_met: bool | None = None  # None: no preferred level was asked for
+
+    def workers_by_node(self) -> dict[str, int]:
+        workers: dict[str, int] = {}
+        for node in self.nodes:
+            workers[node] = workers.get(node, 0) + 1
+        return workers
 
     def gpus_by_node(self) -> dict[str, int]:
         gpus: dict[str, int] = {}
@@ -130,9 +174,13 @@ def place(snapshot: ClusterSnapshot, request: GangRequest) -> Placement | Unsche
     def refuse(code: Blocker, reason: str) -> Unschedulable:
         return Unschedulable(request.name, code, reason)
 
-    if request.workers < 1 or request.gpus_per_worker < 1:
-        return refuse(Blocker.INVALID_REQUEST, "workers and GPUs per worker must be at least 1")
-    blocks = plan_blocks(request.parallelism, request.workers, request.gpus_per_worker)
+    if request.workers < 1 or request.gpus_per_worker < 0:
+        return refuse(
+            Blocker.INVALID_REQUEST, "workers must be at least 1 and GPUs per worker at least 0"
+        )
+    blocks: Blocks | str = Blocks(1, 1, request.workers)  # CPU-only: no GPU parallelism
+    if request.gpus_per_worker:
+        blocks = plan_blocks(request.parallelism, request.workers, request.gpus_per_worker)
     if isinstance(blocks, str):
         return refuse(Blocker.INVALID_REQUEST, blocks)
     levels: list[int | None] = []
@@ -167,14 +215,15 @@ class _Planner:
         self.snapshot = snapshot
         self.request = request
         self.blocks = blocks
-        gpus = request.gpus_per_worker
-        self.node_free = list(snapshot.free)  # 0 on nodes that take no new pods
+        self.needs = request.needs
+        slots = list(snapshot.slots(self.needs))
         if request.node_selector:
             matching = snapshot.matching(request.node_selector)
-            self.node_free = [
-                f if ok else 0 for f, ok in zip(self.node_free, matching, strict=True)
-            ]
-        self.slots = [free // gpus for free in self.node_free]
+            slots = [s if ok else 0 for s, ok in zip(slots, matching, strict=True)]
+        self.slots = slots
+        # Free GPUs only where a worker can go: best fit and messages read them.
+        self.node_free = [f if s else 0 for f, s in zip(snapshot.free, slots, strict=True)]
+        self.preference = snapshot.preferences(self.needs)
 
         node_level = self.node_level = topology.node_level
         units = [blocks.pipeline_workers] * len(topology.levels)
@@ -217,17 +266,7 @@ class _Planner:
         request, topology, blocks = self.request, self.topology, self.blocks
         gpus, selector = request.gpus_per_worker, request.node_selector
         if self.room < request.workers:
-            nodes, matching = self.snapshot.nodes, self.snapshot.matching(selector)
-            sizes = [n.gpus for n, ok in zip(nodes, matching, strict=True) if ok and n.schedulable]
-            if not sizes or max(sizes) == 0:
-                return Blocker.NO_MATCHING_NODES, explain.no_matching_nodes(selector)
-            if gpus > max(sizes):
-                reason = explain.worker_too_large(gpus, max(sizes), selector)
-                return Blocker.WORKER_TOO_LARGE, reason
-            reason = explain.not_enough_gpus(
-                request.workers, gpus, self.room, sum(self.node_free), selector
-            )
-            return Blocker.NOT_ENOUGH_GPUS, reason
+            return self._no_room()
         parallelism = request.parallelism or Parallelism()
         tensor_level = (
             topology.node_level if topology.nvlink_level is None else topology.nvlink_level
@@ -266,6 +305,35 @@ class _Planner:
             return Blocker.REQUIRED_LEVEL, reason
         return None
 
+    def _no_room(self) -> tuple[Blocker, str]:
+        """Too few slots: which filters refuse how many nodes, in kube-scheduler's terms."""
+        request, snapshot = self.request, self.snapshot
+        gpus, selector = request.gpus_per_worker, request.node_selector
+        matching = snapshot.matching(selector) if selector else (True,) * len(snapshot.nodes)
+        outside = (filters.Rejection("NodeAffinity", "not" + explain.scope(selector)),)
+        rejections = [
+            why if ok else outside
+            for why, ok in zip(snapshot.rejections(self.needs), matching, strict=True)
+        ]
+        nodes = filters.describe(len(rejections), rejections) if any(rejections) else ""
+        open_nodes = [
+            node
+            for node, why in zip(snapshot.nodes, rejections, strict=True)
+            if all(r.filter == "NodeResourcesFit" for r in why)
+        ]
+        if not open_nodes:
+            return Blocker.NO_MATCHING_NODES, explain.no_matching_nodes(selector, nodes)
+        largest = max(node.gpus for node in open_nodes)
+        if gpus > largest:
+            return Blocker.WORKER_TOO_LARGE, explain.worker_too_large(gpus, largest, selector)
+        short = {r.resource for why in rejections for r in why if r.resource}
+        code = Blocker.NOT_ENOUGH_GPUS
+        if gpus == 0 or (short and GPU_RESOURCE not in short):
+            code = Blocker.NOT_ENOUGH_RESOURCES
+        free = sum(node.free for node in open_nodes)  # pieces included: the message says so
+        reason = explain.not_enough_room(request.workers, gpus, self.room, free, selector, nodes)
+        return code, reason
+
     def allocate(self, top: int) -> list[tuple[int, int]]:
         """Phases 2 and 3: (node index, workers) for the whole gang; `shortfall` was None."""
         for level in range(self.node_level, top - 1, -1):
@@ -276,7 +344,7 @@ class _Planner:
             if level == self.node_level:
                 # Nodes: the spread is always one, so only best fit and parents decide;
                 # ancestors are looked up only for the nodes that tie on fit.
-                fits = {d: self._fit(level, d) for d in candidates}
+                fits = {d: (-self.preference[d], *self._fit(level, d)) for d in candidates}
                 tightest = min(fits.values())
                 tied = [d for d, fit in fits.items() if fit == tightest]
                 best = min(tied, key=lambda d: (self._parents(level, d), d))
@@ -287,15 +355,20 @@ class _Planner:
                 out: list[tuple[int, int]] = []
                 counts = [0] * len(self.units)
                 self._descend(level, domain, need, out, counts)
-                rank = self._choice(level, domain, tuple(counts[level + 1 :]))
+                score = sum(self.preference[node] * workers for node, workers in out)
+                rank = self._choice(level, domain, tuple(counts[level + 1 :]), score)
                 if best_rank is None or rank < best_rank:
                     best_rank, best_out = rank, out
             return best_out
         raise AssertionError("allocate() called for a gang that does not fit")
 
-    def _choice(self, level: int, domain: int, spread: tuple[int, ...]) -> tuple[object, ...]:
-        """Phase 2's order: fewest domains below, best fit, fullest ancestors, index."""
-        return (spread, self._fit(level, domain), self._parents(level, domain), domain)
+    def _choice(
+        self, level: int, domain: int, spread: tuple[int, ...], preferred: int
+    ) -> tuple[object, ...]:
+        """Phase 2's order: fewest domains below, preferred affinity, best fit, fullest
+        ancestors, index."""
+        fit = self._fit(level, domain)
+        return (spread, -preferred, fit, self._parents(level, domain), domain)
 
     def _descend(
         self, level: int, domain: int, amount: int, out: list[tuple[int, int]], counts: list[int]
@@ -311,7 +384,7 @@ class _Planner:
         children = self.topology.domains[level][domain].children
         fitting = [c for c in children if caps[c] >= wanted]
         if fitting:
-            best = min(fitting, key=lambda c: (self._fit(child_level, c), c))
+            best = min(fitting, key=lambda c: (-self._preferred(child_level, c), self._fit(child_level, c), c))
             self._descend(child_level, best, wanted, out, counts)
             return
         free = self.free[child_level]
@@ -326,6 +399,13 @@ class _Planner:
         rest = [c for c in largest[taken:] if caps[c] >= wanted]
         last = min(rest, key=lambda c: (self._fit(child_level, c), c))
         self._descend(child_level, last, wanted, out, counts)
+
+    def _preferred(self, level: int, domain: int) -> int:
+        """The best preferred-affinity score of a node with room in the domain."""
+        if level == self.node_level:
+            return self.preference[domain]
+        span = self._span(level, domain)
+        return max((self.preference[i] for i in span if self.slots[i]), default=0)
 
     def _fit(self, level: int, domain: int) -> tuple[int, ...]:
         """Best fit: least spare capacity, fewest free GPUs, most GPUs in use (nodes)."""

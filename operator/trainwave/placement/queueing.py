@@ -20,7 +20,11 @@ Rules:
    `max_skips=0` is strict FIFO.
 4. A gang that would not fit even the empty cluster blocks nobody; its reason says so.
 5. Priority is absolute: a higher-priority gang comes earlier in the order, is no backfill,
-   and may take room a protected lower-priority gang waits for (no preemption here).
+   and may take room a protected lower-priority gang waits for (preemption of running
+   gangs is decided after the queue, in preemption.py).
+6. Whole-GPU and shared-GPU gangs are one queue under the same rules: a shared gang
+   (`request.shared_mib`) is placed GPU by GPU by the packer (sharing.py) on the same
+   working snapshot, so neither kind can starve the other.
 """
 
 from __future__ import annotations
@@ -30,6 +34,12 @@ from dataclasses import dataclass
 
 from trainwave.placement import explain
 from trainwave.placement.gang import Blocker, GangRequest, Placement, Unschedulable, place
+from trainwave.placement.sharing import (
+    LARGER_THAN_ANY_GPU,
+    SharedPlacement,
+    SharedRefusal,
+    place_shared_gang,
+)
 from trainwave.placement.snapshot import ClusterSnapshot
 
 HELD_FOR_EARLIER_JOB = "HeldForEarlierJob"
@@ -53,7 +63,7 @@ class QueuePolicy:
 @dataclass(frozen=True)
 class Admit:
     job: PendingJob
-    placement: Placement
+    placement: Placement | SharedPlacement
     backfilled: bool  # started while a gang ahead of it waited
 
 
@@ -89,9 +99,17 @@ class _Blocked:
 
 
 def schedule(
-    snapshot: ClusterSnapshot, pending: Iterable[PendingJob], policy: QueuePolicy | None = None
+    snapshot: ClusterSnapshot,
+    pending: Iterable[PendingJob],
+    policy: QueuePolicy | None = None,
+    shared_shapes: Iterable[int] = (),
 ) -> Schedule:
-    """One round: admit what fits, in order, within the backfill bound."""
+    """One round: admit what fits, in order, within the backfill bound.
+
+    `shared_shapes`: the MiB requests of the shared workers running now, which the
+    packer's fragmentation measure weighs against.
+    """
+    active = tuple(shared_shapes)
     limit = (policy or QueuePolicy()).max_skips
     order = sorted(pending, key=lambda job: (-job.priority, job.arrival, job.key))
     memo = _Memo(snapshot)
@@ -102,20 +120,20 @@ def schedule(
     for job in order:
         protected = [b for b in blocked if b.skipped >= limit]
         held = frozenset[str]().union(*(b.usable for b in protected))
-        result = place(memo.without(working, held), job.request)
-        if isinstance(result, Placement):
+        result = _place(memo.without(working, held), job.request, active)
+        if isinstance(result, Placement | SharedPlacement):
             used = set(result.nodes)
             for waiting in blocked:
                 if waiting.skipped < limit and used & waiting.usable:
                     waiting.skipped += 1
-            working = working.with_usage(result.gpus_by_node())
+            working = _with(working, job.request, result)
             decisions.append(Admit(job, result, backfilled=bool(blocked)))
             continue
 
         code, reason = str(result.code), result.reason
         if held:
-            alone = place(working, job.request)
-            if isinstance(alone, Placement):
+            alone = _place(working, job.request, active)
+            if isinstance(alone, Placement | SharedPlacement):
                 first = protected[0]
                 code = HELD_FOR_EARLIER_JOB
                 reason = explain.waiting_for(first.job.key, first.skipped, len(held))
@@ -123,7 +141,9 @@ def schedule(
                 code, reason = str(alone.code), alone.reason
         never = memo.never(job.request)
         if never is not None:
-            if never.code is not Blocker.INVALID_REQUEST:
+            if never.code == LARGER_THAN_ANY_GPU:
+                code, reason = never.code, never.reason  # the job fails on this code
+            elif never.code != Blocker.INVALID_REQUEST:
                 code, reason = NEVER_FITS, explain.never_fits(never.reason)
             decisions.append(Wait(job, code, reason, job.skipped))
             continue
@@ -141,6 +161,23 @@ def schedule(
 _Shape = tuple[object, ...]
 
 
+def _place(
+    snapshot: ClusterSnapshot, request: GangRequest, active: tuple[int, ...]
+) -> Placement | SharedPlacement | Unschedulable | SharedRefusal:
+    if request.shared_mib is None:
+        return place(snapshot, request)
+    return place_shared_gang(snapshot, request, active)
+
+
+def _with(
+    snapshot: ClusterSnapshot, request: GangRequest, result: Placement | SharedPlacement
+) -> ClusterSnapshot:
+    """The snapshot with the admitted gang's workers counted where they go."""
+    if isinstance(result, SharedPlacement):
+        return snapshot.with_workers(request.needs, result.workers_by_node(), result.gpu_mib())
+    return snapshot.with_workers(request.needs, result.workers_by_node())
+
+
 class _Memo:
     """Answers that stay the same for a whole round, computed once per request shape.
 
@@ -151,28 +188,31 @@ class _Memo:
     def __init__(self, snapshot: ClusterSnapshot):
         self.snapshot = snapshot
         self._empty: ClusterSnapshot | None = None
-        self._never: dict[_Shape, Unschedulable | None] = {}
+        self._never: dict[_Shape, Unschedulable | SharedRefusal | None] = {}
         self._usable: dict[_Shape, frozenset[str]] = {}
         self._open: tuple[ClusterSnapshot, frozenset[str], ClusterSnapshot] | None = None
 
-    def never(self, request: GangRequest) -> Unschedulable | None:
+    def never(self, request: GangRequest) -> Unschedulable | SharedRefusal | None:
         """Why the request cannot fit even the empty cluster; None when it can."""
         shape = _shape(request)
         if shape not in self._never:
             self._empty = self._empty or self.snapshot.emptied()
-            result = place(self._empty, request)
-            self._never[shape] = result if isinstance(result, Unschedulable) else None
+            result = _place(self._empty, request, ())
+            never = isinstance(result, Unschedulable | SharedRefusal)
+            self._never[shape] = result if never else None  # type: ignore[assignment]
         return self._never[shape]
 
     def usable(self, request: GangRequest) -> frozenset[str]:
         """Nodes that could ever take one of the request's workers."""
-        shape = (request.gpus_per_worker, *sorted(request.node_selector.items()))
+        shape = (request.needs, *sorted(request.node_selector.items()))
         if shape not in self._usable:
+            self._empty = self._empty or self.snapshot.emptied()
             matching = self.snapshot.matching(request.node_selector)
+            slots = self._empty.slots(request.needs)
             self._usable[shape] = frozenset(
                 node.name
-                for node, ok in zip(self.snapshot.nodes, matching, strict=True)
-                if ok and node.schedulable and node.gpus >= request.gpus_per_worker
+                for node, ok, room in zip(self.snapshot.nodes, matching, slots, strict=True)
+                if ok and room > 0
             )
         return self._usable[shape]
 
@@ -193,5 +233,7 @@ def _shape(request: GangRequest) -> _Shape:
         request.gpus_per_worker,
         request.required_level,
         request.parallelism,
+        request.needs,
+        request.shared_mib,
         *sorted(request.node_selector.items()),
     )

@@ -22,38 +22,34 @@ from __future__ import annotations
 import math
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, replace
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from trainwave.contract import (
-    ANNOTATION_GPU_UUID,
-    NODE_LABEL_GPU_PRODUCT,
-    SHARED_GPU_MEMORY_RESOURCE,
-)
+from trainwave.contract import NODE_LABEL_GPU_PRODUCT, SHARED_GPU_MEMORY_RESOURCE
 from trainwave.placement.fragmentation import MILLI, FragmentationMeasure, Shape, typical_shapes
 from trainwave.placement.packing import NodeState, Task, Trainwave, assign, choose
-from trainwave.placement.snapshot import (
-    DEFAULT_TOLERATED_TAINTS,
-    node_schedulable,
-    read_inventory,
-)
+from trainwave.placement.filters import Rejection, check, describe
+from trainwave.placement.records import SharedGpu
+from trainwave.placement.snapshot import ClusterSnapshot, NodeInfo, build_snapshot
 
-# Enough CPU and memory that only GPU memory decides: kube-scheduler checks the rest.
+if TYPE_CHECKING:
+    from trainwave.placement.gang import GangRequest
+
+__all__ = [
+    "Pin",
+    "SharedGpu",
+    "SharedNode",
+    "SharedPlacement",
+    "SharedRefusal",
+    "place_shared",
+    "shared_nodes",
+]
+
+# The packer's own CPU and memory check stays off: the filters' per-node slots
+# (`place_shared(slots=...)`) already hold every resource of the real pod.
 _UNCONSTRAINED = 1 << 40
 # What the fragmentation measure assumes arrives when nothing is running yet:
 # quarter, half and whole GPUs, the usual sizes of notebooks, fine-tunes and sweeps.
 DEFAULT_SHAPES = (250, 500, 1000)
-
-
-@dataclass(frozen=True)
-class SharedGpu:
-    uuid: str
-    index: int
-    memory_mib: int
-    used_mib: int = 0
-
-    @property
-    def free_mib(self) -> int:
-        return max(0, self.memory_mib - self.used_mib)
 
 
 @dataclass(frozen=True)
@@ -78,6 +74,33 @@ class SharedRefusal:
     reason: str
 
 
+@dataclass(frozen=True)
+class SharedPlacement:
+    """Where each worker of a shared-GPU gang goes: pins[rank]."""
+
+    job: str
+    pins: tuple[Pin, ...]
+
+    @property
+    def nodes(self) -> tuple[str, ...]:
+        return tuple(pin.node for pin in self.pins)
+
+    def workers_by_node(self) -> dict[str, int]:
+        workers: dict[str, int] = {}
+        for pin in self.pins:
+            workers[pin.node] = workers.get(pin.node, 0) + 1
+        return workers
+
+    def gpu_mib(self) -> dict[str, int]:
+        mib: dict[str, int] = {}
+        for pin in self.pins:
+            mib[pin.gpu_uuid] = mib.get(pin.gpu_uuid, 0) + pin.memory_mib
+        return mib
+
+    def describe(self) -> str:
+        return "shared GPUs: " + ", ".join(f"{p.node}/{p.gpu_uuid[:12]}" for p in self.pins)
+
+
 NO_SHARED_GPUS = "NoSharedGPUs"
 NOT_ENOUGH_GPU_MEMORY = "NotEnoughGPUMemory"
 # More than any shared GPU of the cluster has in all: waiting cannot help.
@@ -90,8 +113,14 @@ def place_shared(
     memory_mib: int,
     selector: Mapping[str, str] | None = None,
     active_requests: Iterable[int] = (),
+    slots: Mapping[str, int] | None = None,
 ) -> tuple[Pin, ...] | SharedRefusal:
-    """Pin each of `workers` to a shared GPU with `memory_mib` free, or say why not."""
+    """Pin each of `workers` to a shared GPU with `memory_mib` free, or say why not.
+
+    `slots` caps how many workers each node takes (its other resources: CPU, memory,
+    pods; filters.worker_slots); None leaves only GPU memory to decide.
+    """
+    room = dict(slots) if slots is not None else None
     wanted = dict(selector or {})
     usable = [
         n
@@ -113,7 +142,8 @@ def place_shared(
     pins: list[Pin] = []
     for _ in range(workers):
         task = Task(0, 0, num_gpu=1, gpu_milli=_milli(memory_mib, _gpu_memory(by_name)))
-        choice = _choose_fitting(policy, states, by_name, task, memory_mib)
+        open_states = states if room is None else {k: v for k, v in states.items() if room.get(k, 0) > 0}
+        choice = _choose_fitting(policy, open_states, by_name, task, memory_mib)
         if choice is None:
             most = max(g.free_mib for n in by_name.values() for g in n.gpus)
             placed = f"; {len(pins)} of {workers} workers would fit" if workers > 1 else ""
@@ -128,6 +158,8 @@ def place_shared(
         pins.append(Pin(node_name, gpu.uuid, memory_mib))
         by_name[node_name] = _with_used(node, gpu_index, memory_mib)
         states[node_name] = assign(states[node_name], task, (_position(node, gpu_index),))
+        if room is not None:
+            room[node_name] -= 1
     return tuple(pins)
 
 
@@ -195,34 +227,26 @@ def _milli(memory_mib: int, gpu_mib: int) -> int:
     return min(MILLI, max(1, math.ceil(memory_mib * MILLI / gpu_mib)))
 
 
+def shared_nodes(snapshot: ClusterSnapshot) -> list[SharedNode]:
+    """The nodes that offer GPUs for sharing, with the memory pinned on each GPU."""
+    return [
+        SharedNode(
+            name=node.name,
+            gpu_model=node.labels.get(NODE_LABEL_GPU_PRODUCT, ""),
+            gpus=node.shared,
+            schedulable=node.schedulable and node.ready and not node.cordoned,
+            labels=node.labels,
+        )
+        for node in snapshot.nodes
+        if node.shared
+    ]
+
+
 def build_shared_nodes(
     nodes: Iterable[Mapping[str, Any]], pods: Iterable[Mapping[str, Any]]
 ) -> list[SharedNode]:
     """Shared GPUs per node from raw Nodes (the agent's inventory) and the pods pinned to them."""
-    used: dict[str, int] = {}
-    for pod in pods:
-        meta = pod.get("metadata") or {}
-        uuid = (meta.get("annotations") or {}).get(ANNOTATION_GPU_UUID)
-        phase = (pod.get("status") or {}).get("phase")
-        if uuid and phase not in ("Succeeded", "Failed"):
-            used[uuid] = used.get(uuid, 0) + requested_mib(pod)
-    shared = []
-    for node in nodes:
-        meta = node.get("metadata") or {}
-        gpus = _inventory_gpus(node)
-        if not gpus:
-            continue
-        labels = dict(meta.get("labels") or {})
-        shared.append(
-            SharedNode(
-                name=meta["name"],
-                gpu_model=labels.get(NODE_LABEL_GPU_PRODUCT, ""),
-                gpus=tuple(replace(g, used_mib=used.get(g.uuid, 0)) for g in gpus),
-                schedulable=node_schedulable(node, DEFAULT_TOLERATED_TAINTS),
-                labels=labels,
-            )
-        )
-    return shared
+    return shared_nodes(build_snapshot(nodes, pods))
 
 
 def with_pins(node: SharedNode, pins: Iterable[Pin]) -> SharedNode:
@@ -232,17 +256,6 @@ def with_pins(node: SharedNode, pins: Iterable[Pin]) -> SharedNode:
             index = next(g.index for g in node.gpus if g.uuid == pin.gpu_uuid)
             node = _with_used(node, index, pin.memory_mib)
     return node
-
-
-def _inventory_gpus(node: Mapping[str, Any]) -> tuple[SharedGpu, ...]:
-    inventory = read_inventory(node)
-    try:
-        listed = (inventory or {}).get("sharedGpus") or []
-        return tuple(
-            SharedGpu(str(g["uuid"]), int(g["index"]), int(g["memoryMiB"])) for g in listed
-        )
-    except (KeyError, TypeError, ValueError):
-        return ()  # an unreadable inventory offers nothing; the agent rewrites it
 
 
 def requested_mib(pod: Mapping[str, Any]) -> int:
@@ -257,3 +270,46 @@ def requested_mib(pod: Mapping[str, Any]) -> int:
             except ValueError:
                 continue
     return total
+
+
+def place_shared_gang(
+    snapshot: ClusterSnapshot, request: GangRequest, active_requests: Iterable[int] = ()
+) -> SharedPlacement | SharedRefusal:
+    """A shared-GPU gang (`request.shared_mib` per worker) on the snapshot, all or nothing.
+
+    Nodes are those that offer shared GPUs and whose filters take the worker's pod
+    (taints, selectors, CPU, memory, trainwave.io/gpu-memory...); how many workers
+    each takes is its slot count, which GPU each gets is the packer's choice.
+    """
+    mib = request.shared_mib or 0
+    slots = snapshot.slots(request.needs)
+    matching = snapshot.matching(request.node_selector)
+    offered = [n for n, ok in zip(snapshot.nodes, matching, strict=True) if ok and n.shared]
+    if not offered:
+        return SharedRefusal(NO_SHARED_GPUS, "no node the job may use offers shared GPUs")
+    largest = max(g.memory_mib for n in offered for g in n.shared)
+    if mib > largest:
+        return SharedRefusal(
+            LARGER_THAN_ANY_GPU,
+            f"asks {mib} MiB of one GPU; the largest shared GPU has {largest} MiB",
+        )
+    room = {
+        node.name: count
+        for node, count, ok in zip(snapshot.nodes, slots, matching, strict=True)
+        if ok and count > 0 and node.shared
+    }
+    if not room:
+        why = [(_closed_reason(n) or check(request.needs, n)) for n in offered]
+        nodes = describe(len(offered), why, "a worker (of the nodes with shared GPUs)")
+        return SharedRefusal(NOT_ENOUGH_GPU_MEMORY, f"no node can take a worker now: {nodes}")
+    candidates = [n for n in shared_nodes(snapshot) if n.name in room]
+    result = place_shared(candidates, request.workers, mib, None, active_requests, room)
+    if isinstance(result, SharedRefusal):
+        if result.code == LARGER_THAN_ANY_GPU:  # only the busy subset was too small
+            return SharedRefusal(NOT_ENOUGH_GPU_MEMORY, result.reason)
+        return result
+    return SharedPlacement(request.name, result)
+
+
+def _closed_reason(node: NodeInfo) -> tuple[Rejection, ...]:
+    return () if node.schedulable else (Rejection("Held", "held for an earlier gang"),)

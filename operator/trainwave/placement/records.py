@@ -1,0 +1,240 @@
+"""The few fields placement keeps of each Node and Pod. Pure.
+
+The operator's watch caches hold these records instead of whole objects, so its
+memory grows with what placement needs (a few hundred bytes a pod), not with the
+size of the objects in the cluster. `trainwave plan` builds the same records from
+a fresh listing. Pods that hold nothing on any node and are not trainwave workers
+(a foreign pod waiting for kube-scheduler) have no record.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping
+from dataclasses import dataclass
+from types import MappingProxyType
+from typing import Any
+
+from trainwave import contract
+from trainwave.placement.quantities import BadQuantity, amounts
+from trainwave.placement.requirements import (
+    HostPort,
+    PodNeeds,
+    Taint,
+    host_ports,
+    pod_needs,
+    pod_requests,
+    taints_of,
+)
+
+_FINISHED = frozenset({"Succeeded", "Failed"})
+
+
+@dataclass(frozen=True, slots=True)
+class SharedGpu:
+    uuid: str
+    index: int
+    memory_mib: int
+    used_mib: int = 0
+
+    @property
+    def free_mib(self) -> int:
+        return max(0, self.memory_mib - self.used_mib)
+
+
+@dataclass(frozen=True, slots=True)
+class NodeRecord:
+    name: str
+    labels: Mapping[str, str]
+    allocatable: Mapping[str, int]
+    taints: tuple[Taint, ...] = ()
+    cordoned: bool = False
+    ready: bool = True
+    shared: tuple[SharedGpu, ...] = ()  # offered for sharing (the agent's inventory)
+    inventory: Mapping[str, Any] | None = None  # the agent's annotation, parsed
+
+    @property
+    def whole_gpus(self) -> int:
+        """GPUs for whole-GPU gangs: the device plugin counts shared ones too; they are
+        not free for gangs, which would run next to the shared jobs pinned there."""
+        return max(0, self.allocatable.get(contract.GPU_RESOURCE, 0) - len(self.shared))
+
+
+@dataclass(frozen=True, slots=True)
+class WorkerIdentity:
+    """Which gang a trainwave worker pod belongs to."""
+
+    job: str  # the job's name (label); the namespace is the pod's
+    attempt: int
+    rank: int
+    priority: int = 0
+    preemptible: bool = True
+    preempted_at: str = ""  # when an earlier attempt of this job was preempted
+
+
+@dataclass(frozen=True, slots=True)
+class PodRecord:
+    namespace: str
+    name: str
+    uid: str
+    node: str  # where it holds resources: spec.nodeName, or the node it was released to
+    holds: bool  # counts on `node` now
+    bound: bool
+    deleting: bool
+    requests: tuple[tuple[str, int], ...] = ()
+    host_ports: tuple[HostPort, ...] = ()
+    gpu_uuid: str = ""  # a shared worker's GPU
+    gpu_mib: int = 0
+    worker: WorkerIdentity | None = None  # trainwave workers only
+    gated: bool = False  # behind trainwave's scheduling gate
+    # Gated workers only: what the filters test, and what the release patch starts from.
+    needs: PodNeeds | None = None
+    release_basis: Mapping[str, Any] | None = None
+
+
+def node_record(node: Mapping[str, Any]) -> NodeRecord:
+    metadata = node.get("metadata") or {}
+    spec = node.get("spec") or {}
+    status = node.get("status") or {}
+    try:
+        allocatable = amounts(status.get("allocatable") or status.get("capacity") or {})
+    except BadQuantity:
+        allocatable = {}  # the kubelet wrote it; an unreadable one offers nothing
+    inventory = read_inventory(node)
+    return NodeRecord(
+        name=metadata["name"],
+        labels=MappingProxyType(dict(metadata.get("labels") or {})),
+        allocatable=MappingProxyType(allocatable),
+        taints=taints_of(spec.get("taints")),
+        cordoned=bool(spec.get("unschedulable")),
+        ready=_ready(status),
+        shared=_shared_gpus(inventory),
+        inventory=inventory,
+    )
+
+
+def _ready(status: Mapping[str, Any]) -> bool:
+    for condition in status.get("conditions") or ():
+        if condition.get("type") == "Ready":
+            return bool(condition.get("status") == "True")
+    return True  # no conditions yet: a node just registered, not a node known to be down
+
+
+def pod_record(pod: Mapping[str, Any]) -> PodRecord | None:
+    """What placement keeps of a pod; None for a pod that holds nothing and is not ours."""
+    metadata = pod.get("metadata") or {}
+    spec = pod.get("spec") or {}
+    annotations = metadata.get("annotations") or {}
+    labels = metadata.get("labels") or {}
+    finished = (pod.get("status") or {}).get("phase") in _FINISHED
+    deleting = bool(metadata.get("deletionTimestamp"))
+    bound_to = str(spec.get("nodeName") or "")
+    gated = is_gated(spec)
+    released_to = str(annotations.get(contract.ANNOTATION_PLACED_NODE) or "")
+    if bound_to:
+        node, holds = bound_to, not finished
+    else:
+        # Released, pinned, not bound yet: a reservation, until it binds or goes.
+        node = released_to
+        holds = bool(released_to) and not gated and not deleting and not finished
+    worker = _worker(labels, annotations, spec)
+    if not holds and worker is None:
+        return None
+    try:
+        requests = tuple(sorted(pod_requests(spec).items()))
+        needs = pod_needs(pod) if gated and worker is not None else None
+    except BadQuantity:
+        requests, needs = (), None
+    uuid = str(annotations.get(contract.ANNOTATION_GPU_UUID) or "")
+    return PodRecord(
+        namespace=str(metadata.get("namespace") or ""),
+        name=str(metadata.get("name") or ""),
+        uid=str(metadata.get("uid") or ""),
+        node=node,
+        holds=holds,
+        bound=bool(bound_to),
+        deleting=deleting,
+        requests=requests,
+        host_ports=host_ports(spec),
+        gpu_uuid=uuid,
+        gpu_mib=dict(requests).get(contract.SHARED_GPU_MEMORY_RESOURCE, 0) if uuid else 0,
+        worker=worker,
+        gated=gated,
+        needs=needs,
+        release_basis=_release_basis(metadata, spec) if needs is not None else None,
+    )
+
+
+def is_gated(spec: Mapping[str, Any]) -> bool:
+    return any(g.get("name") == contract.SCHEDULING_GATE for g in spec.get("schedulingGates") or ())
+
+
+def _worker(
+    labels: Mapping[str, str], annotations: Mapping[str, str], spec: Mapping[str, Any]
+) -> WorkerIdentity | None:
+    job = labels.get(contract.LABEL_JOB_NAME)
+    if not job or labels.get(contract.LABEL_ROLE) != contract.ROLE_WORKER:
+        return None
+    try:
+        attempt = int(labels.get(contract.LABEL_ATTEMPT, ""))
+        rank = int(labels.get(contract.LABEL_RANK, ""))
+    except ValueError:
+        return None
+    priority = _int(annotations.get(contract.ANNOTATION_PRIORITY), _int(spec.get("priority"), 0))
+    preemptible = annotations.get(contract.ANNOTATION_PREEMPTIBLE, "true") != "false" and (
+        spec.get("preemptionPolicy") != "Never"
+    )
+    return WorkerIdentity(
+        job=job,
+        attempt=attempt,
+        rank=rank,
+        priority=priority,
+        preemptible=preemptible,
+        preempted_at=str(annotations.get(contract.ANNOTATION_PREEMPTED_AT) or ""),
+    )
+
+
+def _int(value: object, default: int) -> int:
+    try:
+        return int(str(value))
+    except ValueError:
+        return default
+
+
+def _release_basis(metadata: Mapping[str, Any], spec: Mapping[str, Any]) -> Mapping[str, Any]:
+    """The parts of a gated pod the release patch is computed from (builders/gating.py)."""
+    return {
+        "metadata": {
+            "name": metadata.get("name"),
+            "namespace": metadata.get("namespace"),
+            "resourceVersion": metadata.get("resourceVersion"),
+        },
+        "spec": {
+            "schedulingGates": list(spec.get("schedulingGates") or ()),
+            "affinity": spec.get("affinity") or {},
+        },
+    }
+
+
+def read_inventory(node: Mapping[str, Any]) -> Mapping[str, Any] | None:
+    """The node agent's inventory annotation, parsed; None when absent or unreadable
+    (the agent rewrites it on its next pass)."""
+    annotations = (node.get("metadata") or {}).get("annotations") or {}
+    text = annotations.get(contract.ANNOTATION_INVENTORY)
+    if not text:
+        return None
+    try:
+        found = json.loads(text)
+    except ValueError:
+        return None
+    return found if isinstance(found, dict) else None
+
+
+def _shared_gpus(inventory: Mapping[str, Any] | None) -> tuple[SharedGpu, ...]:
+    try:
+        listed = (inventory or {}).get("sharedGpus") or []
+        return tuple(
+            SharedGpu(str(g["uuid"]), int(g["index"]), int(g["memoryMiB"])) for g in listed
+        )
+    except (KeyError, TypeError, ValueError):
+        return ()  # an unreadable inventory offers nothing; the agent rewrites it
