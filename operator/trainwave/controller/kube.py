@@ -78,6 +78,24 @@ class KubeClient:
             raise
         return dict(body)
 
+    def note_preemption(self, namespace: str, name: str, preemptor: str, attempt: int) -> None:
+        """status.preemptedBy on a victim job, before its pods go; no resourceVersion: the
+        field is the placer's alone, and the job's reconcile carries it until it acts."""
+        patch = {"status": {"preemptedBy": {"preemptor": preemptor, "attempt": attempt}}}
+        self._ignore_gone(
+            lambda: _release(
+                self.custom.patch_namespaced_custom_object_status(
+                    contract.GROUP,
+                    contract.VERSION,
+                    namespace,
+                    contract.PLURAL,
+                    name,
+                    patch,
+                    _preload_content=False,
+                )
+            )
+        )
+
     def delete_job(self, namespace: str, name: str, uid: str) -> None:
         # The uid precondition keeps a TTL from deleting a newer job of the same name.
         options = client.V1DeleteOptions(

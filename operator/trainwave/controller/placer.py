@@ -272,9 +272,13 @@ class Placer:
             "metadata": {"annotations": {contract.ANNOTATION_PREEMPTED_BY: preemption.preemptor}}
         }
         for victim in victims:
-            for pod in view.workers.get(victim, ()):
-                if pod.deleting:
-                    continue
+            live = [p for p in view.workers.get(victim, ()) if not p.deleting and p.worker]
+            attempts = {p.worker.attempt for p in live if p.worker}
+            for attempt in attempts:
+                await asyncio.to_thread(
+                    self._kube.note_preemption, *victim, preemption.preemptor, attempt
+                )
+            for pod in live:
                 # Marked first, so the victim's reconcile knows why its pods went.
                 with contextlib.suppress(Conflict):
                     await asyncio.to_thread(self._kube.patch_pod, pod.namespace, pod.name, patch)
