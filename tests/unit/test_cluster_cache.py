@@ -362,3 +362,19 @@ def test_informer_backs_off_and_recovers_after_errors() -> None:
         until(lambda: informer.relists == 1)
     finally:
         informer.stop()
+
+
+def test_a_410_right_after_a_relist_backs_off_instead_of_spinning() -> None:
+    api = FakeApi([raw_pod("a", node="n0", gpus=1)])
+    expired = event("ERROR", {"kind": "Status", "code": 410, "message": "too old"})
+    api.watches += [FakeResponse(lines=[expired]), FakeResponse(lines=[expired])]
+    informer = Informer("pods", api, pod_record, DictStore())
+    informer.start()
+    try:
+        until(lambda: informer.errors == 1)  # the first 410 relisted at once, the second waits
+        assert informer.relists == 1
+        threading.Event().wait(0.5)
+        assert informer.relists == 1, "no relist before the 2 s backoff"
+        until(lambda: informer.relists == 2)
+    finally:
+        informer.stop()

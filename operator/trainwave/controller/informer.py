@@ -39,7 +39,8 @@ Lister = Callable[..., Any]  # a list call of the official client, e.g. CoreV1Ap
 PAGE_SIZE = 500  # the reflector's default page size
 WATCH_SECONDS = 300  # server-side watch timeout; the reflector picks 5-10 min
 CONNECT_SECONDS = 10.0
-BACKOFF_FIRST, BACKOFF_MAX = 1.0, 30.0
+LIST_SECONDS = 60.0  # one page of 500 objects; a stuck LIST must not block stop() forever
+BACKOFF_FIRST, BACKOFF_MAX = 1.0, 30.0  # failures in a row: 1, 2, 4 ... 30 s
 
 
 class Store(Protocol[R_contra]):
@@ -73,7 +74,11 @@ def list_records(
     records: dict[str, R] = {}
     token = ""
     while True:
-        kwargs: dict[str, Any] = {"limit": page_size, "_preload_content": False}
+        kwargs: dict[str, Any] = {
+            "limit": page_size,
+            "_preload_content": False,
+            "_request_timeout": (CONNECT_SECONDS, LIST_SECONDS),
+        }
         if token:
             kwargs["_continue"] = token
         response = lister(**kwargs)
@@ -131,6 +136,7 @@ class Informer(Generic[R]):
         self._relist = threading.Event()
         self._thread: threading.Thread | None = None
         self._response: Any = None
+        self._delivered = False  # the current watch has read at least one event
         self.resource_version = ""
         self.lists = 0  # LISTs that replaced the store
         self.events = 0  # watch events applied (bookmarks not counted)
@@ -177,31 +183,34 @@ class Informer(Generic[R]):
                 response.shutdown()
 
     def _run(self) -> None:
-        backoff = BACKOFF_FIRST
+        failures = 0  # in a row; a watch that delivered anything was healthy
         need_list = True
         while not self._stop.is_set():
+            self._delivered = False
             try:
                 if need_list or self._relist.is_set():
                     self._relist.clear()
                     self._list()
                     need_list = False
-                    backoff = BACKOFF_FIRST
                 self._watch()  # returns when the server ends the watch: resume, no relist
+                failures = 0
             except Exception as error:  # never die silently: log, back off, relist
                 if self._stop.is_set():
                     break
                 if self._relist.is_set():
                     continue  # force_relist interrupted the watch on purpose
                 need_list = True
-                if isinstance(error, Expired):
-                    logger.info("%s watch expired at %s; relisting", self.kind, error)
-                    continue  # a 410 is routine (compaction): relist at once, like the reflector
+                failures = 1 if self._delivered else failures + 1
+                if isinstance(error, Expired) and failures == 1:
+                    # A 410 is routine (etcd compaction): relist at once, like the reflector.
+                    logger.info("%s watch expired (%s); relisting", self.kind, error)
+                    continue
                 self.errors += 1
+                delay = min(BACKOFF_MAX, BACKOFF_FIRST * 2 ** (failures - 1))
                 logger.warning(
-                    "%s informer: %s; relisting in %.0fs", self.kind, error, backoff, exc_info=True
+                    "%s informer: %s; relisting in %.0fs", self.kind, error, delay, exc_info=True
                 )
-                self._stop.wait(backoff)
-                backoff = min(BACKOFF_MAX, backoff * 2)
+                self._stop.wait(delay)
 
     def _list(self) -> None:
         records, version = list_records(self._lister, self._convert, self._page_size)
@@ -228,6 +237,7 @@ class Informer(Generic[R]):
             changed = False
             for line, more in watch_lines(response):
                 changed |= self.apply(json.loads(line))
+                self._delivered = True  # after apply: an ERROR line is no sign of health
                 if changed and not more:
                     self._on_change()  # once per burst, not once per event
                     changed = False
