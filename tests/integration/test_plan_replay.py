@@ -19,7 +19,7 @@ from kubernetes import config
 from integration.node_pools import H100, node_pool
 from integration.trainwave_fixtures import apply, condition, job, job_manifest, wait_until
 from integration.trainwave_fixtures import worker_pods as pods_of
-from trainwave.controller.clusterview import view_of
+from trainwave.controller.clusterview import listed_view
 from trainwave.controller.kube import KubeClient
 from trainwave.controller.planning import plan_on
 from trainwave.placement.queueing import Wait
@@ -89,9 +89,7 @@ def test_plan_and_the_placer_agree_on_a_mixed_stream(cluster, namespace, running
         for manifest in stream(2026, whole, shared):
             name = manifest["metadata"]["name"]
             asked = {**manifest, "metadata": {**manifest["metadata"], "namespace": namespace}}
-            planned = plan_answer(
-                plan_on(asked, view_of(kube.list_nodes(), kube.list_active_pods()))
-            )
+            planned = plan_answer(plan_on(asked, listed_view(kube)))
             apply(cluster, namespace, manifest)
             placed = operator_answer(cluster, namespace, name, manifest["spec"]["workers"])
             assert placed == planned, f"{name}: placer {placed}, plan {planned}"

@@ -42,7 +42,8 @@ def test_a_higher_priority_gang_preempts_a_whole_lower_one_uncounted(
         status = low["status"]
         assert (status["attempt"], status["restarts"], status["preemptions"]) == (1, 0, 1)
         preempted = condition(low, "Preempted")
-        assert preempted and preempted["status"] == "True"
+        assert preempted is not None
+        assert preempted["status"] == "True"
         assert f"{namespace}/high" in preempted["message"]
         events = get_json(cluster, namespace, "events.events.k8s.io")["items"]
         assert any(e.get("reason") == "Preempted" and "high" in e.get("note", "") for e in events)

@@ -119,17 +119,6 @@ class KubeClient:
         meta = pod["metadata"]
         self._apply(self.core.patch_namespaced_pod, meta["name"], meta["namespace"], pod)
 
-    def list_nodes(self) -> list[dict[str, Any]]:
-        return _items(self.core.list_node(_preload_content=False))
-
-    def list_active_pods(self) -> list[dict[str, Any]]:
-        """Every pod that holds or may hold GPUs, in all namespaces: placement needs them all."""
-        return _items(
-            self.core.list_pod_for_all_namespaces(
-                field_selector=ACTIVE_PODS, _preload_content=False
-            )
-        )
-
     def patch_pod(self, namespace: str, name: str, patch: dict[str, Any]) -> None:
         """A merge patch; one that carries a stale resourceVersion raises Conflict."""
         try:

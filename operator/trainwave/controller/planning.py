@@ -17,7 +17,7 @@ from typing import Any
 from trainwave.api.trainingjob import parse_trainingjob
 from trainwave.builders.gangs import gang_request
 from trainwave.builders.pods import build_worker_pods, check_template
-from trainwave.controller.clusterview import ClusterView, view_of
+from trainwave.controller.clusterview import ClusterView, listed_view
 from trainwave.controller.kube import KubeClient
 from trainwave.placement.gang import Placement
 from trainwave.placement.queueing import PendingJob, Wait
@@ -34,7 +34,7 @@ Answer = Placement | SharedPlacement | Wait
 def plan(
     manifest: dict[str, Any], kube: KubeClient, levels: Sequence[str] = DEFAULT_LEVELS
 ) -> Answer:
-    return plan_on(manifest, view_of(kube.list_nodes(), kube.list_active_pods()), levels)
+    return plan_on(manifest, listed_view(kube), levels)
 
 
 def plan_on(
