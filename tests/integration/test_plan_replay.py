@@ -63,6 +63,8 @@ def operator_answer(cluster, namespace, name, workers):
             ranks = sorted(pods, key=lambda p: int(p["metadata"]["labels"]["trainwave.io/rank"]))
             notes = [p["metadata"]["annotations"] for p in ranks]
             return [(n.get("trainwave.io/node"), n.get("trainwave.io/gpu-uuid")) for n in notes]
+        if len(pods) < workers or not all(p["spec"].get("schedulingGates") for p in pods):
+            return None  # still being created, or being released
         scheduled = condition(job(cluster, namespace, name), "Scheduled") or {}
         if scheduled.get("status") == "False" and scheduled.get("reason") not in ("Placing", None):
             return scheduled["reason"]
