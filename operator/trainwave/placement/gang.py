@@ -327,13 +327,18 @@ class _Planner:
         largest = max(node.gpus for node in open_nodes)
         if gpus > largest:
             return Blocker.WORKER_TOO_LARGE, explain.worker_too_large(gpus, largest, selector)
-        short = {r.resource for why in rejections for r in why if r.resource}
-        code = Blocker.NOT_ENOUGH_GPUS
-        if gpus == 0 or (short and GPU_RESOURCE not in short):
-            code = Blocker.NOT_ENOUGH_RESOURCES
+        # When some node is short of CPU, memory or another resource, free GPUs do not
+        # tell the story; otherwise GPUs (or too few nodes) are what is missing.
+        other_short = any(r.resource not in ("", GPU_RESOURCE) for why in rejections for r in why)
+        code = Blocker.NOT_ENOUGH_RESOURCES if other_short or not gpus else Blocker.NOT_ENOUGH_GPUS
         free = sum(node.free for node in open_nodes)  # pieces included: the message says so
         reason = explain.not_enough_room(
-            request.workers, gpus, self.room, free, selector, nodes=nodes
+            request.workers,
+            gpus,
+            self.room,
+            free if code is Blocker.NOT_ENOUGH_GPUS else None,
+            selector,
+            nodes=nodes,
         )
         return code, reason
 
