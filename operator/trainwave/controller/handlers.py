@@ -61,6 +61,13 @@ def job_services(namespace: str, labels: Any, **_: Any) -> dict[JobKey, bool]:
 
 
 @kopf.index(contract.GROUP, contract.VERSION, contract.PLURAL)
+def job_bodies(namespace: str, name: str, body: Any, **_: Any) -> dict[JobKey, dict[str, Any]]:
+    """Each job as last watched: reconciles read it here instead of a GET per reconcile.
+    A stale copy cannot do harm: status writes carry its resourceVersion (409, retry)."""
+    return {(namespace, name): _plain(body)}
+
+
+@kopf.index(contract.GROUP, contract.VERSION, contract.PLURAL)
 def job_phases(namespace: str, name: str, status: Any, **_: Any) -> dict[str, JobKey]:
     return {str(status.get("phase") or "Pending"): (namespace, name)}
 
@@ -77,10 +84,12 @@ def worker_changed(namespace: str, labels: Any, **_: Any) -> None:
 
 @kopf.on.startup()
 async def start(
+    *,
     settings: kopf.OperatorSettings,
     worker_pods: kopf.Index[JobKey, WorkerPod],
     job_services: kopf.Index[JobKey, bool],
     job_phases: kopf.Index[str, JobKey],
+    job_bodies: kopf.Index[JobKey, dict[str, Any]],
     memo: Any,
     **_: Any,
 ) -> None:
@@ -109,6 +118,10 @@ async def start(
     def pods_of(key: JobKey) -> Iterable[WorkerPod]:
         return list(worker_pods.get(key, []))
 
+    def body_of(key: JobKey) -> dict[str, Any] | None:
+        found = list(job_bodies.get(key, []))
+        return found[-1] if found else None
+
     placer = Placer(kube, OPTIONS.topology_levels, _wake, cache.view)
     # Any pod or node change may free room (a foreign pod too): the cache's thread
     # pokes the placer on the loop.
@@ -117,10 +130,11 @@ async def start(
     poller = StatusPoller(_wake, networks=OPTIONS.status_networks)
     reconciler = Reconciler(
         kube,
-        pods_of,
-        lambda key: key in job_services,
-        placer,
-        OPTIONS.topology_levels,
+        job_body=body_of,
+        worker_pods=pods_of,
+        has_service=lambda key: key in job_services,
+        placer=placer,
+        levels=OPTIONS.topology_levels,
         runtime_image=OPTIONS.runtime_image,
         poller=poller,
     )

@@ -63,17 +63,6 @@ class KubeClient:
         self.events = client.EventsV1Api(api_client)
         self.instance = os.environ.get("POD_NAME") or socket.gethostname()
 
-    def get_job(self, namespace: str, name: str) -> dict[str, Any] | None:
-        try:
-            body: Any = self.custom.get_namespaced_custom_object(
-                contract.GROUP, contract.VERSION, namespace, contract.PLURAL, name
-            )
-        except ApiException as error:
-            if error.status == 404:
-                return None
-            raise
-        return dict(body)
-
     def patch_job_status(
         self, namespace: str, name: str, resource_version: str, status: dict[str, Any]
     ) -> dict[str, Any]:

@@ -1,10 +1,14 @@
 """Reconcile one TrainingJob: read -> parse -> decide -> write.
 
-The thin shell around the pure core. The job is read fresh from the API server
-(the decision must never rest on a stale status); pods come from the watch
-index (a stale pod view only delays a decision: names are deterministic and
-deletes idempotent). Status is written first, guarded by resourceVersion, so a
-new attempt is recorded before any of its pods exist.
+The thin shell around the pure core. The job comes from the watch index, not a
+GET per reconcile: when the index still holds the very version this reconciler
+replaced with its last status write, the body that write returned is used
+instead, so a decision never rests on a status older than our own (compared by
+equality of resourceVersions, never by order, as the API asks). Any other stale
+read is refused by the resourceVersion guard on the status write (409, retried
+at once). Pods come from the watch index too (a stale pod view only delays a
+decision: names are deterministic and deletes idempotent). Status is written
+first, so a new attempt is recorded before any of its pods exist.
 """
 
 import asyncio
@@ -48,11 +52,12 @@ class Reconciler:
     def __init__(
         self,
         kube: KubeClient,
+        *,
+        job_body: Callable[[JobKey], dict[str, Any] | None],
         worker_pods: Callable[[JobKey], Iterable[WorkerPod]],
         has_service: Callable[[JobKey], bool],
         placer: Placer,
         levels: tuple[str, ...],
-        *,
         runtime_image: str = contract.DEFAULT_RUNTIME_IMAGE,
         poller: StatusPoller | None = None,
         clock: Callable[[], datetime] = lambda: datetime.now(UTC),
@@ -62,6 +67,9 @@ class Reconciler:
         self._levels = levels
         self._runtime_image = runtime_image
         self._poller = poller
+        self._job_body = job_body
+        # Per job: (the resourceVersion our last status write replaced, the body it returned).
+        self._written: dict[JobKey, tuple[str, dict[str, Any]]] = {}
         self._worker_pods = worker_pods
         self._has_service = has_service
         self._clock = clock
@@ -79,7 +87,7 @@ class Reconciler:
 
     async def reconcile(self, key: JobKey) -> float | None:
         namespace, name = key
-        body = await asyncio.to_thread(self._kube.get_job, namespace, name)
+        body = self._fresher(key, self._job_body(key))
         if body is None or body["metadata"].get("deletionTimestamp"):
             self._placer.withdraw(key)
             if self._poller:
@@ -180,6 +188,19 @@ class Reconciler:
             shared_how=shared.how if shared else "",
         )
 
+    def _fresher(self, key: JobKey, body: dict[str, Any] | None) -> dict[str, Any] | None:
+        """The watched body, or the one our last status write returned if the watch has not
+        caught up with that write yet."""
+        written = self._written.get(key)
+        if body is None or written is None:
+            self._written.pop(key, None)
+            return body
+        replaced, returned = written
+        if body["metadata"].get("resourceVersion") == replaced:
+            return returned
+        self._written.pop(key, None)  # the watch has moved past it
+        return body
+
     async def _write_status(
         self, body: dict[str, Any], meta: ObjectMeta, decision: Decision
     ) -> dict[str, Any]:
@@ -190,6 +211,7 @@ class Reconciler:
         updated = await asyncio.to_thread(
             self._kube.patch_job_status, meta.namespace, meta.name, meta.resourceVersion, status
         )
+        self._written[(meta.namespace, meta.name)] = (meta.resourceVersion, updated)
         self._record(meta, old, decision)
         return updated
 
