@@ -61,7 +61,11 @@ def test_pod_identity_labels_and_owner() -> None:
         contract.LABEL_RANK: "1",
         contract.LABEL_ATTEMPT: "2",
     }
-    assert meta["annotations"] == {"a": "b"}
+    assert meta["annotations"] == {
+        "a": "b",
+        "trainwave.io/priority": "0",
+        "trainwave.io/preemptible": "true",
+    }, "the template's own, plus what the placer reads of a running gang"
     assert meta["ownerReferences"] == [
         {"apiVersion": "trainwave.io/v1alpha1", "kind": "TrainingJob", "name": "demo",
          "uid": "uid-1", "controller": True, "blockOwnerDeletion": True},

@@ -66,6 +66,12 @@ class PlacementSpec(ApiModel):
         description="priority: higher starts first among waiting gangs; equal priorities "
         "start in arrival order, with bounded backfill.",
     )
+    preemptible: bool = Field(
+        default=True,
+        description="preemptible: whether a waiting gang of higher priority may preempt this "
+        "one (the whole gang, restarted later as a new attempt that does not count against "
+        "maxRestarts). A PriorityClass with preemptionPolicy Never also protects it.",
+    )
     parallelism: Parallelism | None = Field(
         default=None,
         description="parallelism: tensor and pipeline degrees, so ranks are grouped to match "

@@ -43,6 +43,7 @@ class ConditionType(StrEnum):
     SUCCEEDED = "Succeeded"
     FAILED = "Failed"
     RDMA_VERIFIED = "RDMAVerified"
+    PREEMPTED = "Preempted"
 
 
 class Condition(ApiModel):
@@ -110,6 +111,16 @@ class TrainingJobStatus(ApiModel):
     )
     restarts: int = Field(
         default=0, description="restarts: gang restarts counted against maxRestarts."
+    )
+    preemptions: int = Field(
+        default=0,
+        description="preemptions: gang restarts because a higher-priority gang preempted this "
+        "one; not counted against maxRestarts.",
+    )
+    last_preemption_time: datetime | None = Field(
+        default=None,
+        description="lastPreemptionTime: when this job was last preempted; it is not preempted "
+        "again within the placer's grace period.",
     )
     ready_workers: int = Field(default=0, description="readyWorkers: workers Running and ready.")
     total_workers: int = Field(default=0, description="totalWorkers: workers in the gang.")

@@ -142,6 +142,18 @@ def set_identity(pod: dict[str, Any], worker: Worker) -> None:
     )
 
 
+def set_placement_notes(pod: dict[str, Any], worker: Worker) -> None:
+    """What the placer reads of a running gang from its pods alone (watch cache):
+    its priority, whether it may be preempted, and when it last was."""
+    spec, status = worker.job.spec, worker.job.status
+    notes = pod["metadata"]["annotations"]
+    notes[contract.ANNOTATION_PRIORITY] = str(spec.placement.priority)
+    notes[contract.ANNOTATION_PREEMPTIBLE] = "true" if spec.placement.preemptible else "false"
+    if status.last_preemption_time is not None:
+        stamp = status.last_preemption_time.isoformat().replace("+00:00", "Z")
+        notes[contract.ANNOTATION_PREEMPTED_AT] = stamp
+
+
 def set_worker_container(pod: dict[str, Any], worker: Worker) -> None:
     spec = worker.job.spec
     containers: list[dict[str, Any]] = pod["spec"].setdefault("containers", [])
@@ -225,6 +237,7 @@ def _worker_container(pod: dict[str, Any]) -> dict[str, Any]:
 
 MUTATORS: tuple[Mutator, ...] = (
     set_identity,
+    set_placement_notes,
     set_worker_container,
     set_torch_env,
     set_gpus,

@@ -121,6 +121,10 @@ def _run(
         draft.stop(current)
         complete(draft, Phase.SUCCEEDED, "Succeeded", _success_message(job))
         return
+    preemptor = next((p.preempted_by for p in current if p.preempted_by), "")
+    if preemptor:
+        _preempted(draft, job, current, preemptor)
+        return
     failed = [p for p in current if p.phase == PodPhase.FAILED]
     if failed:
         _on_failure(draft, job, failed, current)
@@ -159,6 +163,25 @@ def _lost_ranks(draft: Draft, job: TrainingJob, current: list[WorkerPod]) -> lis
     finished = (PodPhase.SUCCEEDED, PodPhase.FAILED)
     alive = {p.rank for p in current if not (p.deleting and p.phase not in finished)}
     return [rank for rank in range(job.spec.workers) if rank not in alive]
+
+
+def _preempted(
+    draft: Draft, job: TrainingJob, current: list[WorkerPod], preemptor: str
+) -> None:
+    """A higher-priority gang took the room: restart later as a new attempt, uncounted."""
+    message = f"preempted by {preemptor}, a gang of higher priority; waiting to start again"
+    draft.stop(current)
+    draft.update(
+        attempt=draft.status.attempt + 1,
+        preemptions=draft.status.preemptions + 1,
+        last_preemption_time=draft.now,
+        all_running_time=None,
+        attempt_start_time=None,
+        placement=None,
+    )
+    draft.condition(ConditionType.PREEMPTED, True, "Preempted", message)
+    draft.clear(ConditionType.RUNNING, "Preempted", message)
+    draft.enter(Phase.PENDING, "Preempted", message, warning=True)
 
 
 def _on_failure(

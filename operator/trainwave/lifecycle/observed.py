@@ -40,6 +40,7 @@ class WorkerPod:
     released_at: datetime | None = None
     placement_summary: str = ""
     pod_ip: str = ""
+    preempted_by: str = ""  # the gang whose placement evicted this one (namespace/name)
 
     @property
     def active(self) -> bool:
@@ -93,6 +94,7 @@ def observe_pod(body: dict[str, Any]) -> WorkerPod | None:
         released_at=_parse_time(annotations.get(contract.ANNOTATION_RELEASED_AT)),
         placement_summary=annotations.get(contract.ANNOTATION_PLACEMENT_SUMMARY, ""),
         pod_ip=str(status.get("podIP") or ""),
+        preempted_by=annotations.get(contract.ANNOTATION_PREEMPTED_BY, ""),
     )
 
 
