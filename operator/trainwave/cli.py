@@ -133,7 +133,7 @@ def run_plan(options: argparse.Namespace) -> int:
     from trainwave.api.trainingjob import InvalidSpec
     from trainwave.controller.kube import KubeClient, load_config
     from trainwave.controller.planning import plan, render
-    from trainwave.placement.gang import Placement
+    from trainwave.placement.queueing import Wait
     from trainwave.placement.topology import DEFAULT_LEVELS
 
     with open(options.manifest) as stream:
@@ -145,7 +145,7 @@ def run_plan(options: argparse.Namespace) -> int:
         print(f"{options.manifest}: invalid: {invalid}", file=sys.stderr)
         return 2
     print(render(result))
-    return 0 if isinstance(result, Placement) else 1
+    return 1 if isinstance(result, Wait) else 0
 
 
 def run_agent(options: argparse.Namespace) -> int:

@@ -182,13 +182,21 @@ def test_an_unknown_level_fails_the_job_naming_the_levels(cluster, namespace, ru
 
 def test_a_gang_that_does_not_bind_is_replanned(cluster, namespace, running_operator):
     with node_pool(cluster, rack_sizes=(1,)) as pool:
-        # The engine counts GPUs; the nodes have 192 CPUs, so kube-scheduler
-        # can never bind a worker asking for 500: after the bind timeout the
+        # The engine mirrors kube-scheduler's node filters but not inter-pod
+        # affinity: a worker that must sit next to a pod that does not exist is
+        # placed, kube-scheduler can never bind it, and after the bind timeout the
         # operator gives the room back and plans the gang again, uncounted.
-        manifest = pool_job(
-            "greedy", pool, workers=1, gpus=8, placement={"bindTimeoutSeconds": 5},
-            resources={"requests": {"cpu": "500"}},
-        )  # fmt: skip
+        manifest = pool_job("greedy", pool, workers=1, gpus=8, placement={"bindTimeoutSeconds": 5})
+        manifest["spec"]["template"]["spec"]["affinity"] = {
+            "podAffinity": {
+                "requiredDuringSchedulingIgnoredDuringExecution": [
+                    {
+                        "labelSelector": {"matchLabels": {"test.trainwave.io/absent": "x"}},
+                        "topologyKey": "kubernetes.io/hostname",
+                    }
+                ]
+            }
+        }
         apply(cluster, namespace, manifest)
         body = wait_until(
             lambda: (b := job(cluster, namespace, "greedy")).get("status", {}).get("attempt", 0) >= 1 and b,

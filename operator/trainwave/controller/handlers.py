@@ -19,6 +19,7 @@ import kopf
 
 from trainwave import contract
 from trainwave.controller import metrics
+from trainwave.controller.clusterview import view_of
 from trainwave.controller.kube import KubeClient, load_config
 from trainwave.controller.placer import Placer
 from trainwave.controller.queue import WorkQueue
@@ -103,7 +104,12 @@ async def start(
     def pods_of(key: JobKey) -> Iterable[WorkerPod]:
         return list(worker_pods.get(key, []))
 
-    placer = Placer(kube, OPTIONS.topology_levels, _wake)
+    placer = Placer(
+        kube,
+        OPTIONS.topology_levels,
+        _wake,
+        lambda: view_of(kube.list_nodes(), kube.list_active_pods()),
+    )
     poller = StatusPoller(_wake, networks=OPTIONS.status_networks)
     reconciler = Reconciler(
         kube,

@@ -40,10 +40,14 @@ GANGS_PLACED = Counter(
 GANGS_WAITING = Gauge(
     "trainwave_gangs_waiting", "Gangs behind the scheduling gate after the last placement round."
 )
+GANGS_PREEMPTED = Counter(
+    "trainwave_gangs_preempted_total",
+    "Running gangs evicted for a waiting gang of higher priority.",
+)
 PLACEMENT_ROUND_SECONDS = Histogram(
     "trainwave_placement_round_duration_seconds",
-    "One placement round: list nodes and pods, schedule the queue, release admitted gangs.",
-    buckets=(0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5),
+    "One placement round: read the cache, decide the round, release admitted gangs.",
+    buckets=(0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5),
 )
 
 

@@ -1,4 +1,4 @@
-"""The placer: one serialized loop that starts gangs whole, where the engine says.
+"""The placer: one serialized loop that starts gangs whole, where the pure round says.
 
 Reconciles run concurrently; placement must not: two gangs decided at once
 against the same snapshot could both count on the same free GPUs. So a
@@ -6,68 +6,70 @@ reconcile only hands its gang over (a Ticket) once every worker exists behind
 the scheduling gate, and reads back the latest reason it waits.
 
 One round:
-1. List nodes and active pods, fresh, in all namespaces (other workloads use
-   GPUs too). Pods released but not yet bound count on the node they were
-   pinned to (annotation): the reservation lives in the API, so it survives an
-   operator restart and every trainwave replica or instance sees it.
-2. schedule() every ticketed gang whose gated pods are all there: priority,
-   FIFO, bounded backfill, all or nothing (placement/queueing.py).
-3. Release each admitted gang: pin every pod to its node and lift its gate.
-   A pod that changed meanwhile refuses the patch (resourceVersion); its
-   gang's released pods keep their reservation and the rest are placed again
-   next round.
-4. Remember why each other gang waits; wake its reconcile when that changed,
-   so the Scheduled condition tells the user.
-Rounds run when a ticket arrives, when a worker pod changes (room may have
-been freed) and every few seconds while anything waits (foreign pods, nodes).
+1. Read the cluster from the watch-backed cache (a ClusterView: node records,
+   per-node usage, gated and running workers) -- no API call. Pods released but
+   not bound yet count on the node they were pinned to (annotation): the
+   reservation lives in the API, so it survives an operator restart.
+2. placement.round.plan_round() over every ticketed gang whose gated pods are all
+   there, each asked with its stored pod's needs (tolerations, selectors,
+   affinity, requests as admission left them): RDMA the cluster lacks, then the
+   queue (priority, FIFO, bounded backfill, all or nothing, whole and shared GPUs
+   alike), then preemption of lower-priority whole gangs.
+3. Release each admitted gang: pin every pod to its node and lift its gate. A pod
+   that changed meanwhile refuses the patch (resourceVersion); its gang's released
+   pods keep their reservation and the rest are placed again next round.
+4. Preempt: mark each victim pod with the preemptor and delete it; the victim's
+   reconcile restarts it as an uncounted attempt. Its preemptor plans no other
+   preemption until those pods are gone.
+5. Remember why each other gang waits; wake its reconcile when that changed, so
+   the Scheduled condition tells the user.
+Rounds run when a ticket arrives, when the cache sees a pod or node change (room
+may have been freed) and every few seconds while anything waits.
 """
 
 import asyncio
 import contextlib
 import logging
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, replace
 from datetime import UTC, datetime
 from typing import Any
 
 from trainwave import contract
 from trainwave.api.network import NetworkSpec
-from trainwave.builders.gating import build_release_patch, is_gated
-from trainwave.builders.network import gang_link_env, node_network_env, rdma_shortfall
+from trainwave.builders.gating import build_release_patch
+from trainwave.builders.network import gang_link_env, node_network_env
 from trainwave.controller import metrics
+from trainwave.controller.clusterview import ClusterView, JobKey
 from trainwave.controller.kube import Conflict, KubeClient, Rejected
 from trainwave.lifecycle.draft import PlacementWait
-from trainwave.lifecycle.placing import RDMA_UNAVAILABLE
 from trainwave.placement.gang import GangRequest, Placement
-from trainwave.placement.queueing import PendingJob, QueuePolicy, schedule
-from trainwave.placement.sharing import (
-    Pin,
-    SharedRefusal,
-    build_shared_nodes,
-    place_shared,
-    requested_mib,
-    with_pins,
-)
-from trainwave.placement.snapshot import build_snapshot, pod_gpus, read_inventory
+from trainwave.placement.preemption import Preemption, RunningGang
+from trainwave.placement.queueing import PendingJob, QueuePolicy
+from trainwave.placement.records import PodRecord
+from trainwave.placement.requirements import PodNeeds
+from trainwave.placement.round import Ticket as RoundTicket
+from trainwave.placement.round import plan_round
+from trainwave.placement.sharing import SharedPlacement
+from trainwave.placement.snapshot import ClusterSnapshot, snapshot_of
+from trainwave.placement.topology import Topology
 
 logger = logging.getLogger(__name__)
 
-JobKey = tuple[str, str]
 Pod = dict[str, Any]
 
 
 @dataclass(frozen=True)
 class Ticket:
-    """A gang waiting for a place: its attempt and what it needs."""
+    """A gang waiting for a place: its attempt and what it needs beyond its pods' specs."""
 
     attempt: int
-    request: GangRequest
+    request: GangRequest  # the stored pods add their needs (tolerations, requests...)
     priority: int = 0
     arrival: float = 0.0
     network: NetworkSpec | None = None  # for the NCCL settings of each chosen node
-    shared_mib: int | None = None  # GPU memory per worker on a shared GPU (gpuSharing)
-    shared_how: str = ""  # where that number came from, for the messages
+    shared_how: str = ""  # where a shared request's MiB came from, for the messages
 
 
 class Placer:
@@ -76,20 +78,26 @@ class Placer:
         kube: KubeClient,
         levels: Sequence[str],
         wake: Callable[[JobKey], None],
+        view: Callable[[], ClusterView],
         *,
         policy: QueuePolicy | None = None,
         retry_seconds: float = 5.0,
         debounce_seconds: float = 0.05,
+        clock: Callable[[], datetime] = lambda: datetime.now(UTC),
     ):
         self._kube = kube
         self._levels = tuple(levels)
         self._wake = wake
+        self._view = view
         self._policy = policy or QueuePolicy()
         self._retry = retry_seconds
         self._debounce = debounce_seconds
+        self._clock = clock
         self._tickets: dict[JobKey, Ticket] = {}
         self._skips: dict[JobKey, int] = {}
         self._waits: dict[JobKey, PlacementWait] = {}
+        self._preempting: dict[JobKey, frozenset[JobKey]] = {}
+        self._topology: tuple[int, Topology] | None = None
         self._event = asyncio.Event()
 
     def submit(self, key: JobKey, ticket: Ticket) -> None:
@@ -101,6 +109,7 @@ class Placer:
         self._tickets.pop(key, None)
         self._skips.pop(key, None)
         self._waits.pop(key, None)
+        self._preempting.pop(key, None)
 
     def waiting(self, key: JobKey) -> PlacementWait | None:
         return self._waits.get(key)
@@ -122,122 +131,108 @@ class Placer:
             try:
                 await self.round()
             except Exception:
-                # The next round starts from a fresh listing; nothing is half-remembered.
+                # The next round starts from the cache again; nothing is half-remembered.
                 logger.exception("placement round failed; retrying in %.0fs", self._retry)
             finally:
                 metrics.PLACEMENT_ROUND_SECONDS.observe(time.perf_counter() - started)
 
     async def round(self) -> None:
         tickets = dict(self._tickets)
-        nodes, pods = await asyncio.gather(
-            asyncio.to_thread(self._kube.list_nodes),
-            asyncio.to_thread(self._kube.list_active_pods),
-        )
-        gangs = _gated_gangs(pods, tickets)
+        view = await asyncio.to_thread(self._view)
+        gangs = _gated_gangs(view, tickets)
         for key in tickets.keys() - gangs.keys():
             self._tickets.pop(key, None)  # released, gone, or a newer attempt took over
-        snapshot = build_snapshot(nodes, pods, levels=self._levels, reserved=reserved_gpus(pods))
-        inventories = _inventories(nodes)
-        shared = {k: g for k, g in gangs.items() if tickets[k].shared_mib is not None}
-        if shared:
-            await self._place_shared(shared, tickets, nodes, pods)
-        pending: dict[str, JobKey] = {}
-        jobs = []
+        snapshot = self._snapshot(view)
+        names: dict[str, JobKey] = {}
+        round_tickets = []
         for key, gang in gangs.items():
-            if key in shared:
-                continue
             ticket = tickets[key]
-            request = ticket.request
-            if len(gang) != request.workers:  # a partly released gang: place the rest
-                request = replace(request, workers=len(gang))
-            if request.gpus_per_worker == 0:  # nothing to place: kube-scheduler spreads them
-                await self._release(key, gang, None, "no GPUs requested", {})
-                continue
-            missing = rdma_shortfall(ticket.network, request.node_selector, snapshot)
-            if missing is not None:
-                self._note_wait(key, RDMA_UNAVAILABLE, missing, 0)
-                continue
             name = f"{key[0]}/{key[1]}"
-            pending[name] = key
-            jobs.append(
-                PendingJob(name, request, ticket.priority, ticket.arrival, self._skips.get(key, 0))
+            names[name] = key
+            request = replace(ticket.request, workers=len(gang), pod=gang[0].needs)
+            job = PendingJob(
+                name, request, ticket.priority, ticket.arrival, self._skips.get(key, 0)
             )
-        result = schedule(snapshot, jobs, self._policy)
+            round_tickets.append(RoundTicket(job, ticket.network))
+        self._preempting = {
+            k: v for k, v in self._preempting.items() if any(view.workers.get(g) for g in v)
+        }
+        running = running_gangs(view, exclude=gangs.keys())
+        result = plan_round(
+            snapshot,
+            round_tickets,
+            self._clock(),
+            policy=self._policy,
+            shared_shapes=view.shared_shapes,
+            running=running,
+        )
+        inventories = {n.name: n.inventory for n in view.nodes if n.inventory is not None}
         for admit in result.admitted:
-            key = pending[admit.job.key]
-            placement = admit.placement
-            await self._release(key, gangs[key], placement, placement.describe(), inventories)
+            key = names[admit.job.key]
+            if isinstance(admit.placement, SharedPlacement):
+                await self._release_pinned(key, gangs[key], admit.placement)
+            else:
+                await self._release(key, gangs[key], admit.placement, inventories)
         for wait in result.waiting:
-            self._note_wait(pending[wait.job.key], wait.code, wait.reason, wait.skipped)
+            key = names[wait.job.key]
+            how = tickets[key].shared_how
+            reason = (
+                f"{wait.reason} ({how})" if how and wait.job.request.shared_mib else wait.reason
+            )
+            self._note_wait(key, wait.code, reason, wait.skipped)
+        for preemption in result.preemptions:
+            await self._preempt(preemption, names, view)
         metrics.GANGS_WAITING.set(len(result.waiting))
 
-    async def _place_shared(
-        self,
-        gangs: Mapping[JobKey, list[Pod]],
-        tickets: Mapping[JobKey, Ticket],
-        nodes: list[Pod],
-        pods: list[Pod],
-    ) -> None:
-        """Shared-GPU gangs, one after another in queue order, each pinned GPU by GPU."""
-        working = build_shared_nodes(nodes, pods)
-        active = [mib for g in gangs.values() for pod in g if (mib := requested_mib(pod))]
-        order = sorted(gangs, key=lambda k: (-tickets[k].priority, tickets[k].arrival, k))
-        for key in order:
-            ticket, gang = tickets[key], gangs[key]
-            mib = ticket.shared_mib or 0
-            selector = {k: v for k, v in ticket.request.node_selector.items() if isinstance(v, str)}
-            result = place_shared(working, len(gang), mib, selector, active)
-            if isinstance(result, SharedRefusal):
-                reason = (
-                    f"{result.reason} ({ticket.shared_how})" if ticket.shared_how else result.reason
-                )
-                self._note_wait(key, result.code, reason, 0)
-                continue
-            working = [with_pins(node, result) for node in working]
-            pins = {pod["metadata"]["name"]: pin for pod, pin in zip(gang, result, strict=True)}
-            summary = ", ".join(f"{p.node}/{p.gpu_uuid[:12]}" for p in result)
-            await self._release_pinned(key, gang, pins, f"shared GPUs: {summary}")
+    def _snapshot(self, view: ClusterView) -> ClusterSnapshot:
+        """The round's snapshot; the topology tree is reused while node labels stay the same."""
+        known = self._topology
+        reuse = (
+            known[1] if known and view.labels_version and known[0] == view.labels_version else None
+        )
+        snapshot = snapshot_of(view.nodes, view.usage, levels=self._levels, topology=reuse)
+        self._topology = (view.labels_version, snapshot.topology)
+        return snapshot
 
     async def _release_pinned(
-        self, key: JobKey, gang: list[Pod], pins: Mapping[str, Pin], summary: str
+        self, key: JobKey, gang: list[PodRecord], placed: SharedPlacement
     ) -> None:
-        now = _now()
+        now, summary = _now(), placed.describe()
         patches = []
-        for pod in gang:
-            pin = pins[pod["metadata"]["name"]]
+        for pod, pin in zip(gang, placed.pins, strict=True):
             notes = {
                 contract.ANNOTATION_RELEASED_AT: now,
                 contract.ANNOTATION_PLACEMENT_SUMMARY: summary,
                 contract.ANNOTATION_GPU_UUID: pin.gpu_uuid,
             }
             env = {"CUDA_VISIBLE_DEVICES": pin.gpu_uuid}
-            patches.append((pod, build_release_patch(pod, pin.node, notes, env)))
+            patches.append((_basis(pod), build_release_patch(_basis(pod), pin.node, notes, env)))
         await self._apply_release(key, patches, summary)
 
     async def _release(
         self,
         key: JobKey,
-        gang: list[Pod],
-        placement: Placement | None,
-        summary: str,
+        gang: list[PodRecord],
+        placement: Placement,
         inventories: Mapping[str, Mapping[str, Any]],
     ) -> None:
-        nodes: list[str | None] = list(placement.nodes) if placement else [None] * len(gang)
+        summary = placement.describe()
         network = self._tickets[key].network if key in self._tickets else None
         notes = {
             contract.ANNOTATION_RELEASED_AT: _now(),
             contract.ANNOTATION_PLACEMENT_SUMMARY: summary,
         }
-        chosen = [inventories[n] for n in dict.fromkeys(nodes) if n and n in inventories]
+        nodes = placement.nodes
+        chosen = [inventories[n] for n in dict.fromkeys(nodes) if n in inventories]
         link = gang_link_env(network, chosen) if len(chosen) == len(set(nodes)) else {}
         patches = []
         for pod, node in zip(gang, nodes, strict=True):
-            env = {**node_network_env(network, inventories.get(node or "", {})), **link}
-            patches.append((pod, build_release_patch(pod, node, notes, env)))
+            env = {**node_network_env(network, inventories.get(node, {})), **link}
+            patches.append((_basis(pod), build_release_patch(_basis(pod), node, notes, env)))
         await self._apply_release(key, patches, summary)
 
     async def _apply_release(
-        self, key: JobKey, patches: list[tuple[Pod, dict[str, Any]]], summary: str
+        self, key: JobKey, patches: list[tuple[Mapping[str, Any], dict[str, Any]]], summary: str
     ) -> None:
         results = await asyncio.gather(
             *(
@@ -264,6 +259,32 @@ class Placer:
             metrics.GANGS_PLACED.inc()
         self._wake(key)
 
+    async def _preempt(
+        self, preemption: Preemption, names: Mapping[str, JobKey], view: ClusterView
+    ) -> None:
+        preemptor = names[preemption.preemptor]
+        if preemptor in self._preempting:
+            return  # its earlier victims are still going away
+        victims = frozenset(_key(name) for name in preemption.victims)
+        self._preempting[preemptor] = victims
+        logger.info("%s/%s: %s", *preemptor, preemption.message)
+        patch = {
+            "metadata": {"annotations": {contract.ANNOTATION_PREEMPTED_BY: preemption.preemptor}}
+        }
+        for victim in victims:
+            for pod in view.workers.get(victim, ()):
+                if pod.deleting:
+                    continue
+                # Marked first, so the victim's reconcile knows why its pods went.
+                with contextlib.suppress(Conflict):
+                    await asyncio.to_thread(self._kube.patch_pod, pod.namespace, pod.name, patch)
+                await asyncio.to_thread(self._kube.delete_pod, pod.namespace, pod.name)
+            metrics.GANGS_PREEMPTED.inc()
+            self._wake(victim)
+        self._note_wait(
+            preemptor, "Preempting", f"preempting {', '.join(sorted(preemption.victims))}", 0
+        )
+
     def _note_wait(self, key: JobKey, code: str, reason: str, skipped: int) -> None:
         self._skips[key] = skipped
         wait = PlacementWait(code, reason)
@@ -272,45 +293,67 @@ class Placer:
             self._wake(key)
 
 
-def _gated_gangs(pods: list[Pod], tickets: Mapping[JobKey, Ticket]) -> dict[JobKey, list[Pod]]:
-    """The gated pods of each ticket's attempt, in rank order."""
-    gangs: dict[JobKey, list[Pod]] = {}
-    for pod in pods:
-        meta = pod.get("metadata") or {}
-        labels = meta.get("labels") or {}
-        key = (meta.get("namespace", ""), labels.get(contract.LABEL_JOB_NAME, ""))
-        ticket = tickets.get(key)
-        if ticket is None or meta.get("deletionTimestamp") or not is_gated(pod):
-            continue
-        if labels.get(contract.LABEL_ATTEMPT) == str(ticket.attempt):
-            gangs.setdefault(key, []).append(pod)
-    for gang in gangs.values():
-        gang.sort(key=lambda pod: int(pod["metadata"]["labels"][contract.LABEL_RANK]))
+def _gated_gangs(
+    view: ClusterView, tickets: Mapping[JobKey, Ticket]
+) -> dict[JobKey, list[PodRecord]]:
+    """The gated pods of each ticket's attempt, in rank order; a gang whose stored pods
+    cannot be read (needs None) is left for the next round."""
+    gangs: dict[JobKey, list[PodRecord]] = {}
+    for key, ticket in tickets.items():
+        pods = [
+            p
+            for p in view.gated.get(key, ())
+            if p.worker is not None and p.worker.attempt == ticket.attempt and p.needs is not None
+        ]
+        if pods:
+            gangs[key] = sorted(pods, key=lambda p: p.worker.rank if p.worker else 0)
     return gangs
+
+
+def running_gangs(view: ClusterView, exclude: Iterable[JobKey] = ()) -> list[RunningGang]:
+    """Trainwave gangs holding resources now, as preemption candidates (their newest attempt)."""
+    skip = set(exclude)
+    gangs = []
+    for key, pods in view.workers.items():
+        live = [p for p in pods if not p.deleting and p.worker is not None]
+        if key in skip or not live:
+            continue
+        attempt = max(p.worker.attempt for p in live if p.worker)
+        current = [p for p in live if p.worker and p.worker.attempt == attempt]
+        first = current[0].worker
+        assert first is not None
+        counts: dict[str, int] = {}
+        for pod in current:
+            counts[pod.node] = counts.get(pod.node, 0) + 1
+        gangs.append(
+            RunningGang(
+                key=f"{key[0]}/{key[1]}",
+                priority=first.priority,
+                preemptible=first.preemptible,
+                needs=PodNeeds(requests=current[0].requests),
+                workers_by_node=tuple(sorted(counts.items())),
+                preempted_at=_parse(first.preempted_at),
+            )
+        )
+    return gangs
+
+
+def _basis(pod: PodRecord) -> Mapping[str, Any]:
+    assert pod.release_basis is not None
+    return pod.release_basis
+
+
+def _key(name: str) -> JobKey:
+    namespace, _, job = name.partition("/")
+    return namespace, job
+
+
+def _parse(value: str) -> datetime | None:
+    try:
+        return datetime.fromisoformat(value.replace("Z", "+00:00")) if value else None
+    except ValueError:
+        return None
 
 
 def _now() -> str:
     return datetime.now(UTC).isoformat(timespec="seconds").replace("+00:00", "Z")
-
-
-def _inventories(nodes: list[dict[str, Any]]) -> dict[str, Mapping[str, Any]]:
-    """Each node's agent inventory by node name; nodes without a readable one are left out."""
-    found = {}
-    for node in nodes:
-        inventory = read_inventory(node)
-        if inventory is not None:
-            found[node["metadata"]["name"]] = inventory
-    return found
-
-
-def reserved_gpus(pods: list[Pod]) -> dict[str, int]:
-    """GPUs of released pods not bound yet, on the node each was pinned to."""
-    reserved: dict[str, int] = {}
-    for pod in pods:
-        meta = pod.get("metadata") or {}
-        node = (meta.get("annotations") or {}).get(contract.ANNOTATION_PLACED_NODE)
-        if not node or (pod.get("spec") or {}).get("nodeName") or meta.get("deletionTimestamp"):
-            continue
-        if not is_gated(pod):
-            reserved[node] = reserved.get(node, 0) + pod_gpus(pod)
-    return reserved

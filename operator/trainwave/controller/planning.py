@@ -1,36 +1,77 @@
 """`trainwave plan`: where would this job's workers go, on the live cluster, and why.
 
-A dry run of the placement engine against a snapshot of the nodes and the pods
-on them right now (released gangs not bound yet included), asking exactly
-what the operator's placer would ask for this job alone: the live queue may
-hold others ahead of it. Nothing is written; a "no" is explained with numbers.
+The same pure round the operator's placer runs (placement.round.plan_round), on a
+view built from one fresh listing of nodes and pods (released gangs not bound yet
+included), with this job as the only ticket: the live queue may hold others ahead
+of it. The job's worker pod is built by the operator's own builders and given the
+tolerations DefaultTolerationSeconds admission adds, so the filters see the pod
+kube-scheduler will see. Whole-GPU, shared-GPU, CPU-only and RDMA jobs alike;
+nothing is written; a "no" is explained with numbers.
 """
 
 from collections.abc import Sequence
+from dataclasses import replace
+from datetime import UTC, datetime
 from typing import Any
 
 from trainwave.api.trainingjob import parse_trainingjob
 from trainwave.builders.gangs import gang_request
+from trainwave.builders.pods import build_worker_pods
+from trainwave.controller.clusterview import ClusterView, view_of
 from trainwave.controller.kube import KubeClient
-from trainwave.controller.placer import reserved_gpus
-from trainwave.placement.gang import Placement, Unschedulable, place
-from trainwave.placement.snapshot import build_snapshot
+from trainwave.placement.gang import Placement
+from trainwave.placement.queueing import PendingJob, Wait
+from trainwave.placement.requirements import pod_needs, with_default_tolerations
+from trainwave.placement.round import Ticket, plan_round
+from trainwave.placement.sharing import SharedPlacement
+from trainwave.placement.snapshot import snapshot_of
 from trainwave.placement.topology import DEFAULT_LEVELS
+from trainwave.sizing.requests import shared_memory
+
+Answer = Placement | SharedPlacement | Wait
 
 
 def plan(
     manifest: dict[str, Any], kube: KubeClient, levels: Sequence[str] = DEFAULT_LEVELS
-) -> Placement | Unschedulable:
+) -> Answer:
+    return plan_on(manifest, view_of(kube.list_nodes(), kube.list_active_pods()), levels)
+
+
+def plan_on(
+    manifest: dict[str, Any], view: ClusterView, levels: Sequence[str] = DEFAULT_LEVELS
+) -> Answer:
+    """The placer's answer for this one job on `view` (pure; tests replay it)."""
     body = {**manifest, "metadata": {"namespace": "default", "uid": "plan", **manifest["metadata"]}}
     job = parse_trainingjob(body)
-    pods = kube.list_active_pods()
-    snapshot = build_snapshot(kube.list_nodes(), pods, levels=levels, reserved=reserved_gpus(pods))
-    return place(snapshot, gang_request(job, levels))
+    [pod] = build_worker_pods(job, (0,), job.status.attempt)
+    request = replace(gang_request(job, levels), pod=with_default_tolerations(pod_needs(pod)))
+    if job.spec.gpu_sharing is not None:
+        request = replace(
+            request, gpus_per_worker=0, shared_mib=shared_memory(job.spec.gpu_sharing).mib
+        )
+    created = job.metadata.creationTimestamp
+    name = f"{job.metadata.namespace}/{job.metadata.name}"
+    ticket = Ticket(
+        PendingJob(
+            name, request, job.spec.placement.priority, created.timestamp() if created else 0.0
+        ),
+        job.spec.network,
+    )
+    snapshot = snapshot_of(view.nodes, view.usage, levels=levels)
+    result = plan_round(snapshot, [ticket], datetime.now(UTC), shared_shapes=view.shared_shapes)
+    if result.admitted:
+        return result.admitted[0].placement
+    return result.waiting[0]
 
 
-def render(result: Placement | Unschedulable) -> str:
-    if isinstance(result, Unschedulable):
-        return f"{result.job}: cannot be placed now ({result.code}): {result.reason}"
+def render(result: Answer) -> str:
+    if isinstance(result, Wait):
+        job = result.job.key.partition("/")[2]
+        return f"{job}: cannot be placed now ({result.code}): {result.reason}"
+    if isinstance(result, SharedPlacement):
+        lines = [f"{result.job}: {result.describe()}"]
+        lines += [f"  rank {r:>4} -> {p.node} GPU {p.gpu_uuid}" for r, p in enumerate(result.pins)]
+        return "\n".join(lines)
     lines = [f"{result.job}: {result.describe()}"]
     lines += [f"  rank {rank:>4} -> {node}" for rank, node in enumerate(result.nodes)]
     return "\n".join(lines)

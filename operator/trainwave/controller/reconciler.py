@@ -11,6 +11,7 @@ import asyncio
 import logging
 import time
 from collections.abc import Callable, Iterable
+from dataclasses import replace
 from datetime import UTC, datetime
 from typing import Any
 
@@ -141,13 +142,15 @@ class Reconciler:
     def _ticket(self, job: TrainingJob, decision: Decision) -> Ticket:
         created = job.metadata.creationTimestamp
         shared = shared_memory(job.spec.gpu_sharing) if job.spec.gpu_sharing else None
+        request = gang_request(job, self._levels)
+        if shared is not None:
+            request = replace(request, gpus_per_worker=0, shared_mib=shared.mib)
         return Ticket(
             attempt=decision.status.attempt,
-            request=gang_request(job, self._levels),
+            request=request,
             priority=job.spec.placement.priority,
             arrival=created.timestamp() if created else 0.0,
             network=job.spec.network,
-            shared_mib=shared.mib if shared else None,
             shared_how=shared.how if shared else "",
         )
 

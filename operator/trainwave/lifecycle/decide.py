@@ -165,9 +165,7 @@ def _lost_ranks(draft: Draft, job: TrainingJob, current: list[WorkerPod]) -> lis
     return [rank for rank in range(job.spec.workers) if rank not in alive]
 
 
-def _preempted(
-    draft: Draft, job: TrainingJob, current: list[WorkerPod], preemptor: str
-) -> None:
+def _preempted(draft: Draft, job: TrainingJob, current: list[WorkerPod], preemptor: str) -> None:
     """A higher-priority gang took the room: restart later as a new attempt, uncounted."""
     message = f"preempted by {preemptor}, a gang of higher priority; waiting to start again"
     draft.stop(current)

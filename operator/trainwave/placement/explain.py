@@ -70,7 +70,7 @@ def not_enough_gpus(
 
 
 def not_enough_room(
-    workers: int, gpus_per_worker: int, room: int, free: int, selector: Selector, nodes: str
+    workers: int, gpus_per_worker: int, room: int, free: int, selector: Selector, *, nodes: str
 ) -> str:
     """Too few slots; `nodes` is the per-node breakdown (filters.describe)."""
     if gpus_per_worker == 0:

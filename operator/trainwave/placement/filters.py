@@ -242,7 +242,9 @@ def describe(
         detail = ""
         if what in largest and largest[what].resource != "pods":
             r = largest[what]
-            detail = f" (needs {show(r.resource, r.needs)}, largest free {show(r.resource, r.free)})"
+            detail = (
+                f" (needs {show(r.resource, r.needs)}, largest free {show(r.resource, r.free)})"
+            )
         parts.append(f"{count} {what}{detail}")
     head = f"{fit}/{nodes_total} nodes fit {subject}"
     return f"{head}: {', '.join(parts)}" if parts else head

@@ -264,7 +264,7 @@ class _Planner:
     def shortfall(self, top: int) -> tuple[Blocker, str] | None:
         """The first constraint the gang fails, with its sentence; None when it fits."""
         request, topology, blocks = self.request, self.topology, self.blocks
-        gpus, selector = request.gpus_per_worker, request.node_selector
+        gpus = request.gpus_per_worker
         if self.room < request.workers:
             return self._no_room()
         parallelism = request.parallelism or Parallelism()
@@ -331,7 +331,9 @@ class _Planner:
         if gpus == 0 or (short and GPU_RESOURCE not in short):
             code = Blocker.NOT_ENOUGH_RESOURCES
         free = sum(node.free for node in open_nodes)  # pieces included: the message says so
-        reason = explain.not_enough_room(request.workers, gpus, self.room, free, selector, nodes)
+        reason = explain.not_enough_room(
+            request.workers, gpus, self.room, free, selector, nodes=nodes
+        )
         return code, reason
 
     def allocate(self, top: int) -> list[tuple[int, int]]:
@@ -384,7 +386,10 @@ class _Planner:
         children = self.topology.domains[level][domain].children
         fitting = [c for c in children if caps[c] >= wanted]
         if fitting:
-            best = min(fitting, key=lambda c: (-self._preferred(child_level, c), self._fit(child_level, c), c))
+            best = min(
+                fitting,
+                key=lambda c: (-self._preferred(child_level, c), self._fit(child_level, c), c),
+            )
             self._descend(child_level, best, wanted, out, counts)
             return
         free = self.free[child_level]

@@ -86,7 +86,7 @@ def show(name: str, value: int) -> str:
     """A vector entry for people: cpu in cores, bytes in Gi/Mi, the rest as counts."""
     if name == CPU:
         return f"{value // 1000}" if value % 1000 == 0 else f"{value}m"
-    if name == MEMORY or name == EPHEMERAL_STORAGE or name.startswith("hugepages-"):
+    if name in (MEMORY, EPHEMERAL_STORAGE) or name.startswith("hugepages-"):
         for suffix, size in (("Ti", 2**40), ("Gi", 2**30), ("Mi", 2**20), ("Ki", 2**10)):
             if value >= size:
                 shown = value / size

@@ -192,7 +192,9 @@ def host_ports(spec: Mapping[str, Any]) -> tuple[HostPort, ...]:
     """
     found = []
     containers = list(spec.get("containers") or ())
-    containers += [c for c in spec.get("initContainers") or () if c.get("restartPolicy") == "Always"]
+    containers += [
+        c for c in spec.get("initContainers") or () if c.get("restartPolicy") == "Always"
+    ]
     for container in containers:
         for port in container.get("ports") or ():
             number = port.get("hostPort") or (
@@ -200,7 +202,11 @@ def host_ports(spec: Mapping[str, Any]) -> tuple[HostPort, ...]:
             )
             if number:
                 found.append(
-                    (str(port.get("hostIP") or "0.0.0.0"), str(port.get("protocol") or "TCP"), int(number))
+                    (
+                        str(port.get("hostIP") or "0.0.0.0"),
+                        str(port.get("protocol") or "TCP"),
+                        int(number),
+                    )
                 )
     return tuple(sorted(set(found)))
 

@@ -25,9 +25,9 @@ from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any
 
 from trainwave.contract import NODE_LABEL_GPU_PRODUCT, SHARED_GPU_MEMORY_RESOURCE
+from trainwave.placement.filters import Rejection, check, describe
 from trainwave.placement.fragmentation import MILLI, FragmentationMeasure, Shape, typical_shapes
 from trainwave.placement.packing import NodeState, Task, Trainwave, assign, choose
-from trainwave.placement.filters import Rejection, check, describe
 from trainwave.placement.records import SharedGpu
 from trainwave.placement.snapshot import ClusterSnapshot, NodeInfo, build_snapshot
 
@@ -113,6 +113,7 @@ def place_shared(
     memory_mib: int,
     selector: Mapping[str, str] | None = None,
     active_requests: Iterable[int] = (),
+    *,
     slots: Mapping[str, int] | None = None,
 ) -> tuple[Pin, ...] | SharedRefusal:
     """Pin each of `workers` to a shared GPU with `memory_mib` free, or say why not.
@@ -142,7 +143,9 @@ def place_shared(
     pins: list[Pin] = []
     for _ in range(workers):
         task = Task(0, 0, num_gpu=1, gpu_milli=_milli(memory_mib, _gpu_memory(by_name)))
-        open_states = states if room is None else {k: v for k, v in states.items() if room.get(k, 0) > 0}
+        open_states = (
+            states if room is None else {k: v for k, v in states.items() if room.get(k, 0) > 0}
+        )
         choice = _choose_fitting(policy, open_states, by_name, task, memory_mib)
         if choice is None:
             most = max(g.free_mib for n in by_name.values() for g in n.gpus)
@@ -303,7 +306,7 @@ def place_shared_gang(
         nodes = describe(len(offered), why, "a worker (of the nodes with shared GPUs)")
         return SharedRefusal(NOT_ENOUGH_GPU_MEMORY, f"no node can take a worker now: {nodes}")
     candidates = [n for n in shared_nodes(snapshot) if n.name in room]
-    result = place_shared(candidates, request.workers, mib, None, active_requests, room)
+    result = place_shared(candidates, request.workers, mib, None, active_requests, slots=room)
     if isinstance(result, SharedRefusal):
         if result.code == LARGER_THAN_ANY_GPU:  # only the busy subset was too small
             return SharedRefusal(NOT_ENOUGH_GPU_MEMORY, result.reason)

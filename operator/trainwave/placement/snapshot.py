@@ -80,7 +80,9 @@ class NodeInfo:
     used: int = 0  # of those, requested by pods on the node (bound or reserved)
     schedulable: bool = True  # False: closed to new pods for this decision (held, or a test)
     allocatable: Mapping[str, int] = field(default_factory=lambda: _EMPTY)
-    requested: Mapping[str, int] = field(default_factory=lambda: _EMPTY)  # every resource but whole GPUs (`used`)
+    requested: Mapping[str, int] = field(
+        default_factory=lambda: _EMPTY
+    )  # every resource but whole GPUs (`used`)
     pods: int = 0
     max_pods: int = DEFAULT_MAX_PODS
     taints: tuple[Taint, ...] = ()
@@ -105,7 +107,9 @@ class NodeUsage:
     requests: Mapping[str, int] = field(default_factory=lambda: _EMPTY)
     pods: int = 0
     host_ports: tuple[HostPort, ...] = ()
-    gpu_mib: Mapping[str, int] = field(default_factory=lambda: _EMPTY)  # shared GPU UUID -> MiB pinned
+    gpu_mib: Mapping[str, int] = field(
+        default_factory=lambda: _EMPTY
+    )  # shared GPU UUID -> MiB pinned
 
 
 @dataclass(frozen=True, eq=False)
