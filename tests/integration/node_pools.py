@@ -78,6 +78,8 @@ def blocker_pod(
     resources: dict[str, Any] = {"limits": {"nvidia.com/gpu": gpus} if gpus else {}}
     if requests:
         resources["requests"] = dict(requests)
+        # Extended resources (a "/" in the name) must be limited to what is requested.
+        resources["limits"] |= {k: v for k, v in requests.items() if "/" in k}
     return {
         "apiVersion": "v1",
         "kind": "Pod",

@@ -70,7 +70,11 @@ def waits_with(cluster, namespace, name, words, reasons=None):
         fits = found.get("status") == "False" and words in found.get("message", "")
         return fits and (reasons is None or found.get("reason") in reasons) and found
 
-    why = wait_until(scheduled, 30, f"{name}: Scheduled=False saying {words!r}")
+    try:
+        why = wait_until(scheduled, 30, f"{name}: Scheduled=False saying {words!r}")
+    except AssertionError:
+        found = condition(job(cluster, namespace, name), "Scheduled")
+        raise AssertionError(f"{name} never waited saying {words!r}: {found}") from None
     pods = worker_pods(cluster, namespace, name)
     assert pods
     assert all(gated(p) and not p["spec"].get("nodeName") for p in pods)
@@ -122,7 +126,7 @@ def test_selectors_and_required_affinity_are_honoured(
 @pytest.mark.parametrize(
     ("template", "words"),
     [
-        ({"nodeSelector": {HALF: "c"}}, f"nodeSelector {HALF}=c"),
+        ({"nodeSelector": {HALF: "c"}}, "not matching half=c"),
         ({"affinity": affinity("In", ["c"])}, "required node affinity"),
     ],
     ids=["node-selector", "affinity"],
