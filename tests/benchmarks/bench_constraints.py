@@ -285,18 +285,16 @@ def rack_room(snapshot: Any, fleet: Fleet, pod: dict[str, Any]) -> int:
     )
     if required:
         # A released worker is pinned by a matchFields term on its node; judge it unpinned.
-        terms = [
-            t | {"matchFields": [f for f in t.get("matchFields") or []
-                                 if f.get("key") != "metadata.name"]}
-            for t in required.get("nodeSelectorTerms") or []
-        ]  # fmt: skip
-        spec = spec | {
-            "affinity": {
-                "nodeAffinity": {
-                    "requiredDuringSchedulingIgnoredDuringExecution": {"nodeSelectorTerms": terms}
-                }
-            }
-        }
+        terms = []
+        for term in required.get("nodeSelectorTerms") or []:
+            fields = [f for f in term.get("matchFields") or [] if f.get("key") != "metadata.name"]
+            kept = {k: v for k, v in term.items() if k != "matchFields"}
+            kept |= {"matchFields": fields} if fields else {}
+            if kept:
+                terms.append(kept)
+        node_affinity = {"requiredDuringSchedulingIgnoredDuringExecution": {
+            "nodeSelectorTerms": terms}} if terms else {}  # fmt: skip
+        spec = spec | {"affinity": {"nodeAffinity": node_affinity}}
     slots = snapshot.slots(pod_needs({"spec": spec}))
     room = [0] * fleet.racks
     for index, free in enumerate(slots):
