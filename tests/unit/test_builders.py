@@ -241,8 +241,6 @@ def test_check_template_names_the_field(template: dict[str, Any], expected: str)
     with pytest.raises(InvalidSpec) as raised:
         check_template(job)
     assert expected in str(raised.value)
-    with pytest.raises(InvalidSpec):
-        build_worker_pods(job, (0,), 0)
 
 
 @pytest.mark.parametrize(

@@ -163,7 +163,7 @@ EXPECTED_RULES = {
     ("trainwave.io", "trainingjobs/finalizers"): {"update"},
     ("", "pods"): {"list", "watch", "create", "patch", "delete"},
     ("", "services"): {"list", "watch", "create", "patch", "delete"},
-    ("", "nodes"): {"list"},
+    ("", "nodes"): {"list", "watch"},
     ("", "events"): {"create", "patch"},
     ("events.k8s.io", "events"): {"create", "patch"},
 }

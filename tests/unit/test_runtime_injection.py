@@ -12,7 +12,7 @@ from factories import make_job
 
 from trainwave import contract
 from trainwave.api.trainingjob import InvalidSpec
-from trainwave.builders.pods import build_worker_pods
+from trainwave.builders.pods import build_worker_pods, check_template
 from trainwave.runtime.install import install
 
 pytestmark = pytest.mark.timeout(30)
@@ -21,6 +21,7 @@ pytestmark = pytest.mark.timeout(30)
 def pod_for(runtime: dict[str, Any] | None, **options: Any) -> dict[str, Any]:
     options.setdefault("command", ["torchrun", "train.py"])
     job = make_job(workers=1, runtime=runtime, **options)
+    check_template(job)  # the reconciler's boundary check, once per job
     [pod] = build_worker_pods(job, (0,), attempt=0, runtime_image="example/runtime:1")
     return pod
 

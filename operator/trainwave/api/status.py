@@ -64,6 +64,16 @@ class Condition(ApiModel):
     )
 
 
+class PreemptionNote(ApiModel):
+    """Written by the placer before it deletes a preempted gang's pods, so the job's
+    reconcile restarts it uncounted even if the pods are gone before it looks."""
+
+    model_config = _LENIENT
+
+    preemptor: str = Field(description="preemptor: the gang that needed the room (namespace/name).")
+    attempt: int = Field(description="attempt: the attempt that was preempted.")
+
+
 class PlacementStatus(ApiModel):
     model_config = _LENIENT
 
@@ -121,6 +131,11 @@ class TrainingJobStatus(ApiModel):
         default=None,
         description="lastPreemptionTime: when this job was last preempted; it is not preempted "
         "again within the placer's grace period.",
+    )
+    preempted_by: PreemptionNote | None = Field(
+        default=None,
+        description="preemptedBy: set by the placer when it preempts the current attempt; "
+        "cleared when the job restarts.",
     )
     ready_workers: int = Field(default=0, description="readyWorkers: workers Running and ready.")
     total_workers: int = Field(default=0, description="totalWorkers: workers in the gang.")

@@ -97,7 +97,7 @@ def build_worker_pods(
     attempt: int,
     runtime_image: str = contract.DEFAULT_RUNTIME_IMAGE,
 ) -> list[dict[str, Any]]:
-    check_template(job)
+    """The pods of `ranks`; the caller has passed the job through `check_template` once."""
     return [
         build_worker_pod(Worker(job, rank, attempt, runtime_image=runtime_image)) for rank in ranks
     ]

@@ -1,61 +1,217 @@
-"""What placement sees of the cluster at one moment, from the watch cache or a listing.
+"""What placement reads of the cluster, kept up to date one change at a time.
 
-The operator's placer reads a `ClusterView` from its watch-backed cache every
-round (cluster_cache.py); `trainwave plan` has no cache and builds the same view
-from one fresh listing. Both aggregate pod records the same way (`aggregate`).
+`ClusterIndex` holds node and pod records (placement/records.py) and, next to
+them, what the pods use on each node, updated per change: a pod's old record is
+taken away and its new one added, so a view costs O(nodes), not O(pods), however
+many pods the cluster runs. It is the one aggregation: the operator's watch cache
+(cluster_cache.py) feeds it events, `trainwave plan` (`listed_view`) one fresh
+listing. The sums mirror `snapshot.usage_of` exactly; a unit test holds them to it.
+
+Not thread-safe; ClusterCache takes its lock around every call.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping
-from dataclasses import dataclass
-from typing import Any
+from collections import Counter
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from functools import partial
+from types import MappingProxyType
 
+from trainwave.controller.informer import list_records
+from trainwave.controller.kube import ACTIVE_PODS, KubeClient
 from trainwave.placement.records import NodeRecord, PodRecord, node_record, pod_record
-from trainwave.placement.snapshot import NodeUsage, usage_of
+from trainwave.placement.requirements import HostPort
+from trainwave.placement.snapshot import ClusterSnapshot, NodeUsage, snapshot_of
+from trainwave.placement.topology import DEFAULT_LEVELS, Topology
 
-JobKey = tuple[str, str]
+JobKey = tuple[str, str]  # (namespace, job name)
 
 
 @dataclass(frozen=True)
 class ClusterView:
-    nodes: tuple[NodeRecord, ...]
-    usage: Mapping[str, NodeUsage]  # per node: what holding pods use
-    gated: Mapping[JobKey, tuple[PodRecord, ...]]  # trainwave workers behind the gate
-    workers: Mapping[JobKey, tuple[PodRecord, ...]]  # trainwave workers holding resources
-    labels_version: int = 0  # changes when node names or labels do: the tree is rebuilt
-    shared_shapes: tuple[int, ...] = ()  # MiB of each running shared worker
+    """One consistent moment of the cache, for one placement round."""
+
+    nodes: tuple[NodeRecord, ...]  # by name
+    usage: Mapping[str, NodeUsage]  # node -> what its holding pods use
+    gated: Mapping[JobKey, tuple[PodRecord, ...]]  # gated worker pods per job, any attempt
+    workers: Mapping[JobKey, tuple[PodRecord, ...]]  # worker pods holding resources, per job
+    labels_version: int  # changes when node names or labels do: the topology tree is stale
+    shared_shapes: tuple[int, ...]  # MiB of each holding pod pinned to a shared GPU, sorted
+
+    def snapshot(
+        self, levels: tuple[str, ...] = DEFAULT_LEVELS, topology: Topology | None = None
+    ) -> ClusterSnapshot:
+        """`topology` may be reused while `labels_version` is the one it was built at."""
+        return snapshot_of(self.nodes, self.usage, levels=levels, topology=topology)
 
 
-def aggregate(
-    nodes: Iterable[NodeRecord], pods: Iterable[PodRecord], labels_version: int = 0
-) -> ClusterView:
-    records = list(pods)
-    gated: dict[JobKey, list[PodRecord]] = {}
-    workers: dict[JobKey, list[PodRecord]] = {}
-    for record in records:
-        if record.worker is None:
-            continue
-        key = (record.namespace, record.worker.job)
-        if record.gated and not record.deleting:
-            gated.setdefault(key, []).append(record)
-        if record.holds:
-            workers.setdefault(key, []).append(record)
-    return ClusterView(
-        nodes=tuple(nodes),
-        usage=usage_of(records),
-        gated={k: tuple(v) for k, v in gated.items()},
-        workers={k: tuple(v) for k, v in workers.items()},
-        labels_version=labels_version,
-        shared_shapes=tuple(r.gpu_mib for r in records if r.holds and r.gpu_uuid),
+@dataclass
+class _Tally:
+    """What the holding pods on one node use. Counts travel with the sums so a
+    contribution can be taken back exactly (a port two pods declare, a 0 MiB pin)."""
+
+    pods: int = 0
+    requests: Counter[str] = field(default_factory=Counter)
+    ports: Counter[HostPort] = field(default_factory=Counter)
+    mib: Counter[str] = field(default_factory=Counter)  # shared GPU UUID -> MiB pinned
+    pinned: Counter[str] = field(default_factory=Counter)  # shared GPU UUID -> pods pinned
+
+    def add(self, pod: PodRecord, sign: int) -> None:
+        self.pods += sign
+        for resource, amount in pod.requests:
+            self.requests[resource] += sign * amount
+        for port in pod.host_ports:
+            self.ports[port] += sign
+        if pod.gpu_uuid:
+            self.mib[pod.gpu_uuid] += sign * pod.gpu_mib
+            self.pinned[pod.gpu_uuid] += sign
+
+    def usage(self) -> NodeUsage:
+        return NodeUsage(
+            MappingProxyType({k: v for k, v in self.requests.items() if v}),
+            self.pods,
+            tuple(sorted(p for p, n in self.ports.items() if n > 0)),
+            MappingProxyType({u: self.mib[u] for u, n in self.pinned.items() if n > 0}),
+        )
+
+
+class ClusterIndex:
+    """Node and pod records by key, with per-node usage and per-job worker indexes."""
+
+    def __init__(self) -> None:
+        self._nodes: dict[str, NodeRecord] = {}
+        self._pods: dict[str, PodRecord] = {}
+        self._tallies: dict[str, _Tally] = {}
+        self._usage: dict[str, NodeUsage] = {}
+        self._dirty: set[str] = set()  # nodes whose NodeUsage must be rebuilt
+        self._gated: dict[JobKey, dict[str, PodRecord]] = {}
+        self._workers: dict[JobKey, dict[str, PodRecord]] = {}
+        self._shapes: Counter[int] = Counter()
+        self._node_tuple: tuple[NodeRecord, ...] | None = None
+        self._view: ClusterView | None = None
+        self.labels_version = 0
+
+    def __len__(self) -> int:
+        return len(self._nodes) + len(self._pods)
+
+    @property
+    def counts(self) -> dict[str, int]:
+        return {"nodes": len(self._nodes), "pods": len(self._pods)}
+
+    # --- nodes -------------------------------------------------------------------------
+
+    def put_node(self, key: str, record: NodeRecord | None) -> None:
+        old = self._nodes.pop(key, None) if record is None else self._nodes.get(key)
+        if record is not None:
+            self._nodes[key] = record
+        if old is None and record is None:
+            return
+        if old is None or record is None or old.labels != record.labels:
+            self.labels_version += 1
+        self._node_tuple = self._view = None
+
+    def replace_nodes(self, records: Mapping[str, NodeRecord]) -> None:
+        old = self._nodes
+        self._nodes = dict(records)
+        if old.keys() != records.keys() or any(
+            old[k].labels != r.labels for k, r in records.items()
+        ):
+            self.labels_version += 1
+        self._node_tuple = self._view = None
+
+    # --- pods --------------------------------------------------------------------------
+
+    def put_pod(self, key: str, record: PodRecord | None) -> None:
+        old = self._pods.pop(key, None)
+        if old is None and record is None:
+            return
+        if old is not None:
+            self._count(key, old, -1)
+        if record is not None:
+            self._pods[key] = record
+            self._count(key, record, +1)
+        self._view = None
+
+    def replace_pods(self, records: Mapping[str, PodRecord]) -> None:
+        """Everything from a fresh LIST; pods the store had and the list lacks are gone."""
+        for key in list(self._pods):
+            if key not in records:
+                self.put_pod(key, None)
+        for key, record in records.items():
+            if self._pods.get(key) != record:
+                self.put_pod(key, record)
+
+    def _count(self, key: str, pod: PodRecord, sign: int) -> None:
+        if pod.holds:
+            tally = self._tallies.setdefault(pod.node, _Tally())
+            tally.add(pod, sign)
+            if tally.pods == 0:
+                del self._tallies[pod.node]
+            self._dirty.add(pod.node)
+            if pod.gpu_uuid:
+                self._shapes[pod.gpu_mib] += sign
+        if pod.worker is None:
+            return
+        job = (pod.namespace, pod.worker.job)
+        if pod.gated:
+            _index(self._gated, job, key, pod, sign)
+        if pod.holds:
+            _index(self._workers, job, key, pod, sign)
+
+    # --- reading -----------------------------------------------------------------------
+
+    def view(self) -> ClusterView:
+        """A frozen view; the same object until something changes."""
+        if self._view is not None:
+            return self._view
+        for node in self._dirty:
+            tally = self._tallies.get(node)
+            if tally is None:
+                self._usage.pop(node, None)
+            else:
+                self._usage[node] = tally.usage()
+        self._dirty.clear()
+        if self._node_tuple is None:
+            self._node_tuple = tuple(self._nodes[k] for k in sorted(self._nodes))
+        self._view = ClusterView(
+            nodes=self._node_tuple,
+            usage=MappingProxyType(dict(self._usage)),
+            gated=_frozen(self._gated),
+            workers=_frozen(self._workers),
+            labels_version=self.labels_version,
+            shared_shapes=tuple(sorted(self._shapes.elements())),
+        )
+        return self._view
+
+
+def _index(
+    index: dict[JobKey, dict[str, PodRecord]], job: JobKey, key: str, pod: PodRecord, sign: int
+) -> None:
+    if sign > 0:
+        index.setdefault(job, {})[key] = pod
+        return
+    pods = index.get(job, {})
+    pods.pop(key, None)
+    if not pods:
+        index.pop(job, None)
+
+
+def _frozen(
+    index: Mapping[JobKey, Mapping[str, PodRecord]],
+) -> Mapping[JobKey, tuple[PodRecord, ...]]:
+    return MappingProxyType(
+        {job: tuple(pods[k] for k in sorted(pods)) for job, pods in index.items()}
     )
 
 
-def view_of(
-    raw_nodes: Iterable[Mapping[str, Any]], raw_pods: Iterable[Mapping[str, Any]]
-) -> ClusterView:
-    """A view from raw objects, as one listing returns them."""
-    records = (pod_record(pod) for pod in raw_pods)
-    return aggregate(
-        (node_record(node) for node in raw_nodes), (r for r in records if r is not None)
+def listed_view(kube: KubeClient) -> ClusterView:
+    """The same view from one fresh paginated LIST: for `trainwave plan`, which has no cache."""
+    index = ClusterIndex()
+    nodes, _ = list_records(kube.core.list_node, node_record)
+    index.replace_nodes(nodes)
+    pods, _ = list_records(
+        partial(kube.core.list_pod_for_all_namespaces, field_selector=ACTIVE_PODS), pod_record
     )
+    index.replace_pods(pods)
+    return index.view()

@@ -19,7 +19,7 @@ import kopf
 
 from trainwave import contract
 from trainwave.controller import metrics
-from trainwave.controller.clusterview import view_of
+from trainwave.controller.cluster_cache import ClusterCache
 from trainwave.controller.kube import KubeClient, load_config
 from trainwave.controller.placer import Placer
 from trainwave.controller.queue import WorkQueue
@@ -46,6 +46,7 @@ class Options:
 OPTIONS = Options()
 _QUEUE: dict[str, WorkQueue] = {}
 _PLACER: dict[str, Placer] = {}
+_CACHE: dict[str, ClusterCache] = {}
 
 
 @kopf.index("", "v1", "pods", labels=WORKER_SELECTOR)
@@ -72,9 +73,6 @@ def job_changed(namespace: str, name: str, **_: Any) -> None:
 @kopf.on.event("", "v1", "pods", labels=WORKER_SELECTOR)
 def worker_changed(namespace: str, labels: Any, **_: Any) -> None:
     _wake((namespace, labels[contract.LABEL_JOB_NAME]))
-    placer = _PLACER.get("gangs")
-    if placer is not None:
-        placer.poke()  # a worker that finished or went away freed room
 
 
 @kopf.on.startup()
@@ -100,16 +98,22 @@ async def start(
         ThreadPoolExecutor(max_workers=threads, thread_name_prefix="kube")
     )
     kube = KubeClient(load_config(pool_size=threads))
+    # Nodes and active pods for placement, followed by watches instead of listed
+    # every round. Its informers run in their own threads.
+    cache = ClusterCache(kube)
+    cache.start()
+    _CACHE["cluster"] = cache
+    if not await asyncio.to_thread(cache.wait_synced, 60):
+        logger.warning("cluster cache not synced after 60 s; its informers keep trying")
 
     def pods_of(key: JobKey) -> Iterable[WorkerPod]:
         return list(worker_pods.get(key, []))
 
-    placer = Placer(
-        kube,
-        OPTIONS.topology_levels,
-        _wake,
-        lambda: view_of(kube.list_nodes(), kube.list_active_pods()),
-    )
+    placer = Placer(kube, OPTIONS.topology_levels, _wake, cache.view)
+    # Any pod or node change may free room (a foreign pod too): the cache's thread
+    # pokes the placer on the loop.
+    loop = asyncio.get_running_loop()
+    cache.on_change(lambda: loop.call_soon_threadsafe(placer.poke))
     poller = StatusPoller(_wake, networks=OPTIONS.status_networks)
     reconciler = Reconciler(
         kube,
@@ -128,7 +132,9 @@ async def start(
     memo.poller = asyncio.create_task(poller.run())
     memo.resync = asyncio.create_task(_resync(queue, job_phases))
     metrics.serve(
-        OPTIONS.metrics_port, lambda: Counter({p: len(keys) for p, keys in job_phases.items()})
+        OPTIONS.metrics_port,
+        lambda: Counter({p: len(keys) for p, keys in job_phases.items()}),
+        cache.stats,
     )
     logger.info("trainwave operator started: %d reconcile workers", OPTIONS.workers)
 
@@ -139,9 +145,17 @@ async def stop(memo: Any, **_: Any) -> None:
         if getattr(memo, task, None):
             getattr(memo, task).cancel()
     _PLACER.pop("gangs", None)
+    cache = _CACHE.pop("cluster", None)
+    if cache is not None:
+        await asyncio.to_thread(cache.stop)
     queue = _QUEUE.pop("jobs", None)
     if queue:
         await queue.stop()
+
+
+def cluster_cache() -> ClusterCache | None:
+    """The operator's watch-backed nodes and pods; None before startup and after cleanup."""
+    return _CACHE.get("cluster")
 
 
 @kopf.on.probe(id="queueDepth")

@@ -78,6 +78,24 @@ class KubeClient:
             raise
         return dict(body)
 
+    def note_preemption(self, namespace: str, name: str, preemptor: str, attempt: int) -> None:
+        """status.preemptedBy on a victim job, before its pods go; no resourceVersion: the
+        field is the placer's alone, and the job's reconcile carries it until it acts."""
+        patch = {"status": {"preemptedBy": {"preemptor": preemptor, "attempt": attempt}}}
+        self._ignore_gone(
+            lambda: _release(
+                self.custom.patch_namespaced_custom_object_status(
+                    contract.GROUP,
+                    contract.VERSION,
+                    namespace,
+                    contract.PLURAL,
+                    name,
+                    patch,
+                    _preload_content=False,
+                )
+            )
+        )
+
     def delete_job(self, namespace: str, name: str, uid: str) -> None:
         # The uid precondition keeps a TTL from deleting a newer job of the same name.
         options = client.V1DeleteOptions(
@@ -100,17 +118,6 @@ class KubeClient:
     def apply_pod(self, pod: dict[str, Any]) -> None:
         meta = pod["metadata"]
         self._apply(self.core.patch_namespaced_pod, meta["name"], meta["namespace"], pod)
-
-    def list_nodes(self) -> list[dict[str, Any]]:
-        return _items(self.core.list_node(_preload_content=False))
-
-    def list_active_pods(self) -> list[dict[str, Any]]:
-        """Every pod that holds or may hold GPUs, in all namespaces: placement needs them all."""
-        return _items(
-            self.core.list_pod_for_all_namespaces(
-                field_selector=ACTIVE_PODS, _preload_content=False
-            )
-        )
 
     def patch_pod(self, namespace: str, name: str, patch: dict[str, Any]) -> None:
         """A merge patch; one that carries a stale resourceVersion raises Conflict."""

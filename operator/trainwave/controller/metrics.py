@@ -7,7 +7,7 @@ counters, so the numbers are right after a restart without any bookkeeping.
 from collections.abc import Callable, Iterator, Mapping
 
 from prometheus_client import REGISTRY, Counter, Gauge, Histogram, start_http_server
-from prometheus_client.core import GaugeMetricFamily
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.registry import Collector
 
 from trainwave.api.status import Phase
@@ -65,6 +65,35 @@ class JobsByPhase(Collector):
         yield family
 
 
-def serve(port: int, phases: Callable[[], Mapping[str, int]]) -> None:
+class CacheStats(Collector):
+    """trainwave_cache_objects{kind} and trainwave_cache_relists_total{kind}, read from the
+    cluster cache at scrape time. Relists climbing steadily mean its watches keep failing."""
+
+    def __init__(self, stats: Callable[[], Mapping[str, tuple[int, int]]]):
+        self._stats = stats
+
+    def collect(self) -> Iterator[GaugeMetricFamily | CounterMetricFamily]:
+        objects = GaugeMetricFamily(
+            "trainwave_cache_objects", "Objects held by the cluster cache.", labels=["kind"]
+        )
+        relists = CounterMetricFamily(
+            "trainwave_cache_relists",
+            "LISTs that replaced a cluster cache store after its watch failed or expired.",
+            labels=["kind"],
+        )
+        for kind, (count, relisted) in sorted(self._stats().items()):
+            objects.add_metric([kind], count)
+            relists.add_metric([kind], relisted)
+        yield objects
+        yield relists
+
+
+def serve(
+    port: int,
+    phases: Callable[[], Mapping[str, int]],
+    cache: Callable[[], Mapping[str, tuple[int, int]]] | None = None,
+) -> None:
     REGISTRY.register(JobsByPhase(phases))
+    if cache is not None:
+        REGISTRY.register(CacheStats(cache))
     start_http_server(port)

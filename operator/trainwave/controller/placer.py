@@ -140,8 +140,6 @@ class Placer:
         tickets = dict(self._tickets)
         view = await asyncio.to_thread(self._view)
         gangs = _gated_gangs(view, tickets)
-        for key in tickets.keys() - gangs.keys():
-            self._tickets.pop(key, None)  # released, gone, or a newer attempt took over
         snapshot = self._snapshot(view)
         names: dict[str, JobKey] = {}
         round_tickets = []
@@ -272,9 +270,13 @@ class Placer:
             "metadata": {"annotations": {contract.ANNOTATION_PREEMPTED_BY: preemption.preemptor}}
         }
         for victim in victims:
-            for pod in view.workers.get(victim, ()):
-                if pod.deleting:
-                    continue
+            live = [p for p in view.workers.get(victim, ()) if not p.deleting and p.worker]
+            attempts = {p.worker.attempt for p in live if p.worker}
+            for attempt in attempts:
+                await asyncio.to_thread(
+                    self._kube.note_preemption, *victim, preemption.preemptor, attempt
+                )
+            for pod in live:
                 # Marked first, so the victim's reconcile knows why its pods went.
                 with contextlib.suppress(Conflict):
                     await asyncio.to_thread(self._kube.patch_pod, pod.namespace, pod.name, patch)
@@ -296,17 +298,25 @@ class Placer:
 def _gated_gangs(
     view: ClusterView, tickets: Mapping[JobKey, Ticket]
 ) -> dict[JobKey, list[PodRecord]]:
-    """The gated pods of each ticket's attempt, in rank order; a gang whose stored pods
-    cannot be read (needs None) is left for the next round."""
+    """The gated pods of each ticket's attempt, in rank order, for gangs the cache sees
+    whole: gated plus already released pods of the attempt make every worker. A gang
+    the watch has not fully caught up with waits for the next round (placing the part
+    it sees would break all-or-nothing); a partly released gang gets the rest placed."""
     gangs: dict[JobKey, list[PodRecord]] = {}
     for key, ticket in tickets.items():
-        pods = [
+        gated = [
             p
             for p in view.gated.get(key, ())
-            if p.worker is not None and p.worker.attempt == ticket.attempt and p.needs is not None
+            if p.worker is not None and p.worker.attempt == ticket.attempt
         ]
-        if pods:
-            gangs[key] = sorted(pods, key=lambda p: p.worker.rank if p.worker else 0)
+        released = [
+            p
+            for p in view.workers.get(key, ())
+            if p.worker is not None and p.worker.attempt == ticket.attempt and not p.gated
+        ]
+        whole = len(gated) + len(released) == ticket.request.workers
+        if gated and whole and all(p.needs is not None for p in gated):
+            gangs[key] = sorted(gated, key=lambda p: p.worker.rank if p.worker else 0)
     return gangs
 
 

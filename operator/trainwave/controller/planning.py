@@ -16,8 +16,8 @@ from typing import Any
 
 from trainwave.api.trainingjob import parse_trainingjob
 from trainwave.builders.gangs import gang_request
-from trainwave.builders.pods import build_worker_pods
-from trainwave.controller.clusterview import ClusterView, view_of
+from trainwave.builders.pods import build_worker_pods, check_template
+from trainwave.controller.clusterview import ClusterView, listed_view
 from trainwave.controller.kube import KubeClient
 from trainwave.placement.gang import Placement
 from trainwave.placement.queueing import PendingJob, Wait
@@ -34,7 +34,7 @@ Answer = Placement | SharedPlacement | Wait
 def plan(
     manifest: dict[str, Any], kube: KubeClient, levels: Sequence[str] = DEFAULT_LEVELS
 ) -> Answer:
-    return plan_on(manifest, view_of(kube.list_nodes(), kube.list_active_pods()), levels)
+    return plan_on(manifest, listed_view(kube), levels)
 
 
 def plan_on(
@@ -43,6 +43,7 @@ def plan_on(
     """The placer's answer for this one job on `view` (pure; tests replay it)."""
     body = {**manifest, "metadata": {"namespace": "default", "uid": "plan", **manifest["metadata"]}}
     job = parse_trainingjob(body)
+    check_template(job)
     [pod] = build_worker_pods(job, (0,), job.status.attempt)
     request = replace(gang_request(job, levels), pod=with_default_tolerations(pod_needs(pod)))
     if job.spec.gpu_sharing is not None:

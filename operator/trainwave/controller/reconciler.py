@@ -97,7 +97,7 @@ class Reconciler:
             logger.debug("%s/%s: %s; retrying", namespace, name, conflict)
             return CONFLICT_RETRY_SECONDS
         try:
-            await self._act(body, meta, decision)
+            await self._act(body, meta, decision, job)
         except Rejected as rejected:
             # The API server refused a pod the schema let through: the spec
             # cannot run as written. Say so on the job; nothing else to do.
@@ -105,7 +105,7 @@ class Reconciler:
                 meta, decision.status, pods, f"pod rejected: {rejected}", self._clock()
             )
             await self._write_status(body, meta, invalid)
-            await self._act(body, meta, invalid)
+            await self._act(body, meta, invalid, None)
         return decision.requeue_after
 
     def _decide(
@@ -185,14 +185,18 @@ class Reconciler:
         if decision.all_running_after is not None:
             metrics.ALL_RUNNING_SECONDS.observe(decision.all_running_after)
 
-    async def _act(self, body: dict[str, Any], meta: ObjectMeta, decision: Decision) -> None:
+    async def _act(
+        self, body: dict[str, Any], meta: ObjectMeta, decision: Decision, job: TrainingJob | None
+    ) -> None:
+        """Carry out `decision`; `job` is the spec parsed once by `_decide` (None: invalid)."""
         kube = self._kube
         for event in decision.events:
             await asyncio.to_thread(kube.post_event, body, event)
         for pod_name in decision.delete_pods:
             await asyncio.to_thread(kube.delete_pod, meta.namespace, pod_name)
-        if decision.create_ranks:
-            job = parse_trainingjob(body)
+        if decision.create_ranks and job is not None:
+            # The new pods carry the decided status (attempt, last preemption).
+            job = job.model_copy(update={"status": decision.status})
             if not self._has_service((meta.namespace, meta.name)):
                 await asyncio.to_thread(kube.apply_service, build_service(job))
             pods = build_worker_pods(

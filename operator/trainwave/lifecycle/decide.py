@@ -121,7 +121,9 @@ def _run(
         draft.stop(current)
         complete(draft, Phase.SUCCEEDED, "Succeeded", _success_message(job))
         return
-    preemptor = next((p.preempted_by for p in current if p.preempted_by), "")
+    note = draft.status.preempted_by
+    preemptor = note.preemptor if note is not None and note.attempt == attempt else ""
+    preemptor = preemptor or next((p.preempted_by for p in current if p.preempted_by), "")
     if preemptor:
         _preempted(draft, job, current, preemptor)
         return
@@ -176,6 +178,7 @@ def _preempted(draft: Draft, job: TrainingJob, current: list[WorkerPod], preempt
         all_running_time=None,
         attempt_start_time=None,
         placement=None,
+        preempted_by=None,
     )
     draft.condition(ConditionType.PREEMPTED, True, "Preempted", message)
     draft.clear(ConditionType.RUNNING, "Preempted", message)

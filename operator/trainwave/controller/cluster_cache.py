@@ -1,0 +1,126 @@
+"""The operator's watch-backed view of every Node and active Pod, for placement.
+
+Listing 1,024 nodes and 2,000 pods every placement round took 4.2 s. Two
+informers (informer.py: list once, then watch; relist and replace on 410) keep
+records of them instead, and a ClusterIndex (clusterview.py) keeps per-node
+usage current per event, so a round starts from `view()` in O(nodes).
+
+Pods are watched with the same field selector the listing used (not Succeeded,
+not Failed): a finished pod holds nothing, and the API server reports a pod that
+leaves the selector as DELETED, which removes it here as well.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from collections.abc import Callable, Mapping
+from functools import partial
+from typing import Generic, TypeVar
+
+from trainwave.controller.clusterview import ClusterIndex, ClusterView
+from trainwave.controller.informer import PAGE_SIZE, WATCH_SECONDS, Informer
+from trainwave.controller.kube import ACTIVE_PODS, KubeClient
+from trainwave.placement.records import NodeRecord, PodRecord, node_record, pod_record
+
+logger = logging.getLogger(__name__)
+
+R = TypeVar("R")
+
+
+class _LockedStore(Generic[R]):
+    """One informer's side of the shared index, each write under the cache's lock."""
+
+    def __init__(
+        self,
+        lock: threading.Lock,
+        replace: Callable[[Mapping[str, R]], None],
+        put: Callable[[str, R | None], None],
+    ):
+        self._lock, self._replace, self._put = lock, replace, put
+
+    def replace(self, records: Mapping[str, R]) -> None:
+        with self._lock:
+            self._replace(records)
+
+    def put(self, key: str, record: R | None) -> None:
+        with self._lock:
+            self._put(key, record)
+
+
+class ClusterCache:
+    """Nodes and active pods, as records, followed by two watches.
+
+    `start()` returns at once; `wait_synced()` says when both first LISTs are in.
+    `on_change(callback)` callbacks run on an informer thread after each burst of
+    events: they must be cheap and thread-safe (the placer passes
+    `loop.call_soon_threadsafe(placer.poke)`).
+    """
+
+    def __init__(
+        self, kube: KubeClient, *, page_size: int = PAGE_SIZE, watch_seconds: int = WATCH_SECONDS
+    ):
+        self._lock = threading.Lock()
+        self._index = ClusterIndex()
+        self._callbacks: list[Callable[[], None]] = []
+        index = self._index
+        self.nodes: Informer[NodeRecord] = Informer(
+            "nodes",
+            kube.core.list_node,
+            node_record,
+            _LockedStore(self._lock, index.replace_nodes, index.put_node),
+            on_change=self._changed,
+            page_size=page_size,
+            watch_seconds=watch_seconds,
+        )
+        self.pods: Informer[PodRecord] = Informer(
+            "pods",
+            partial(kube.core.list_pod_for_all_namespaces, field_selector=ACTIVE_PODS),
+            pod_record,
+            _LockedStore(self._lock, index.replace_pods, index.put_pod),
+            on_change=self._changed,
+            page_size=page_size,
+            watch_seconds=watch_seconds,
+        )
+
+    @property
+    def informers(self) -> tuple[Informer[NodeRecord], Informer[PodRecord]]:
+        return self.nodes, self.pods
+
+    def start(self) -> None:
+        """Start both informers (again, after stop: each begins with a LIST that
+        replaces what the store kept)."""
+        for informer in self.informers:
+            informer.start()
+
+    def stop(self, timeout: float = 5.0) -> None:
+        for informer in self.informers:
+            informer.stop(timeout)
+
+    def wait_synced(self, timeout: float | None = None) -> bool:
+        """Whether both stores were filled by a LIST within `timeout` seconds."""
+        return self.nodes.wait_synced(timeout) and self.pods.wait_synced(timeout)
+
+    def force_relist(self) -> None:
+        for informer in self.informers:
+            informer.force_relist()
+
+    def view(self) -> ClusterView:
+        with self._lock:
+            return self._index.view()
+
+    def on_change(self, callback: Callable[[], None]) -> None:
+        self._callbacks.append(callback)
+
+    def stats(self) -> dict[str, tuple[int, int]]:
+        """kind -> (objects held, relists): for metrics and tests."""
+        with self._lock:
+            counts = self._index.counts
+        return {i.kind: (counts[i.kind], i.relists) for i in self.informers}
+
+    def _changed(self) -> None:
+        for callback in list(self._callbacks):
+            try:
+                callback()
+            except Exception:  # a bad callback must not stop the watch
+                logger.exception("cluster cache: on_change callback failed")
