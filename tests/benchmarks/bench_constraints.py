@@ -242,7 +242,12 @@ def run(api: Api, stream: list[Spec], nodes: list[dict[str, Any]]) -> dict[str, 
         e["regarding"]["name"] for e in events if e.get("reason") == "FailedScheduling"
     }
     bind_timeout_events = sum(e.get("reason") == "BindTimeout" for e in events)
-    return summarize(jobs, fleet, unbound_after_release | failed_scheduling,
+    notes = Counter(
+        f"{e['regarding']['name']}: {e.get('note', '')}"[:300]
+        for e in events if e.get("reason") == "FailedScheduling"
+    )  # fmt: skip
+    return {"failed_scheduling_notes": dict(notes.most_common(20))} | summarize(
+                     jobs, fleet, unbound_after_release | failed_scheduling,
                      bind_timeout_events=bind_timeout_events, wall=wall, timed_out=timed_out)  # fmt: skip
 
 
@@ -368,6 +373,13 @@ def report(result: dict[str, Any]) -> str:
     q, qa = result["quality"], result["quality_room_kept"]
     bound = result["submit_to_all_bound_seconds"]
     never = "\n".join(f"- {n['job']}: {n['scheduled']}" for n in result["never_placed"]) or "- none"
+    failed = (
+        "\n".join(
+            f"- {note} (x{count})"
+            for note, count in result.get("failed_scheduling_notes", {}).items()
+        )
+        or "- none"
+    )
     text = "\n".join(f"- {k}: {v}" for k, v in result["conditions"].items())
     return f"""# Placement under constraints (taints, selectors, CPU/memory, foreign pods)
 
@@ -384,6 +396,9 @@ def report(result: dict[str, Any]) -> str:
 
 Jobs never placed:
 {never}
+
+kube-scheduler's FailedScheduling Events (pod: note, most common first):
+{failed}
 
 Conditions:
 {text}
