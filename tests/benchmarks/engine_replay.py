@@ -17,10 +17,10 @@ from benchmarks.gang_arrivals import Arrival, arrival_record
 from benchmarks.gang_mix import MixJob, departures, training_job
 from benchmarks.placement_quality import Fleet
 from trainwave.api.trainingjob import parse_trainingjob
-from trainwave.builders.gangs import gang_request
 from trainwave.placement.queueing import Admit, PendingJob, schedule
 from trainwave.placement.snapshot import build_snapshot
 from trainwave.placement.topology import DEFAULT_LEVELS
+from trainwave.resolving import gang_request
 
 
 def replay(mix: list[MixJob], nodes: Sequence[dict[str, Any]]) -> list[Arrival]:

@@ -58,15 +58,20 @@ def operator_answer(cluster, namespace, name, workers):
     """The placer's decision: the node (and GPU) of each rank, or the Scheduled reason."""
 
     def decided():
+        # The condition first: a waiting reason read before pods that are still all
+        # gated is the placer's word on this gang, not a release in progress.
+        scheduled = condition(job(cluster, namespace, name), "Scheduled") or {}
         pods = pods_of(cluster, namespace, name)
-        if len(pods) == workers and all(not p["spec"].get("schedulingGates") for p in pods):
+        if len(pods) < workers:
+            return None
+        if all(not p["spec"].get("schedulingGates") for p in pods):
             ranks = sorted(pods, key=lambda p: int(p["metadata"]["labels"]["trainwave.io/rank"]))
             notes = [p["metadata"]["annotations"] for p in ranks]
             return [(n.get("trainwave.io/node"), n.get("trainwave.io/gpu-uuid")) for n in notes]
-        if len(pods) < workers or not all(p["spec"].get("schedulingGates") for p in pods):
-            return None  # still being created, or being released
-        scheduled = condition(job(cluster, namespace, name), "Scheduled") or {}
-        if scheduled.get("status") == "False" and scheduled.get("reason") not in ("Placing", None):
+        waiting = scheduled.get("status") == "False" and scheduled.get("reason") not in (
+            None, "Placing", "WaitingForNodes",
+        )  # fmt: skip
+        if waiting and all(p["spec"].get("schedulingGates") for p in pods):
             return scheduled["reason"]
         return None
 

@@ -10,8 +10,9 @@ from factories import NAMESPACE, make_job
 from trainwave import contract
 from trainwave.api.trainingjob import InvalidSpec, TrainingJob
 from trainwave.builders.names import master_address, worker_hostname, worker_pod_name
-from trainwave.builders.pods import build_worker_pods, check_template
+from trainwave.builders.pods import build_worker_pods
 from trainwave.builders.service import build_service
+from trainwave.resolving import check_template
 
 pytestmark = pytest.mark.timeout(10)
 

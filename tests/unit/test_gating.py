@@ -10,13 +10,13 @@ from factories import NOW, ago, make_job, make_pod, make_pod_body
 
 from trainwave import contract
 from trainwave.api.status import ConditionType, Phase
-from trainwave.builders.gangs import gang_request
 from trainwave.builders.gating import build_release_patch, is_gated
 from trainwave.builders.pods import build_worker_pods
 from trainwave.lifecycle.decide import PlacementWait, decide
 from trainwave.lifecycle.placing import INVALID_PLACEMENT
 from trainwave.placement.ranks import Parallelism
 from trainwave.placement.topology import DEFAULT_LEVELS
+from trainwave.resolving import gang_request
 
 pytestmark = pytest.mark.timeout(10)
 

@@ -12,7 +12,6 @@ from placement_factories import make_node
 from cluster.inventory import ROCE_V2_GID_INDEX, inventory_annotation
 from trainwave import contract
 from trainwave.api.trainingjob import InvalidSpec, parse_trainingjob
-from trainwave.builders.gangs import gang_request
 from trainwave.builders.network import (
     gang_link_env,
     network_requirements,
@@ -22,6 +21,7 @@ from trainwave.builders.network import (
 from trainwave.builders.pods import build_worker_pods
 from trainwave.placement.snapshot import ClusterSnapshot
 from trainwave.placement.topology import DEFAULT_LEVELS
+from trainwave.resolving import gang_request
 
 pytestmark = pytest.mark.timeout(10)
 

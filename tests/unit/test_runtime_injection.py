@@ -12,7 +12,8 @@ from factories import make_job
 
 from trainwave import contract
 from trainwave.api.trainingjob import InvalidSpec
-from trainwave.builders.pods import build_worker_pods, check_template
+from trainwave.builders.pods import build_worker_pods
+from trainwave.resolving import check_template
 from trainwave.runtime.install import install
 
 pytestmark = pytest.mark.timeout(30)

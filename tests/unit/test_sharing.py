@@ -218,7 +218,11 @@ def test_exactly_one_source_of_memory(sharing: dict[str, Any]) -> None:
 
 
 def test_a_worker_larger_than_any_gpu_fails_the_job_saying_why() -> None:
-    job = make_job(workers=1, phase="Scheduling", gpuSharing={"model": {"preset": "llama-7b"}})
+    job = make_job(
+        workers=1,
+        phase="Scheduling",
+        gpuSharing={"model": {"preset": "llama-7b", "microBatch": 1, "sequence": 2048}},
+    )
     gated = [make_pod(0, 0, "Pending", ready=False, bound=False, gated=True)]
     why = PlacementWait(
         LARGER_THAN_ANY_GPU, "asks 120000 MiB of one GPU; the largest shared GPU has 81559 MiB"

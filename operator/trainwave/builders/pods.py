@@ -10,7 +10,7 @@ import copy
 from typing import Any
 
 from trainwave import contract
-from trainwave.api.trainingjob import InvalidSpec, TrainingJob
+from trainwave.api.trainingjob import TrainingJob
 from trainwave.builders.gating import set_scheduling_gate
 from trainwave.builders.names import (
     master_address,
@@ -23,83 +23,25 @@ from trainwave.builders.owners import job_labels, owner_reference
 from trainwave.builders.runtime import set_runtime
 from trainwave.builders.sharing import set_shared_gpu
 from trainwave.builders.worker import Mutator, Worker
-from trainwave.sizing.requests import shared_memory
+from trainwave.resolving import ResolvedJob, resolve_job
 
-# Pod fields trainwave owns; a template that sets them is refused rather than
-# silently overridden, so the user learns why their value had no effect.
-_OWNED_POD_FIELDS = {
-    "hostname": "trainwave sets it to '<job>-worker-<rank>' for the rendezvous",
-    "subdomain": "trainwave sets it to the job's headless Service",
-}
-
-
-def check_template(job: TrainingJob) -> None:
-    """Raise InvalidSpec for what the schema cannot see inside spec.template.spec."""
-    spec = job.spec.template.spec
-    for key, why in _OWNED_POD_FIELDS.items():
-        if key in spec:
-            raise InvalidSpec(f"spec.template.spec.{key} must not be set: {why}")
-    policy = spec.get("restartPolicy", "Never")
-    if policy != "Never":
-        raise InvalidSpec(
-            f"spec.template.spec.restartPolicy is {policy!r}; accepted: 'Never' or unset "
-            "(trainwave restarts the whole gang itself, see runPolicy.failurePolicy)"
-        )
-    if job.spec.gpu_sharing is not None:
-        try:
-            shared_memory(job.spec.gpu_sharing)
-        except ValueError as error:
-            raise InvalidSpec(str(error)) from None
-    runtime = job.spec.runtime
-    if runtime is not None and runtime.enabled and not job.spec.command:
-        raise InvalidSpec(
-            "spec.command must be set when spec.runtime is enabled: the launcher wraps it"
-        )
-    containers = spec.get("containers", [])
-    if not isinstance(containers, list) or not all(
-        isinstance(c, dict) and isinstance(c.get("name"), str) for c in containers
-    ):
-        raise InvalidSpec("spec.template.spec.containers must be a list of containers with names")
-    for container in containers:
-        _check_merged_fields(container)
-        where = f"spec.template.spec.containers[{container['name']}].env"
-        env = container.get("env", [])
-        if not isinstance(env, list) or not all(isinstance(e, dict) for e in env):
-            raise InvalidSpec(f"{where} must be a list of name/value pairs (got {env!r})")
-        reserved = sorted({str(e.get("name")) for e in env} & set(contract.RESERVED_ENV))
-        if reserved:
-            raise InvalidSpec(
-                f"{where} sets {', '.join(reserved)}: trainwave reserves these names for the "
-                "torch rendezvous"
-            )
-
-
-def _check_merged_fields(container: dict[str, Any]) -> None:
-    """The worker container's fields trainwave merges into must have the right shape."""
-    if container["name"] != contract.WORKER_CONTAINER:
-        return
-    where = f"spec.template.spec.containers[{container['name']}]"
-    ports = container.get("ports", [])
-    if not isinstance(ports, list) or not all(isinstance(p, dict) for p in ports):
-        raise InvalidSpec(f"{where}.ports must be a list of ports (got {ports!r})")
-    resources = container.get("resources", {})
-    if not isinstance(resources, dict) or not all(
-        isinstance(resources.get(kind, {}), dict) for kind in ("requests", "limits")
-    ):
-        raise InvalidSpec(
-            f"{where}.resources must be an object with requests and limits maps (got {resources!r})"
-        )
+__all__ = ["MUTATORS", "build_worker_pod", "build_worker_pods", "torch_contract"]
 
 
 def build_worker_pods(
-    job: TrainingJob,
+    job: ResolvedJob | TrainingJob,
     ranks: tuple[int, ...],
     attempt: int,
     runtime_image: str = contract.DEFAULT_RUNTIME_IMAGE,
 ) -> list[dict[str, Any]]:
-    """The pods of `ranks`; the caller has passed the job through `check_template` once."""
+    """The pods of `ranks` from a resolved job (a plain job is resolved here, and refused
+    with InvalidSpec naming the field if it cannot run)."""
+    resolved = job if isinstance(job, ResolvedJob) else resolve_job(job)
     return [
-        build_worker_pod(Worker(job, rank, attempt, runtime_image=runtime_image)) for rank in ranks
+        build_worker_pod(
+            Worker(resolved.job, rank, attempt, runtime_image=runtime_image, shared=resolved.shared)
+        )
+        for rank in ranks
     ]
 
 

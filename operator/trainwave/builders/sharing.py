@@ -11,14 +11,12 @@ from typing import Any
 
 from trainwave import contract
 from trainwave.builders.worker import Worker
-from trainwave.sizing.requests import shared_memory
 
 
 def set_shared_gpu(pod: dict[str, Any], worker: Worker) -> None:
-    sharing = worker.job.spec.gpu_sharing
-    if sharing is None:
+    memory = worker.shared
+    if memory is None:
         return
-    memory = shared_memory(sharing)  # check_template has already refused what cannot be sized
     container = next(c for c in pod["spec"]["containers"] if c["name"] == contract.WORKER_CONTAINER)
     limits = container.setdefault("resources", {}).setdefault("limits", {})
     limits[contract.SHARED_GPU_MEMORY_RESOURCE] = memory.mib

@@ -6,6 +6,7 @@ from typing import Any
 
 from trainwave import contract
 from trainwave.api.trainingjob import TrainingJob
+from trainwave.sizing.requests import SharedMemory
 
 
 @dataclass(frozen=True)
@@ -15,6 +16,7 @@ class Worker:
     attempt: int
     # The operator's default runtime image (Helm value runtime.image).
     runtime_image: str = contract.DEFAULT_RUNTIME_IMAGE
+    shared: SharedMemory | None = None  # the resolved gpuSharing request (resolving.py)
 
 
 Mutator = Callable[[dict[str, Any], Worker], None]

@@ -14,9 +14,7 @@ from dataclasses import replace
 from datetime import UTC, datetime
 from typing import Any
 
-from trainwave.api.trainingjob import parse_trainingjob
-from trainwave.builders.gangs import gang_request
-from trainwave.builders.pods import build_worker_pods, check_template
+from trainwave.builders.pods import build_worker_pods
 from trainwave.controller.clusterview import ClusterView, listed_view
 from trainwave.controller.kube import KubeClient
 from trainwave.placement.gang import Placement
@@ -26,7 +24,7 @@ from trainwave.placement.round import Ticket, plan_round
 from trainwave.placement.sharing import SharedPlacement
 from trainwave.placement.snapshot import snapshot_of
 from trainwave.placement.topology import DEFAULT_LEVELS
-from trainwave.sizing.requests import shared_memory
+from trainwave.resolving import resolve
 
 Answer = Placement | SharedPlacement | Wait
 
@@ -42,14 +40,10 @@ def plan_on(
 ) -> Answer:
     """The placer's answer for this one job on `view` (pure; tests replay it)."""
     body = {**manifest, "metadata": {"namespace": "default", "uid": "plan", **manifest["metadata"]}}
-    job = parse_trainingjob(body)
-    check_template(job)
-    [pod] = build_worker_pods(job, (0,), job.status.attempt)
-    request = replace(gang_request(job, levels), pod=with_default_tolerations(pod_needs(pod)))
-    if job.spec.gpu_sharing is not None:
-        request = replace(
-            request, gpus_per_worker=0, shared_mib=shared_memory(job.spec.gpu_sharing).mib
-        )
+    resolved = resolve(body, levels)
+    job = resolved.job
+    [pod] = build_worker_pods(resolved, (0,), job.status.attempt)
+    request = replace(resolved.gang, pod=with_default_tolerations(pod_needs(pod)))
     created = job.metadata.creationTimestamp
     name = f"{job.metadata.namespace}/{job.metadata.name}"
     ticket = Ticket(

@@ -23,10 +23,8 @@ from trainwave.api.trainingjob import (
     TrainingJob,
     parse_metadata,
     parse_status,
-    parse_trainingjob,
 )
-from trainwave.builders.gangs import gang_request
-from trainwave.builders.pods import build_worker_pods, check_template
+from trainwave.builders.pods import build_worker_pods
 from trainwave.builders.service import build_service
 from trainwave.controller import metrics
 from trainwave.controller.kube import Conflict, KubeClient, Rejected
@@ -34,7 +32,7 @@ from trainwave.controller.placer import Placer, Ticket
 from trainwave.controller.reporting import StatusPoller, Targets
 from trainwave.lifecycle.decide import Decision, decide, decide_invalid
 from trainwave.lifecycle.observed import PodPhase, WorkerPod
-from trainwave.sizing.requests import shared_memory
+from trainwave.resolving import ResolvedJob, resolve
 
 logger = logging.getLogger(__name__)
 
@@ -85,19 +83,19 @@ class Reconciler:
             return None  # garbage collection removes the children
         meta = parse_metadata(body)
         pods = list(self._worker_pods(key))
-        decision, job = self._decide(key, body, meta, pods)
-        if decision.wants_placement and job is not None:
-            self._placer.submit(key, self._ticket(job, decision))
+        decision, resolved = self._decide(key, body, meta, pods)
+        if decision.wants_placement and resolved is not None:
+            self._placer.submit(key, self._ticket(resolved, decision))
         else:
             self._placer.withdraw(key)
-        self._track_workers(key, job, decision, pods)
+        self._track_workers(key, resolved.job if resolved else None, decision, pods)
         try:
             body = await self._write_status(body, meta, decision)
         except Conflict as conflict:
             logger.debug("%s/%s: %s; retrying", namespace, name, conflict)
             return CONFLICT_RETRY_SECONDS
         try:
-            await self._act(body, meta, decision, job)
+            await self._act(body, meta, decision, resolved)
         except Rejected as rejected:
             # The API server refused a pod the schema let through: the spec
             # cannot run as written. Say so on the job; nothing else to do.
@@ -110,15 +108,15 @@ class Reconciler:
 
     def _decide(
         self, key: JobKey, body: dict[str, Any], meta: ObjectMeta, pods: list[WorkerPod]
-    ) -> tuple[Decision, TrainingJob | None]:
+    ) -> tuple[Decision, ResolvedJob | None]:
         now = self._clock()
         try:
-            job = parse_trainingjob(body)
-            check_template(job)
+            resolved = resolve(body, self._levels)  # the one parse of this reconcile
         except InvalidSpec as invalid:
             return decide_invalid(meta, parse_status(body), pods, str(invalid), now), None
-        reports = self._poller.reports(key, job.status.attempt) if self._poller else {}
-        return decide(job, pods, now, self._placer.waiting(key), reports), job
+        attempt = resolved.job.status.attempt
+        reports = self._poller.reports(key, attempt) if self._poller else {}
+        return decide(resolved, pods, now, self._placer.waiting(key), reports), resolved
 
     def _track_workers(
         self, key: JobKey, job: TrainingJob | None, decision: Decision, pods: list[WorkerPod]
@@ -139,15 +137,12 @@ class Reconciler:
         }
         self._poller.track(key, Targets(attempt, workers))
 
-    def _ticket(self, job: TrainingJob, decision: Decision) -> Ticket:
+    def _ticket(self, resolved: ResolvedJob, decision: Decision) -> Ticket:
+        job, shared = resolved.job, resolved.shared
         created = job.metadata.creationTimestamp
-        shared = shared_memory(job.spec.gpu_sharing) if job.spec.gpu_sharing else None
-        request = gang_request(job, self._levels)
-        if shared is not None:
-            request = replace(request, gpus_per_worker=0, shared_mib=shared.mib)
         return Ticket(
             attempt=decision.status.attempt,
-            request=request,
+            request=resolved.gang,
             priority=job.spec.placement.priority,
             arrival=created.timestamp() if created else 0.0,
             network=job.spec.network,
@@ -186,7 +181,11 @@ class Reconciler:
             metrics.ALL_RUNNING_SECONDS.observe(decision.all_running_after)
 
     async def _act(
-        self, body: dict[str, Any], meta: ObjectMeta, decision: Decision, job: TrainingJob | None
+        self,
+        body: dict[str, Any],
+        meta: ObjectMeta,
+        decision: Decision,
+        resolved: ResolvedJob | None,
     ) -> None:
         """Carry out `decision`; `job` is the spec parsed once by `_decide` (None: invalid)."""
         kube = self._kube
@@ -194,13 +193,14 @@ class Reconciler:
             await asyncio.to_thread(kube.post_event, body, event)
         for pod_name in decision.delete_pods:
             await asyncio.to_thread(kube.delete_pod, meta.namespace, pod_name)
-        if decision.create_ranks and job is not None:
+        if decision.create_ranks and resolved is not None:
             # The new pods carry the decided status (attempt, last preemption).
-            job = job.model_copy(update={"status": decision.status})
+            job = resolved.job.model_copy(update={"status": decision.status})
+            resolved = replace(resolved, job=job)
             if not self._has_service((meta.namespace, meta.name)):
                 await asyncio.to_thread(kube.apply_service, build_service(job))
             pods = build_worker_pods(
-                job, decision.create_ranks, decision.status.attempt, self._runtime_image
+                resolved, decision.create_ranks, decision.status.attempt, self._runtime_image
             )
             await asyncio.gather(*(asyncio.to_thread(kube.apply_pod, pod) for pod in pods))
         if decision.delete_job:

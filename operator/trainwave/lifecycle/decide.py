@@ -25,21 +25,26 @@ from trainwave.lifecycle.failures import judge_failure
 from trainwave.lifecycle.observed import PodPhase, WorkerPod
 from trainwave.lifecycle.placing import await_placement, bind_timed_out, record_placement
 from trainwave.lifecycle.reports import WorkerReport, progress_status, rdma_verdict
-from trainwave.sizing.requests import shared_memory
+from trainwave.resolving import ResolvedJob, resolve_job
 
 __all__ = ["Decision", "JobEvent", "PlacementWait", "decide", "decide_invalid"]
 
 
 def decide(
-    job: TrainingJob,
+    resolved: ResolvedJob | TrainingJob,
     pods: Sequence[WorkerPod],
     now: datetime,
     waiting: PlacementWait | None = None,
     reports: Mapping[int, WorkerReport] | None = None,
 ) -> Decision:
+    """`resolved` is the job resolved once by the caller; a plain job (tests) is resolved
+    here and must then be valid."""
+    if not isinstance(resolved, ResolvedJob):
+        resolved = resolve_job(resolved)
+    job = resolved.job
     draft = Draft(meta=job.metadata, now=now, status=job.status)
     mine = [p for p in pods if p.owner_uid == job.metadata.uid]
-    kept_apart = _isolation(job)
+    kept_apart = _isolation(resolved)
     if draft.status.isolation != kept_apart:
         draft.update(isolation=kept_apart)
     if draft.status.phase is None:
@@ -273,15 +278,11 @@ def _reported(draft: Draft, job: TrainingJob, reports: Mapping[int, WorkerReport
         draft.condition(ConditionType.RDMA_VERIFIED, true, reason, message)
 
 
-def _isolation(job: TrainingJob) -> str:
-    sharing = job.spec.gpu_sharing
-    if sharing is None:
+def _isolation(resolved: ResolvedJob) -> str:
+    sharing, shared = resolved.job.spec.gpu_sharing, resolved.shared
+    if sharing is None or shared is None:
         return ""
-    try:
-        budget = shared_memory(sharing).mib
-    except ValueError:
-        return ""  # check_template refuses the job with the reason
-    return isolation(sharing, job.spec.runtime, budget)
+    return isolation(sharing, resolved.job.spec.runtime, shared.mib)
 
 
 def _clear_stale(draft: Draft, stale: list[WorkerPod]) -> None:

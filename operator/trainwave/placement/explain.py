@@ -70,11 +70,21 @@ def not_enough_gpus(
 
 
 def not_enough_room(
-    workers: int, gpus_per_worker: int, room: int, free: int, selector: Selector, *, nodes: str
+    workers: int,
+    gpus_per_worker: int,
+    room: int,
+    free: int | None,
+    selector: Selector,
+    *,
+    nodes: str,
 ) -> str:
-    """Too few slots; `nodes` is the per-node breakdown (filters.describe)."""
-    if gpus_per_worker == 0:
-        head = f"needs {gang(workers, 0)}; the nodes{scope(selector)} have room for {room}"
+    """Too few slots; `free` GPUs when GPUs are what is short (None otherwise); `nodes` is
+    the per-node breakdown (filters.describe)."""
+    if free is None:
+        head = (
+            f"needs {gang(workers, gpus_per_worker)}; the nodes{scope(selector)} have room "
+            f"for {plural(room, 'such worker')}"
+        )
     else:
         head = not_enough_gpus(workers, gpus_per_worker, room, free, selector)
     return f"{head}; {nodes}" if nodes else head

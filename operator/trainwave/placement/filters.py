@@ -162,11 +162,14 @@ def _resources(needs: PodNeeds, node: NodeInfo) -> tuple[Rejection, ...]:
     for resource, wanted in needs.requests:
         free = free_amount(node, resource)
         if wanted > 0 and wanted > free:
-            short.append(_short(resource, wanted, free))
+            short.append(_short(resource, wanted, free, node))
     return tuple(short)
 
 
-def _short(resource: str, wanted: int, free: int) -> Rejection:
+def _short(resource: str, wanted: int, free: int, node: NodeInfo) -> Rejection:
+    if resource == GPU_RESOURCE and node.shared and node.gpus == 0:
+        # Every GPU is offered for sharing: not "busy", never for whole-GPU workers.
+        return Rejection("NodeResourcesFit", "GPUs offered for sharing only", resource, wanted, 0)
     counted = resource == GPU_RESOURCE or "/" in resource
     what = f"too few free {resource}" if counted else f"too little {resource}"
     return Rejection("NodeResourcesFit", what, resource, wanted, max(0, free))
@@ -240,7 +243,7 @@ def describe(
     parts = []
     for what, count in sorted(counts.items(), key=lambda item: (-item[1], item[0])):
         detail = ""
-        if what in largest and largest[what].resource != "pods":
+        if what in largest and what.startswith("too "):
             r = largest[what]
             detail = (
                 f" (needs {show(r.resource, r.needs)}, largest free {show(r.resource, r.free)})"

@@ -224,6 +224,7 @@ class _Planner:
         # Free GPUs only where a worker can go: best fit and messages read them.
         self.node_free = [f if s else 0 for f, s in zip(snapshot.free, slots, strict=True)]
         self.preference = snapshot.preferences(self.needs)
+        self._ancestors: dict[tuple[int, int], tuple[int, ...]] = {}
 
         node_level = self.node_level = topology.node_level
         units = [blocks.pipeline_workers] * len(topology.levels)
@@ -326,13 +327,18 @@ class _Planner:
         largest = max(node.gpus for node in open_nodes)
         if gpus > largest:
             return Blocker.WORKER_TOO_LARGE, explain.worker_too_large(gpus, largest, selector)
-        short = {r.resource for why in rejections for r in why if r.resource}
-        code = Blocker.NOT_ENOUGH_GPUS
-        if gpus == 0 or (short and GPU_RESOURCE not in short):
-            code = Blocker.NOT_ENOUGH_RESOURCES
+        # When some node is short of CPU, memory or another resource, free GPUs do not
+        # tell the story; otherwise GPUs (or too few nodes) are what is missing.
+        other_short = any(r.resource not in ("", GPU_RESOURCE) for why in rejections for r in why)
+        code = Blocker.NOT_ENOUGH_RESOURCES if other_short or not gpus else Blocker.NOT_ENOUGH_GPUS
         free = sum(node.free for node in open_nodes)  # pieces included: the message says so
         reason = explain.not_enough_room(
-            request.workers, gpus, self.room, free, selector, nodes=nodes
+            request.workers,
+            gpus,
+            self.room,
+            free if code is Blocker.NOT_ENOUGH_GPUS else None,
+            selector,
+            nodes=nodes,
         )
         return code, reason
 
@@ -346,7 +352,9 @@ class _Planner:
             if level == self.node_level:
                 # Nodes: the spread is always one, so only best fit and parents decide;
                 # ancestors are looked up only for the nodes that tie on fit.
-                fits = {d: (-self.preference[d], *self._fit(level, d)) for d in candidates}
+                caps, free, pref = self.caps[level], self.free[level], self.preference
+                used = [node.used for node in self.snapshot.nodes]
+                fits = {d: (-pref[d], caps[d], free[d], -used[d]) for d in candidates}
                 tightest = min(fits.values())
                 tied = [d for d, fit in fits.items() if fit == tightest]
                 best = min(tied, key=lambda d: (self._parents(level, d), d))
@@ -418,13 +426,20 @@ class _Planner:
         return (self.caps[level][domain], self.free[level][domain], used)
 
     def _parents(self, level: int, domain: int) -> tuple[int, ...]:
-        """Free capacity of each ancestor, nearest first: the fullest parent wins ties."""
-        caps: list[int] = []
-        parent = self.topology.domains[level][domain].parent
-        for above in range(level - 1, 0, -1):
-            caps.append(self.caps[above][parent])
-            parent = self.topology.domains[above][parent].parent
-        return tuple(caps)
+        """Free capacity of each ancestor, nearest first: the fullest parent wins ties.
+        Siblings share the answer, so it is kept per parent (an empty cluster ties on
+        every node)."""
+        first = self.topology.domains[level][domain].parent
+        key = (level - 1, first)
+        found = self._ancestors.get(key)
+        if found is None:
+            caps: list[int] = []
+            parent = first
+            for above in range(level - 1, 0, -1):
+                caps.append(self.caps[above][parent])
+                parent = self.topology.domains[above][parent].parent
+            found = self._ancestors[key] = tuple(caps)
+        return found
 
     def _span(self, level: int, domain: int) -> range:
         found = self.topology.domains[level][domain]

@@ -145,6 +145,12 @@ class ClusterSnapshot:
     @cached_property
     def free(self) -> tuple[int, ...]:
         """Free whole GPUs per node index; 0 on nodes closed to new pods."""
+        parent = self._parent
+        if parent is not None and "free" in parent.__dict__:  # the parent's, patched
+            values = list(parent.free)
+            for index in self._changed:
+                values[index] = self.nodes[index].free
+            return tuple(values)
         return tuple(node.free for node in self.nodes)
 
     def matching(self, selector: Selector) -> tuple[bool, ...]:
@@ -190,8 +196,12 @@ class ClusterSnapshot:
     def preferences(self, needs: PodNeeds) -> tuple[int, ...]:
         """Per node index: the preferred-affinity score of `needs` (all 0 without terms)."""
         if not needs.preferred_terms:
-            return (0,) * len(self.nodes)
+            return self._no_preference
         return tuple(preference(needs, node) for node in self.nodes)
+
+    @cached_property
+    def _no_preference(self) -> tuple[int, ...]:
+        return (0,) * len(self.nodes)
 
     def node(self, name: str) -> NodeInfo:
         return self.nodes[self.topology.node_index[name]]

@@ -1,0 +1,137 @@
+"""A TrainingJob resolved once: the one value decide, the placer's ticket and the builders use.
+
+Pure. The reconciler turns the job body into a `ResolvedJob` at the handler
+boundary: the parsed spec, the template checked for what the schema cannot see,
+the shared-GPU memory request (sized from a model description when one is given)
+and the gang placement asks for. Nothing downstream parses the body or sizes the
+model again; data flows down the layers once. `trainwave plan` resolves the same way.
+"""
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from trainwave import contract
+from trainwave.api.trainingjob import InvalidSpec, TrainingJob, parse_trainingjob
+from trainwave.placement.gang import GangRequest
+from trainwave.placement.ranks import Parallelism
+from trainwave.placement.rdma import network_requirements
+from trainwave.placement.topology import DEFAULT_LEVELS, HOSTNAME_LABEL
+from trainwave.sizing.requests import SharedMemory, shared_memory
+
+
+@dataclass(frozen=True)
+class ResolvedJob:
+    job: TrainingJob
+    shared: SharedMemory | None  # gpuSharing's request per worker; None for whole GPUs
+    gang: GangRequest  # what placement is asked; the stored pods add their own needs
+
+
+def resolve(body: dict[str, Any], levels: Sequence[str] = DEFAULT_LEVELS) -> ResolvedJob:
+    """Raises InvalidSpec naming the field for what cannot run as written."""
+    return resolve_job(parse_trainingjob(body), levels)
+
+
+def resolve_job(job: TrainingJob, levels: Sequence[str] = DEFAULT_LEVELS) -> ResolvedJob:
+    check_template(job)
+    shared = None
+    if job.spec.gpu_sharing is not None:
+        try:
+            shared = shared_memory(job.spec.gpu_sharing)
+        except ValueError as error:
+            raise InvalidSpec(str(error)) from None
+    gang = gang_request(job, levels)
+    if shared is not None:
+        gang = GangRequest(
+            gang.name, gang.workers, 0, gang.required_level, gang.preferred_level,
+            gang.parallelism, gang.node_selector, shared_mib=shared.mib,
+        )  # fmt: skip
+    return ResolvedJob(job, shared, gang)
+
+
+# Pod fields trainwave owns; a template that sets them is refused rather than
+# silently overridden, so the user learns why their value had no effect.
+_OWNED_POD_FIELDS = {
+    "hostname": "trainwave sets it to '<job>-worker-<rank>' for the rendezvous",
+    "subdomain": "trainwave sets it to the job's headless Service",
+}
+
+
+def check_template(job: TrainingJob) -> None:
+    """Raise InvalidSpec for what the schema cannot see inside spec.template.spec."""
+    spec = job.spec.template.spec
+    for key, why in _OWNED_POD_FIELDS.items():
+        if key in spec:
+            raise InvalidSpec(f"spec.template.spec.{key} must not be set: {why}")
+    policy = spec.get("restartPolicy", "Never")
+    if policy != "Never":
+        raise InvalidSpec(
+            f"spec.template.spec.restartPolicy is {policy!r}; accepted: 'Never' or unset "
+            "(trainwave restarts the whole gang itself, see runPolicy.failurePolicy)"
+        )
+    runtime = job.spec.runtime
+    if runtime is not None and runtime.enabled and not job.spec.command:
+        raise InvalidSpec(
+            "spec.command must be set when spec.runtime is enabled: the launcher wraps it"
+        )
+    containers = spec.get("containers", [])
+    if not isinstance(containers, list) or not all(
+        isinstance(c, dict) and isinstance(c.get("name"), str) for c in containers
+    ):
+        raise InvalidSpec("spec.template.spec.containers must be a list of containers with names")
+    for container in containers:
+        _check_merged_fields(container)
+        where = f"spec.template.spec.containers[{container['name']}].env"
+        env = container.get("env", [])
+        if not isinstance(env, list) or not all(isinstance(e, dict) for e in env):
+            raise InvalidSpec(f"{where} must be a list of name/value pairs (got {env!r})")
+        reserved = sorted({str(e.get("name")) for e in env} & set(contract.RESERVED_ENV))
+        if reserved:
+            raise InvalidSpec(
+                f"{where} sets {', '.join(reserved)}: trainwave reserves these names for the "
+                "torch rendezvous"
+            )
+
+
+def _check_merged_fields(container: dict[str, Any]) -> None:
+    """The worker container's fields trainwave merges into must have the right shape."""
+    if container["name"] != contract.WORKER_CONTAINER:
+        return
+    where = f"spec.template.spec.containers[{container['name']}]"
+    ports = container.get("ports", [])
+    if not isinstance(ports, list) or not all(isinstance(p, dict) for p in ports):
+        raise InvalidSpec(f"{where}.ports must be a list of ports (got {ports!r})")
+    resources = container.get("resources", {})
+    if not isinstance(resources, dict) or not all(
+        isinstance(resources.get(kind, {}), dict) for kind in ("requests", "limits")
+    ):
+        raise InvalidSpec(
+            f"{where}.resources must be an object with requests and limits maps (got {resources!r})"
+        )
+
+
+def gang_request(job: TrainingJob, levels: Sequence[str]) -> GangRequest:
+    placement = job.spec.placement
+    parallelism = None
+    if placement.parallelism is not None:
+        parallelism = Parallelism(
+            tensor=placement.parallelism.tensor, pipeline=placement.parallelism.pipeline
+        )
+    # By default keep the gang in one domain of the level above hosts (a rack)
+    # when one has room; a user may ask for another level or require one.
+    preferred = placement.preferred_level
+    configured = [level for level in levels if level != HOSTNAME_LABEL]
+    if preferred is None and configured and placement.required_level is None:
+        preferred = configured[-1]
+    return GangRequest(
+        name=job.metadata.name,
+        workers=job.spec.workers,
+        gpus_per_worker=job.spec.gpus_per_worker,
+        required_level=placement.required_level,
+        preferred_level=preferred,
+        parallelism=parallelism,
+        node_selector={
+            **dict(job.spec.template.spec.get("nodeSelector") or {}),
+            **network_requirements(job.spec.network),
+        },
+    )
