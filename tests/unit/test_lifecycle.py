@@ -334,3 +334,25 @@ def test_a_gang_lives_through_a_restart_to_success() -> None:
     kinds = {c.type: c.status for c in status.conditions}
     assert kinds == {"Created": "True", "Scheduled": "True", "Running": "False",
                      "Restarting": "False", "Succeeded": "True"}  # fmt: skip
+
+
+# --- children the API server refuses ------------------------------------------------------
+
+
+def test_a_refused_worker_is_a_condition_an_event_once_and_clears_when_all_exist() -> None:
+    from trainwave.lifecycle.children import creating_failed
+
+    job = make_job(phase="Pending")
+    first = creating_failed(job.metadata, job.status, "pod ns/w-1", "exceeded quota: q", NOW)
+    failing = first.status.condition(ConditionType.REPLICA_FAILURE)
+    assert failing is not None
+    assert (failing.status, failing.reason) == ("True", "FailedCreate")
+    assert first.status.message == "creating pod ns/w-1 failed: exceeded quota: q"
+    assert [e.reason for e in first.events] == ["FailedCreate"]
+    again = creating_failed(job.metadata, first.status, "pod ns/w-1", "exceeded quota: q", NOW)
+    assert again.events == (), "the same refusal is not announced twice"
+
+    later = job.model_copy(update={"status": again.status})
+    cleared = decide(later, running(), NOW).status.condition(ConditionType.REPLICA_FAILURE)
+    assert cleared is not None
+    assert cleared.status == "False"

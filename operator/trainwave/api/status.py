@@ -44,6 +44,7 @@ class ConditionType(StrEnum):
     FAILED = "Failed"
     RDMA_VERIFIED = "RDMAVerified"
     PREEMPTED = "Preempted"
+    REPLICA_FAILURE = "ReplicaFailure"  # the API server refused a worker pod or the Service
 
 
 class Condition(ApiModel):

@@ -36,6 +36,16 @@ class Rejected(Exception):
     """The API server refused an object as invalid (HTTP 422)."""
 
 
+class Refused(Exception):
+    """The API server refused to create a child for a reason that may pass (a quota,
+    RBAC, an admission webhook): `what` names the object, `message` is the server's."""
+
+    def __init__(self, what: str, message: str):
+        super().__init__(f"{what}: {message}")
+        self.what = what
+        self.message = message
+
+
 def load_config(pool_size: int) -> client.ApiClient:
     try:
         config.load_incluster_config()  # type: ignore[no-untyped-call]
@@ -198,6 +208,9 @@ class KubeClient:
         except ApiException as error:
             if error.status == 422:
                 raise Rejected(_status_message(error)) from None
+            if error.status in (400, 403, 404):  # quota, RBAC, a webhook, a missing namespace
+                kind = "service" if "service" in getattr(patch, "__name__", "") else "pod"
+                raise Refused(f"{kind} {namespace}/{name}", _status_message(error)) from None
             raise
 
     @staticmethod

@@ -44,6 +44,11 @@ GANGS_PREEMPTED = Counter(
     "trainwave_gangs_preempted_total",
     "Running gangs evicted for a waiting gang of higher priority.",
 )
+PLACEMENT_DECISION_SECONDS = Histogram(
+    "trainwave_placement_decision_seconds",
+    "The pure part of a placement round: the snapshot and plan_round(), no API calls.",
+    buckets=(0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5),
+)
 PLACEMENT_ROUND_SECONDS = Histogram(
     "trainwave_placement_round_duration_seconds",
     "One placement round: read the cache, decide the round, release admitted gangs.",

@@ -42,6 +42,7 @@ from trainwave.builders.gating import build_release_patch
 from trainwave.builders.network import gang_link_env, node_network_env
 from trainwave.controller import metrics
 from trainwave.controller.clusterview import ClusterView, JobKey
+from trainwave.controller.inflight import Inflight
 from trainwave.controller.kube import Conflict, KubeClient, Rejected
 from trainwave.lifecycle.draft import PlacementWait
 from trainwave.placement.gang import GangRequest, Placement
@@ -98,6 +99,7 @@ class Placer:
         self._waits: dict[JobKey, PlacementWait] = {}
         self._preempting: dict[JobKey, frozenset[JobKey]] = {}
         self._topology: tuple[int, Topology] | None = None
+        self._inflight = Inflight()
         self._event = asyncio.Event()
 
     def submit(self, key: JobKey, ticket: Ticket) -> None:
@@ -139,8 +141,14 @@ class Placer:
     async def round(self) -> None:
         tickets = dict(self._tickets)
         view = await asyncio.to_thread(self._view)
-        gangs = _gated_gangs(view, tickets)
-        snapshot = self._snapshot(view)
+        started = time.perf_counter()
+        self._inflight.settle(view)
+        gangs = {
+            key: gang
+            for key, gang in _gated_gangs(view, tickets).items()
+            if not self._inflight.covers(gang)  # released; the cache has not seen it yet
+        }
+        snapshot = self._inflight.apply(self._snapshot(view))
         names: dict[str, JobKey] = {}
         round_tickets = []
         for key, gang in gangs.items():
@@ -164,13 +172,19 @@ class Placer:
             shared_shapes=view.shared_shapes,
             running=running,
         )
+        metrics.PLACEMENT_DECISION_SECONDS.observe(time.perf_counter() - started)
         inventories = {n.name: n.inventory for n in view.nodes if n.inventory is not None}
+        releases = []
         for admit in result.admitted:
             key = names[admit.job.key]
             if isinstance(admit.placement, SharedPlacement):
-                await self._release_pinned(key, gangs[key], admit.placement)
+                releases.append(self._release_pinned(key, gangs[key], admit.placement))
             else:
-                await self._release(key, gangs[key], admit.placement, inventories)
+                releases.append(self._release(key, gangs[key], admit.placement, inventories))
+        # Gangs are released side by side; each one's pods too (all or nothing per gang).
+        for failure in await asyncio.gather(*releases, return_exceptions=True):
+            if isinstance(failure, BaseException):
+                logger.error("releasing a gang failed: %s", failure)
         for wait in result.waiting:
             key = names[wait.job.key]
             how = tickets[key].shared_how
@@ -205,7 +219,11 @@ class Placer:
             }
             env = {"CUDA_VISIBLE_DEVICES": pin.gpu_uuid}
             patches.append((_basis(pod), build_release_patch(_basis(pod), pin.node, notes, env)))
-        await self._apply_release(key, patches, summary)
+        targets = [
+            (pod, pin.node, pin.gpu_uuid, pin.memory_mib)
+            for pod, pin in zip(gang, placed.pins, strict=True)
+        ]
+        await self._apply_release(key, patches, summary, targets)
 
     async def _release(
         self,
@@ -227,10 +245,15 @@ class Placer:
         for pod, node in zip(gang, nodes, strict=True):
             env = {**node_network_env(network, inventories.get(node, {})), **link}
             patches.append((_basis(pod), build_release_patch(_basis(pod), node, notes, env)))
-        await self._apply_release(key, patches, summary)
+        targets = [(pod, node, "", 0) for pod, node in zip(gang, nodes, strict=True)]
+        await self._apply_release(key, patches, summary, targets)
 
     async def _apply_release(
-        self, key: JobKey, patches: list[tuple[Mapping[str, Any], dict[str, Any]]], summary: str
+        self,
+        key: JobKey,
+        patches: list[tuple[Mapping[str, Any], dict[str, Any]]],
+        summary: str,
+        targets: list[tuple[PodRecord, str, str, int]],
     ) -> None:
         results = await asyncio.gather(
             *(
@@ -244,6 +267,9 @@ class Placer:
             ),
             return_exceptions=True,
         )
+        for result, (pod, node, uuid, mib) in zip(results, targets, strict=True):
+            if not isinstance(result, BaseException):
+                self._inflight.add(pod, node, uuid, mib)
         failed = [r for r in results if isinstance(r, BaseException)]
         for error in failed:
             if not isinstance(error, Conflict | Rejected):

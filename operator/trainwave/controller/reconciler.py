@@ -27,9 +27,10 @@ from trainwave.api.trainingjob import (
 from trainwave.builders.pods import build_worker_pods
 from trainwave.builders.service import build_service
 from trainwave.controller import metrics
-from trainwave.controller.kube import Conflict, KubeClient, Rejected
+from trainwave.controller.kube import Conflict, KubeClient, Refused, Rejected
 from trainwave.controller.placer import Placer, Ticket
 from trainwave.controller.reporting import StatusPoller, Targets
+from trainwave.lifecycle.children import creating_failed
 from trainwave.lifecycle.decide import Decision, decide, decide_invalid
 from trainwave.lifecycle.observed import PodPhase, WorkerPod
 from trainwave.resolving import ResolvedJob, resolve
@@ -39,6 +40,8 @@ logger = logging.getLogger(__name__)
 JobKey = tuple[str, str]
 # A status write that lost a race is retried at once from a fresh read.
 CONFLICT_RETRY_SECONDS = 0.05
+# A child the API server refused is retried after 2, 4, 8... seconds, at most this.
+REFUSED_MAX_BACKOFF = 300
 
 
 class Reconciler:
@@ -62,6 +65,7 @@ class Reconciler:
         self._worker_pods = worker_pods
         self._has_service = has_service
         self._clock = clock
+        self._refusals: dict[JobKey, int] = {}  # children refused in a row, per job
 
     async def __call__(self, key: Any) -> float | None:
         started = time.perf_counter()
@@ -96,15 +100,42 @@ class Reconciler:
             return CONFLICT_RETRY_SECONDS
         try:
             await self._act(body, meta, decision, resolved)
+        except Refused as refused:
+            return await self._refused(key, body, meta, decision, refused)
         except Rejected as rejected:
             # The API server refused a pod the schema let through: the spec
             # cannot run as written. Say so on the job; nothing else to do.
             invalid = decide_invalid(
                 meta, decision.status, pods, f"pod rejected: {rejected}", self._clock()
             )
-            await self._write_status(body, meta, invalid)
+            body = await self._write_status(body, parse_metadata(body), invalid)
             await self._act(body, meta, invalid, None)
+            return decision.requeue_after
+        self._refusals.pop(key, None)
         return decision.requeue_after
+
+    async def _refused(
+        self,
+        key: JobKey,
+        body: dict[str, Any],
+        meta: ObjectMeta,
+        decision: Decision,
+        refused: Refused,
+    ) -> float:
+        """A child the API server refused (quota, forbidden, a webhook): a condition, an
+        Event and a retry with backoff, never a silent endless retry."""
+        failed = creating_failed(
+            meta, decision.status, refused.what, refused.message, self._clock()
+        )
+        try:
+            body = await self._write_status(body, parse_metadata(body), failed)
+            await self._act(body, meta, failed, None)
+        except Conflict:
+            return CONFLICT_RETRY_SECONDS
+        count = self._refusals[key] = self._refusals.get(key, 0) + 1
+        metrics.RECONCILE_ERRORS.inc()
+        logger.warning("%s/%s: %s", meta.namespace, meta.name, failed.status.message)
+        return float(min(REFUSED_MAX_BACKOFF, 2 ** min(count, 10)))
 
     def _decide(
         self, key: JobKey, body: dict[str, Any], meta: ObjectMeta, pods: list[WorkerPod]

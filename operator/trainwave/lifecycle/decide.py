@@ -242,6 +242,8 @@ def _progress(
                 Phase.PENDING, "CreatingWorkers", f"{len(existing)}/{total} workers created"
             )
         return
+    if draft.status.condition(ConditionType.REPLICA_FAILURE) is not None:
+        draft.clear(ConditionType.REPLICA_FAILURE, "Created", f"all {total} workers created")
     if any(p.gated for p in existing):
         await_placement(draft, job, existing, waiting)
         return

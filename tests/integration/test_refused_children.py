@@ -1,0 +1,47 @@
+"""A worker the API server refuses (here a ResourceQuota) is never a silent retry."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from integration.trainwave_fixtures import (
+    apply,
+    condition,
+    get_json,
+    job,
+    job_manifest,
+    wait_for_phase,
+    wait_until,
+)
+
+pytestmark = [pytest.mark.integration, pytest.mark.timeout(180)]
+
+
+def test_a_quota_refusal_shows_on_the_job_and_clears_when_the_quota_allows(
+    cluster, namespace, running_operator
+):
+    quota = {
+        "apiVersion": "v1",
+        "kind": "ResourceQuota",
+        "metadata": {"name": "two-pods"},
+        "spec": {"hard": {"pods": "1"}},
+    }
+    cluster.kubectl("apply", "-n", namespace, "-f", "-", input=json.dumps(quota))
+    apply(cluster, namespace, job_manifest("capped", workers=2, gpus=1, run_for="60s"))
+
+    def refused():
+        found = condition(job(cluster, namespace, "capped"), "ReplicaFailure")
+        return found if found and found["status"] == "True" else None
+
+    found = wait_until(refused, 60, "a ReplicaFailure condition")
+    assert found["reason"] == "FailedCreate"
+    assert "exceeded quota" in found["message"], found["message"]
+    assert f"pod {namespace}/capped-a0-worker-" in found["message"], "names the object"
+    events = get_json(cluster, namespace, "events.events.k8s.io")["items"]
+    assert any(e.get("reason") == "FailedCreate" for e in events), "a Warning Event"
+
+    cluster.kubectl("delete", "resourcequota", "two-pods", "-n", namespace)
+    body = wait_for_phase(cluster, namespace, "capped", ("Running", "Succeeded"), timeout=90)
+    assert condition(body, "ReplicaFailure")["status"] == "False"
