@@ -70,8 +70,16 @@ def node_pool(
         )
 
 
-def blocker_pod(name: str, node: str, gpus: int) -> dict[str, Any]:
-    """A plain pod bound straight to `node` (no scheduler) that holds `gpus` GPUs."""
+def blocker_pod(
+    name: str, node: str, gpus: int, requests: dict[str, str] | None = None
+) -> dict[str, Any]:
+    """A plain pod bound straight to `node` (no scheduler) that holds `gpus` GPUs
+    and, if given, `requests` (cpu, memory, ...)."""
+    resources: dict[str, Any] = {"limits": {"nvidia.com/gpu": gpus} if gpus else {}}
+    if requests:
+        resources["requests"] = dict(requests)
+        # Extended resources (a "/" in the name) must be limited to what is requested.
+        resources["limits"] |= {k: v for k, v in requests.items() if "/" in k}
     return {
         "apiVersion": "v1",
         "kind": "Pod",
@@ -82,7 +90,7 @@ def blocker_pod(name: str, node: str, gpus: int) -> dict[str, Any]:
                 {
                     "name": "hold",
                     "image": "busybox",
-                    "resources": {"limits": {"nvidia.com/gpu": gpus}},
+                    "resources": resources,
                 }
             ],
         },
