@@ -88,6 +88,7 @@ demo: venv tools ## the main job: cluster, chart, operator, every example to its
 bench: venv tools ## benchmarks, each on its own local cluster (see README, Performance)
 	$(PY) tests/benchmarks/bench_apply_to_running.py
 	$(PY) tests/benchmarks/bench_placement_vs_scheduler.py
+	$(PY) tests/benchmarks/bench_scale.py
 
 .PHONY: bench-comm
 bench-comm: venv ## gradient communication on two emulated nodes (root: netns + tc; ~10 min)
