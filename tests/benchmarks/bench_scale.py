@@ -147,7 +147,8 @@ class Api:
         query = "?resourceVersion=0"
         if field_selector:
             query += f"&fieldSelector={quote(field_selector)}"
-        items = self.client.request("GET", path + query, accept=self.METADATA)["items"]
+        # An empty list comes back as "items": null.
+        items = self.client.request("GET", path + query, accept=self.METADATA)["items"] or []
         return [i["metadata"]["name"] for i in items]
 
     def pods_path(self) -> str:
@@ -443,7 +444,8 @@ def count_requests(audit_log: Path, offset: int, since: float, until: float) -> 
 
 
 class Profiler:
-    """py-spy sampling the running operator (all threads, idle samples left out)."""
+    """py-spy sampling the running operator: only the thread holding the GIL, so samples are
+    Python CPU time, not threads waiting on a socket."""
 
     def __init__(self, pid: int, output: Path) -> None:
         self.output = output
@@ -453,7 +455,7 @@ class Profiler:
             return
         self.process = subprocess.Popen(
             [binary, "record", "--pid", str(pid), "--rate", str(PROFILE_RATE), "--nonblocking",
-             "--format", "raw", "--output", str(output)],
+             "--gil", "--format", "raw", "--output", str(output)],
             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
         )  # fmt: skip
 
@@ -470,7 +472,7 @@ class Profiler:
 
 def summarize_profile(path: Path, top: int = 25) -> dict[str, Any] | None:
     """From py-spy's collapsed stacks: the functions with the most samples anywhere on the
-    stack (cumulative) and at its top (self), as shares of all non-idle samples."""
+    stack (cumulative) and at its top (self), as shares of all samples (GIL held)."""
     if not path.exists():
         return None
     cumulative: Counter[str] = Counter()
