@@ -33,6 +33,7 @@ def operator_cluster(
     *,
     audit_users: Sequence[str] = (),
     keep_cluster: bool = False,
+    operator_args: tuple[str, ...] = (),
 ) -> Iterator[BenchCluster]:
     """Start (or reuse) the cluster in `state_name`, install the chart, recreate `namespace`,
     start the operator; stop all of it afterwards (the cluster stays up with `keep_cluster`,
@@ -48,6 +49,7 @@ def operator_cluster(
         operator = OperatorProcess(
             kubeconfig=service_account_kubeconfig(cluster, workdir / "operator.kubeconfig"),
             log_path=workdir / "operator.log",
+            extra_args=operator_args,
         )
         operator.start()
         try:
