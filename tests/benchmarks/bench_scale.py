@@ -64,6 +64,8 @@ PROFILE = os.environ.get("BENCH_PROFILE", "1") == "1"
 KEEP_CLUSTER = os.environ.get("BENCH_KEEP_CLUSTER", "0") == "1"
 # Reconcile workers of the operator; empty: its default (4). A diagnostic, written apart.
 OPERATOR_WORKERS = os.environ.get("BENCH_OPERATOR_WORKERS", "")
+# Appended to the results' name, so a repeat does not replace the reference run.
+TAG = os.environ.get("BENCH_TAG", "")
 NAMESPACE = "bench-scale"
 STATE_NAME = "bench-scale-cluster"
 OPERATOR_USER = f"system:serviceaccount:{OPERATOR_NAMESPACE}:{SERVICE_ACCOUNT}"
@@ -76,6 +78,7 @@ RESULTS = (
     / (
         ("scale-smoke" if SMOKE else "scale")
         + (f"-workers{OPERATOR_WORKERS}" if OPERATOR_WORKERS else "")
+        + (f"-{TAG}" if TAG else "")
     )
 )
 PHASE_TIMEOUT = 1800.0
@@ -255,6 +258,16 @@ def run_trainwave(
         for j in jobs
         if j.get("status", {}).get("allRunningTime")
     ]
+    # Each job's creation and all-Running, in seconds after the apply started: where the tail is.
+    timeline = sorted(
+        [
+            j["metadata"]["name"],
+            round(parse_time(j["metadata"]["creationTimestamp"]) - started, 1),
+            round(parse_time(j["status"]["allRunningTime"]) - started, 1),
+        ]
+        for j in jobs
+        if j.get("status", {}).get("allRunningTime")
+    )
     rounds = histogram_delta(
         metrics_before, metrics_after, "trainwave_placement_round_duration_seconds"
     )
@@ -279,6 +292,7 @@ def run_trainwave(
         "operator_peak_rss_mib": peak_rss_mib,
         "operator_cpu_seconds": operator_cpu_seconds(pid),
         "profile": profile,
+        "job_timeline": timeline,
         "worker_pod": worker,
     }  # fmt: skip
 
