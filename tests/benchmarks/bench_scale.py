@@ -18,8 +18,9 @@ B. everything deleted, the operator stopped; the same number of bare Pods with t
 
 Environment: BENCH_JOBS (500; a smaller number is a smoke run, written to scale-smoke.*),
 BENCH_GPUS (1), BENCH_TOPOLOGY (large; or medium-64), BENCH_PROFILE (1: py-spy samples the
-operator during phase A, if installed), BENCH_KEEP_CLUSTER (0; 1 leaves the cluster up).
-Writes tests/benchmarks/results/scale.{json,md}.
+operator during phase A, if installed), BENCH_KEEP_CLUSTER (0; 1 leaves the cluster up),
+BENCH_OPERATOR_WORKERS (the operator's --workers; default its own, 4), BENCH_TAG (appended
+to the results' name, for repeats). Writes tests/benchmarks/results/scale.{json,md}.
 """
 
 from __future__ import annotations
