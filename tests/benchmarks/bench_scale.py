@@ -637,6 +637,24 @@ def report(result: dict[str, Any]) -> str:
     top_self = "\n".join(
         f"| {frame} | {share:.1%} |" for frame, share in profile.get("top_self", [])[:12]
     )
+    if profile.get("samples"):
+        profile_text = f"""Profile of the operator in phase A (py-spy --gil: {profile["samples"]} samples, each taken
+while a thread held the GIL, i.e. Python CPU time); share of samples with the function anywhere
+on the stack:
+
+| function | cumulative |
+|---|---|
+{top}
+
+At the top of the stack (self):
+
+| function | self |
+|---|---|
+{top_self}"""
+    else:
+        profile_text = "The operator was not profiled in this run."
+    slowest = sorted(a.get("job_timeline", []), key=lambda t: t[2] - t[1])[-5:]
+    tail = ", ".join(f"{n} (created +{c} s, all Running +{r} s)" for n, c, r in reversed(slowest))
     jobs = a["job_all_running_seconds"]
     conditions = "\n".join(f"- {k}: {v}" for k, v in c.items())
     title = "Scale benchmark" + (" (smoke run)" if result["smoke"] else "")
@@ -655,6 +673,7 @@ Phase A, trainwave:
 - gangs placed: {a["gangs_placed"]}; reconciles: {a["reconciles"]} (mean {a["mean_reconcile_ms"]} ms)
 - operator API requests (audit log, watches excluded): {requests["total"]} in {requests["window_seconds"]} s, {a["operator_requests_per_placed_gang"]} per placed gang; {requests["watches_started"]} watches started:
 {by_kind}
+- slowest jobs, times after the apply started: {tail or "not recorded"}
 - operator peak RSS (VmHWM): {a["operator_peak_rss_mib"]} MiB; operator CPU since its start: {a["operator_cpu_seconds"]} s
 
 Phase B, bare pods bound by kube-scheduler (operator stopped):
@@ -662,18 +681,7 @@ Phase B, bare pods bound by kube-scheduler (operator stopped):
 - `kubectl apply --server-side` of {b["pods"]} pods: {b["apply_seconds"]} s
 - apply start -> all {b["pods"]} pods Running: {b["apply_to_all_running_seconds"]} s (all Running: {b["all_running"]})
 
-Profile of the operator in phase A (py-spy --gil: {profile.get("samples", 0)} samples, each taken while
-a thread held the GIL, i.e. Python CPU time); share of samples with the function anywhere on the stack:
-
-| function | cumulative |
-|---|---|
-{top}
-
-At the top of the stack (self):
-
-| function | self |
-|---|---|
-{top_self}
+{profile_text}
 
 Conditions:
 {conditions}
