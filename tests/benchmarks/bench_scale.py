@@ -275,6 +275,7 @@ def run_trainwave(
     placed = delta(metrics_before, metrics_after, "trainwave_gangs_placed_total")
     requests = count_requests(audit_log, audit_offset, started, settled)
     worker = api.full(api.pods_path())[0]
+    refusals = failed_scheduling(api)
     return {
         "jobs": JOBS,
         "pods": total,
@@ -290,6 +291,7 @@ def run_trainwave(
         "mean_reconcile_ms": mean_ms(metrics_before, metrics_after, "trainwave_reconcile_duration_seconds"),
         "operator_requests": requests,
         "operator_requests_per_placed_gang": round(requests["total"] / placed, 1) if placed else None,
+        "failed_scheduling_events": refusals,
         "operator_peak_rss_mib": peak_rss_mib,
         "operator_cpu_seconds": operator_cpu_seconds(pid),
         "profile": profile,
@@ -318,6 +320,21 @@ def run_bare(
         "apply_to_all_running_seconds": round(last - started, 1) if last else None,
         "pod_spec": pods[0]["spec"],
     }
+
+
+def failed_scheduling(api: Api) -> dict[str, Any]:
+    """kube-scheduler's FailedScheduling events in the namespace: how often it refused a
+    released pod, and why (the most frequent messages)."""
+    events = api.full(f"/api/v1/namespaces/{NAMESPACE}/events")
+    why: Counter[str] = Counter()
+    pods = set()
+    for event in events:
+        if event.get("reason") != "FailedScheduling":
+            continue
+        pods.add(event.get("involvedObject", {}).get("name", ""))
+        series = event.get("series") or {}
+        why[event.get("message", "")] += int(series.get("count") or event.get("count") or 1)
+    return {"pods": len(pods), "events": sum(why.values()), "messages": dict(why.most_common(5))}
 
 
 def bare_pod(worker: dict[str, Any], index: int) -> dict[str, Any]:
@@ -673,6 +690,7 @@ Phase A, trainwave:
 - gangs placed: {a["gangs_placed"]}; reconciles: {a["reconciles"]} (mean {a["mean_reconcile_ms"]} ms)
 - operator API requests (audit log, watches excluded): {requests["total"]} in {requests["window_seconds"]} s, {a["operator_requests_per_placed_gang"]} per placed gang; {requests["watches_started"]} watches started:
 {by_kind}
+- kube-scheduler FailedScheduling in phase A: {a.get("failed_scheduling_events", "not recorded")}
 - slowest jobs, times after the apply started: {tail or "not recorded"}
 - operator peak RSS (VmHWM): {a["operator_peak_rss_mib"]} MiB; operator CPU since its start: {a["operator_cpu_seconds"]} s
 
