@@ -89,6 +89,7 @@ bench: venv tools ## benchmarks, each on its own local cluster (see README, Perf
 	$(PY) tests/benchmarks/bench_apply_to_running.py
 	$(PY) tests/benchmarks/bench_placement_vs_scheduler.py
 	$(PY) tests/benchmarks/bench_constraints.py
+	$(PY) tests/benchmarks/bench_scale.py
 
 .PHONY: bench-comm
 bench-comm: venv ## gradient communication on two emulated nodes (root: netns + tc; ~10 min)

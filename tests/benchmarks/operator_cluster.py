@@ -8,7 +8,7 @@ as the chart's ServiceAccount, exactly as in the integration tests.
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
 from datetime import datetime
@@ -26,11 +26,21 @@ class BenchCluster:
 
 
 @contextmanager
-def operator_cluster(topology: Path, state_name: str, namespace: str) -> Iterator[BenchCluster]:
+def operator_cluster(
+    topology: Path,
+    state_name: str,
+    namespace: str,
+    *,
+    audit_users: Sequence[str] = (),
+    keep_cluster: bool = False,
+    operator_args: tuple[str, ...] = (),
+) -> Iterator[BenchCluster]:
     """Start (or reuse) the cluster in `state_name`, install the chart, recreate `namespace`,
-    start the operator; stop all of it afterwards. The operator may be stopped early."""
+    start the operator; stop all of it afterwards (the cluster stays up with `keep_cluster`,
+    for a quick re-run). The operator may be stopped early. `audit_users`: see
+    ensure_cluster."""
     state = cache_dir() / state_name
-    cluster = ensure_cluster(topology, state_dir=state)
+    cluster = ensure_cluster(topology, state_dir=state, audit_users=audit_users)
     try:
         install_chart(cluster)
         fresh_namespace(cluster, namespace)
@@ -39,6 +49,7 @@ def operator_cluster(topology: Path, state_name: str, namespace: str) -> Iterato
         operator = OperatorProcess(
             kubeconfig=service_account_kubeconfig(cluster, workdir / "operator.kubeconfig"),
             log_path=workdir / "operator.log",
+            extra_args=operator_args,
         )
         operator.start()
         try:
@@ -47,7 +58,8 @@ def operator_cluster(topology: Path, state_name: str, namespace: str) -> Iterato
             operator.stop()
         cluster.kubectl("delete", "namespace", namespace, "--wait=false", check=False)
     finally:
-        cluster.stop()
+        if not keep_cluster:
+            cluster.stop()
 
 
 def fresh_namespace(cluster: Cluster, namespace: str) -> None:

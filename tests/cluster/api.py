@@ -41,10 +41,13 @@ class ApiClient:
         # thread-safe, and reconnecting per request would double the TLS work.
         self._local = threading.local()
 
-    def request(self, method: str, path: str, body: Any = None, content_type: str = "") -> Any:
-        """Send one request; returns the decoded JSON body, raises ApiError on non-2xx."""
+    def request(
+        self, method: str, path: str, body: Any = None, content_type: str = "", accept: str = ""
+    ) -> Any:
+        """Send one request; returns the decoded JSON body, raises ApiError on non-2xx.
+        `accept` replaces plain JSON, e.g. to ask for a PartialObjectMetadataList."""
         payload = None if body is None else json.dumps(body).encode()
-        headers = {"Accept": "application/json"}
+        headers = {"Accept": accept or "application/json"}
         if payload is not None:
             headers["Content-Type"] = content_type or "application/json"
         for attempt in (1, 2):

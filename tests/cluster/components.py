@@ -15,6 +15,7 @@ cluster in three deliberate ways, all for speed on a 2-core machine:
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -100,6 +101,14 @@ class Layout:
     def kwok_workdir(self) -> Path:
         return self.root / "kwok"
 
+    @property
+    def audit_policy(self) -> Path:
+        return self.root / "audit-policy.yaml"
+
+    @property
+    def audit_log(self) -> Path:
+        return self.logs / "audit.log"
+
     def log(self, component: str) -> Path:
         return self.logs / f"{component}.log"
 
@@ -125,7 +134,32 @@ def etcd_command(binary: Path, layout: Layout, ports: Ports) -> list[str]:
     ]
 
 
-def apiserver_command(binary: Path, layout: Layout, ports: Ports) -> list[str]:
+def audit_policy(users: Sequence[str]) -> dict[str, Any]:
+    """An audit policy that records the requests of `users` only, at level Metadata (verb,
+    resource, user, timestamps; no bodies), once each when the response is complete."""
+    return {
+        "apiVersion": "audit.k8s.io/v1",
+        "kind": "Policy",
+        "omitStages": ["RequestReceived", "ResponseStarted"],
+        "rules": [{"level": "Metadata", "users": list(users)}, {"level": "None"}],
+    }
+
+
+def audit_flags(layout: Layout) -> list[str]:
+    """kube-apiserver flags for the audit log; off unless a cluster asks for it (benchmarks
+    count an operator's requests with it), since every audited request costs a write."""
+    return [
+        f"--audit-policy-file={layout.audit_policy}",
+        f"--audit-log-path={layout.audit_log}",
+        "--audit-log-format=json",
+        "--audit-log-mode=batch",
+        "--audit-log-maxsize=0",
+    ]
+
+
+def apiserver_command(
+    binary: Path, layout: Layout, ports: Ports, *, audit: bool = False
+) -> list[str]:
     pki = layout.pki
     return [
         str(binary),
@@ -174,6 +208,7 @@ def apiserver_command(binary: Path, layout: Layout, ports: Ports) -> list[str]:
         # client watching without a resourceVersion would re-list in a loop.
         "--feature-gates=WatchList=false",
         "--profiling=false",
+        *(audit_flags(layout) if audit else []),
     ]
 
 

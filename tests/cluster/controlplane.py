@@ -24,7 +24,7 @@ import ssl
 import subprocess
 import time
 import urllib.request
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -130,18 +130,28 @@ class ClusterStatus:
 
 
 def ensure_cluster(
-    topology: Path = DEFAULT_TOPOLOGY, state_dir: Path | None = None, timeout: float = START_TIMEOUT
+    topology: Path = DEFAULT_TOPOLOGY,
+    state_dir: Path | None = None,
+    timeout: float = START_TIMEOUT,
+    *,
+    audit_users: Sequence[str] = (),
 ) -> Cluster:
-    """Start the cluster unless a healthy one runs in `state_dir`; apply `topology` either way."""
+    """Start the cluster unless a healthy one runs in `state_dir`; apply `topology` either way.
+    With `audit_users` the API server writes an audit log (Layout.audit_log) of their
+    requests; a running cluster audited differently is restarted."""
     layout = Layout((state_dir or default_state_dir()).resolve())
     # Validate before starting anything: a typo should cost milliseconds.
     desired_nodes = build_nodes(load_topology(topology))
     with _locked(layout):
         state = _read_state(layout)
-        started = state is None or not _healthy(layout, state)
+        started = (
+            state is None
+            or not _healthy(layout, state)
+            or state.get("audit_users", []) != list(audit_users)
+        )
         if started:
             _stop(layout)
-            state = _start(layout, timeout)
+            state = _start(layout, timeout, audit_users)
         assert state is not None
         client = ApiClient(state["server"], layout.pki)
         try:
@@ -177,8 +187,10 @@ def cluster_status(state_dir: Path | None = None) -> ClusterStatus:
     )
 
 
-def _start(layout: Layout, timeout: float) -> dict[str, Any]:
+def _start(layout: Layout, timeout: float, audit_users: Sequence[str] = ()) -> dict[str, Any]:
     _prepare_state_dir(layout)
+    if audit_users:
+        layout.audit_policy.write_text(yaml.safe_dump(components.audit_policy(audit_users)))
     ports = Ports(*_free_ports(6))
     server = components.api_server_url(ports)
     make_pki(layout.pki.directory)
@@ -186,7 +198,12 @@ def _start(layout: Layout, timeout: float) -> dict[str, Any]:
     layout.scheduler_config.write_text(yaml.safe_dump(components.scheduler_config(layout)))
     layout.kwok_config.write_text(yaml.safe_dump(components.kwok_config()))
     layout.kwok_workdir.mkdir()
-    state: dict[str, Any] = {"server": server, "ports": ports.to_json(), "processes": []}
+    state: dict[str, Any] = {
+        "server": server,
+        "ports": ports.to_json(),
+        "processes": [],
+        "audit_users": list(audit_users),
+    }
     # Loopback never goes through a proxy, whatever the environment says.
     environment = dict(os.environ) | {"NO_PROXY": "127.0.0.1,localhost", "no_proxy": "127.0.0.1"}
     deadline = time.monotonic() + timeout
@@ -200,7 +217,10 @@ def _start(layout: Layout, timeout: float) -> dict[str, Any]:
         launch("etcd", components.etcd_command(tool("etcd"), layout, ports))
         _wait_until(layout, state, deadline, "etcd", lambda: _etcd_healthy(ports))
         launch(
-            "kube-apiserver", components.apiserver_command(tool("kube-apiserver"), layout, ports)
+            "kube-apiserver",
+            components.apiserver_command(
+                tool("kube-apiserver"), layout, ports, audit=bool(audit_users)
+            ),
         )
         client = ApiClient(server, layout.pki, timeout=5)
         _wait_until(layout, state, deadline, "kube-apiserver /readyz", lambda: _ready(client))

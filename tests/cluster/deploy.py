@@ -86,6 +86,7 @@ class OperatorProcess:
     log_path: Path
     metrics_port: int = field(default_factory=free_port)
     health_port: int = field(default_factory=free_port)
+    extra_args: tuple[str, ...] = ()  # more `trainwave operator` flags, e.g. ("--workers", "8")
     process: subprocess.Popen[bytes] | None = None
 
     def start(self, timeout: float = 60) -> None:
@@ -100,7 +101,7 @@ class OperatorProcess:
              "--health-host", "127.0.0.1",
              # Simulated pods get addresses that lead nowhere; only the test
              # kubelet's pods (loopback) have a runtime to read.
-             "--status-networks", "127.0.0.0/8"],
+             "--status-networks", "127.0.0.0/8", *self.extra_args],
             env=environment, stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
         )  # fmt: skip
         deadline = time.monotonic() + timeout
