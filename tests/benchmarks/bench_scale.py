@@ -272,6 +272,9 @@ def run_trainwave(
     rounds = histogram_delta(
         metrics_before, metrics_after, "trainwave_placement_round_duration_seconds"
     )
+    decisions = histogram_delta(
+        metrics_before, metrics_after, "trainwave_placement_decision_seconds"
+    )
     placed = delta(metrics_before, metrics_after, "trainwave_gangs_placed_total")
     requests = count_requests(audit_log, audit_offset, started, settled)
     worker = api.full(api.pods_path())[0]
@@ -286,6 +289,7 @@ def run_trainwave(
         "jobs_reporting_all_running": len(per_job),
         "job_all_running_seconds": quantiles(per_job),
         "placement_rounds": rounds,
+        "placement_decisions": decisions,
         "gangs_placed": int(placed),
         "reconciles": int(delta(metrics_before, metrics_after, "trainwave_reconcile_duration_seconds_count")),
         "mean_reconcile_ms": mean_ms(metrics_before, metrics_after, "trainwave_reconcile_duration_seconds"),
@@ -639,6 +643,7 @@ def summarize(
 def report(result: dict[str, Any]) -> str:
     a, b, c = result["trainwave"], result["bare_pods"], result["conditions"]
     rounds = a["placement_rounds"]
+    decisions = a.get("placement_decisions") or {}
     goals = "\n".join(
         f"| {name} | {g['goal']} | {g['measured']} | {'met' if g['met'] else 'MISSED'} |"
         for name, g in result["goals"].items()
@@ -686,7 +691,8 @@ Phase A, trainwave:
 - `kubectl apply --server-side` of {a["jobs"]} jobs: {a["apply_seconds"]} s
 - apply start -> all {a["pods"]} workers Running: {a["apply_to_all_running_seconds"]} s (all Running: {a["all_running"]})
 - per job, created -> all workers Running: p50 {jobs.get("p50")} / p99 {jobs.get("p99")} / max {jobs.get("max")} s ({a["jobs_reporting_all_running"]} jobs reported)
-- placement rounds: {rounds.get("count")}, mean {rounds.get("mean_ms")} ms, p50 {rounds.get("p50_ms")} / p99 {">" if "p99_ms" in rounds.get("lower_bounds", []) else ""}{rounds.get("p99_ms")} ms (from histogram buckets)
+- placement rounds: {rounds.get("count")}, mean {rounds.get("mean_ms")} ms, p50 {rounds.get("p50_ms")} / p99 {">" if "p99_ms" in rounds.get("lower_bounds", []) else ""}{rounds.get("p99_ms")} ms (from histogram buckets; read the cache, decide, release the admitted gangs)
+- of which the decision (snapshot + plan_round, no API calls): mean {decisions.get("mean_ms")} ms, p50 {decisions.get("p50_ms")} / p99 {">" if "p99_ms" in decisions.get("lower_bounds", []) else ""}{decisions.get("p99_ms")} ms
 - gangs placed: {a["gangs_placed"]}; reconciles: {a["reconciles"]} (mean {a["mean_reconcile_ms"]} ms)
 - operator API requests (audit log, watches excluded): {requests["total"]} in {requests["window_seconds"]} s, {a["operator_requests_per_placed_gang"]} per placed gang; {requests["watches_started"]} watches started:
 {by_kind}
