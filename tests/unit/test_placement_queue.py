@@ -7,7 +7,7 @@ from dataclasses import replace
 import pytest
 from placement_factories import make_cluster, make_node, make_request
 
-from trainwave.contract import NODE_LABEL_GPU_PRODUCT
+from trainwave.contract import NODE_LABEL_GPU_PRODUCT, NODE_LABEL_RACK
 from trainwave.placement.gang import Blocker
 from trainwave.placement.queueing import (
     HELD_FOR_EARLIER_JOB,
@@ -191,3 +191,17 @@ def test_without_the_bound_the_gang_starves() -> None:
     started, most = run_rounds(limit=1000)
     assert started is None
     assert most > 20
+
+
+def test_a_gang_waits_rather_than_spread_when_its_one_rack_room_is_held() -> None:
+    # rack-0 has room for the small gang but is held for `big` (protected at once with
+    # max_skips=0); outside it, the small gang could only start split over two racks.
+    cluster = make_cluster([4, 8, 8, 8], [4, 0, 0, 0], [4, 0, 0, 0])
+    big = job("big", 4, gpus=8, node_selector={NODE_LABEL_RACK: "rack-0"}, arrival=0)
+    small = job("small", 2, gpus=4, preferred_level="rack", arrival=1)
+    result = schedule(cluster, [big, small], QueuePolicy(max_skips=0))
+    assert not result.admitted
+    assert [w.code for w in result.waiting] == [Blocker.NOT_ENOUGH_GPUS, HELD_FOR_EARLIER_JOB]
+    # Without the hold it starts inside rack-0.
+    alone = schedule(cluster, [small], QueuePolicy(max_skips=0))
+    assert alone.admitted[0].placement.preferred_met

@@ -76,6 +76,7 @@ class Blocker(StrEnum):
     NOT_ENOUGH_RESOURCES = "NotEnoughResources"  # CPU, memory or another resource is short
     PARALLELISM = "ParallelismDoesNotFit"
     REQUIRED_LEVEL = "RequiredDomainTooSmall"
+    HELD = "HeldForEarlierJob"  # the room is held for an earlier gang (queueing.py)
 
 
 @dataclass(frozen=True)

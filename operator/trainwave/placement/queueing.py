@@ -25,6 +25,9 @@ Rules:
 6. Whole-GPU and shared-GPU gangs are one queue under the same rules: a shared gang
    (`request.shared_mib`) is placed GPU by GPU by the packer (sharing.py) on the same
    working snapshot, so neither kind can starve the other.
+7. A gang that would start spread over several domains of its preferred level only
+   because the one domain with room for it is held (rule 3) waits instead: starting
+   scattered would cost it for its whole run, waiting costs it until the held gang starts.
 """
 
 from __future__ import annotations
@@ -121,6 +124,14 @@ def schedule(
         protected = [b for b in blocked if b.skipped >= limit]
         held = frozenset[str]().union(*(b.usable for b in protected))
         result = _place(memo.without(working, held), job.request, active)
+        if held and isinstance(result, Placement) and result.preferred_met is False:
+            # Spread only because the room it prefers is held for an earlier gang: wait
+            # for it rather than start scattered (rule 7).
+            alone = _place(working, job.request, active)
+            if isinstance(alone, Placement) and alone.preferred_met:
+                first = protected[0]
+                reason = explain.waiting_for(first.job.key, first.skipped, len(held))
+                result = Unschedulable(job.key, Blocker.HELD, reason)
         if isinstance(result, Placement | SharedPlacement):
             used = set(result.nodes)
             for waiting in blocked:
