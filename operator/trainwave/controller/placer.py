@@ -34,6 +34,7 @@ import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, replace
 from datetime import UTC, datetime
+from functools import partial
 from typing import Any
 
 from trainwave import contract
@@ -148,7 +149,9 @@ class Placer:
             for key, gang in _gated_gangs(view, tickets).items()
             if not self._inflight.covers(gang)  # released; the cache has not seen it yet
         }
-        snapshot = self._inflight.apply(self._snapshot(view))
+        # Building the snapshot and deciding are pure and can take a few hundred ms on a
+        # large cluster: off the event loop, so kopf's watches and the reconciles go on.
+        snapshot = await asyncio.to_thread(lambda: self._inflight.apply(self._snapshot(view)))
         names: dict[str, JobKey] = {}
         round_tickets = []
         for key, gang in gangs.items():
@@ -164,13 +167,16 @@ class Placer:
             k: v for k, v in self._preempting.items() if any(view.workers.get(g) for g in v)
         }
         running = running_gangs(view, exclude=gangs.keys())
-        result = plan_round(
-            snapshot,
-            round_tickets,
-            self._clock(),
-            policy=self._policy,
-            shared_shapes=view.shared_shapes,
-            running=running,
+        result = await asyncio.to_thread(
+            partial(
+                plan_round,
+                snapshot,
+                round_tickets,
+                self._clock(),
+                policy=self._policy,
+                shared_shapes=view.shared_shapes,
+                running=running,
+            )
         )
         metrics.PLACEMENT_DECISION_SECONDS.observe(time.perf_counter() - started)
         inventories = {n.name: n.inventory for n in view.nodes if n.inventory is not None}
