@@ -24,7 +24,7 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any
 
-from trainwave.contract import NODE_LABEL_GPU_PRODUCT, SHARED_GPU_MEMORY_RESOURCE
+from trainwave.contract import NODE_LABEL_GPU_PRODUCT
 from trainwave.placement.filters import Rejection, check, describe
 from trainwave.placement.fragmentation import MILLI, FragmentationMeasure, Shape, typical_shapes
 from trainwave.placement.packing import NodeState, Task, Trainwave, assign, choose
@@ -250,29 +250,6 @@ def build_shared_nodes(
 ) -> list[SharedNode]:
     """Shared GPUs per node from raw Nodes (the agent's inventory) and the pods pinned to them."""
     return shared_nodes(build_snapshot(nodes, pods))
-
-
-def with_pins(node: SharedNode, pins: Iterable[Pin]) -> SharedNode:
-    """`node` with the memory of the pins on its GPUs counted as used."""
-    for pin in pins:
-        if pin.node == node.name:
-            index = next(g.index for g in node.gpus if g.uuid == pin.gpu_uuid)
-            node = _with_used(node, index, pin.memory_mib)
-    return node
-
-
-def requested_mib(pod: Mapping[str, Any]) -> int:
-    """The pod's trainwave.io/gpu-memory request, summed over its containers."""
-    total = 0
-    for container in (pod.get("spec") or {}).get("containers") or ():
-        limits = (container.get("resources") or {}).get("limits") or {}
-        value = limits.get(SHARED_GPU_MEMORY_RESOURCE)
-        if value is not None:
-            try:
-                total += int(str(value))
-            except ValueError:
-                continue
-    return total
 
 
 def place_shared_gang(
