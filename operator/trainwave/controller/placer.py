@@ -54,7 +54,7 @@ from trainwave.placement.requirements import PodNeeds
 from trainwave.placement.round import Ticket as RoundTicket
 from trainwave.placement.round import plan_round
 from trainwave.placement.sharing import SharedPlacement
-from trainwave.placement.snapshot import ClusterSnapshot, snapshot_of
+from trainwave.placement.snapshot import ClusterSnapshot
 from trainwave.placement.topology import Topology
 
 logger = logging.getLogger(__name__)
@@ -208,7 +208,7 @@ class Placer:
         reuse = (
             known[1] if known and view.labels_version and known[0] == view.labels_version else None
         )
-        snapshot = snapshot_of(view.nodes, view.usage, levels=self._levels, topology=reuse)
+        snapshot = view.snapshot(self._levels, topology=reuse)
         self._topology = (view.labels_version, snapshot.topology)
         return snapshot
 

@@ -22,7 +22,6 @@ from trainwave.placement.queueing import PendingJob, Wait
 from trainwave.placement.requirements import pod_needs, with_default_tolerations
 from trainwave.placement.round import Ticket, plan_round
 from trainwave.placement.sharing import SharedPlacement
-from trainwave.placement.snapshot import snapshot_of
 from trainwave.placement.topology import DEFAULT_LEVELS
 from trainwave.resolving import resolve
 
@@ -52,7 +51,7 @@ def plan_on(
         ),
         job.spec.network,
     )
-    snapshot = snapshot_of(view.nodes, view.usage, levels=levels)
+    snapshot = view.snapshot(tuple(levels))
     result = plan_round(snapshot, [ticket], datetime.now(UTC), shared_shapes=view.shared_shapes)
     if result.admitted:
         return result.admitted[0].placement
