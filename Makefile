@@ -51,7 +51,7 @@ lint: venv ## ruff, mypy (strict on pure packages), import-linter, yamllint, hel
 	$(PY) -m ruff check operator tests hack
 	$(PY) -m ruff format --check operator tests hack
 	$(PY) -m mypy
-	$(VENV)/bin/lint-imports
+	PYTHONPATH=operator $(VENV)/bin/lint-imports  # this tree, whatever the venv was installed from
 	$(PY) -m yamllint -s .
 	tests/cluster/install-tools.sh kubectl-helm
 	$(BIN)/helm lint --strict charts/trainwave
