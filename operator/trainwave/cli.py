@@ -322,6 +322,7 @@ def run_operator(options: argparse.Namespace) -> int:
     except ValueError as error:
         print(f"trainwave operator: {error}", file=sys.stderr)
         return 2
+    handlers.OPTIONS.namespaces = tuple(options.namespace or ())
     levels = tuple(x for x in options.topology_levels.split(",") if x)
     if levels:
         handlers.OPTIONS.topology_levels = levels

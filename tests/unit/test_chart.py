@@ -158,7 +158,7 @@ def test_pod_labels_cannot_break_the_selector() -> None:
 # (apiGroup, resource) -> verbs. The whole grant: a rule added to the chart must be added
 # here too, on purpose.
 EXPECTED_RULES = {
-    ("trainwave.io", "trainingjobs"): {"get", "list", "watch", "delete"},
+    ("trainwave.io", "trainingjobs"): {"list", "watch", "delete"},
     ("trainwave.io", "trainingjobs/status"): {"patch"},
     ("trainwave.io", "trainingjobs/finalizers"): {"update"},
     ("", "pods"): {"list", "watch", "create", "patch", "delete"},

@@ -1,0 +1,254 @@
+"""TrainingJobs, their worker pods and their Services, as reconciles read them.
+
+Three informers (informer.py: one paginated LIST, then a WATCH; relist and
+REPLACE after a failed or expired watch) fill the stores below. They replaced
+kopf's indexes, which drop an entry only on a DELETED event: a pod deleted
+while kopf's watch was down stayed in its index after the re-list, so the gang
+kept waiting for a worker that no longer existed. Here a relist replaces each
+store, and every job whose view changed in the replace is woken, exactly as
+if the missed events had been seen.
+
+A job is woken (`wake(key)`, from an informer thread) only when what its
+reconcile reads changed: the job's resourceVersion, a worker's `WorkerPod`
+record (a pod update that changes nothing decisions read wakes nobody), or
+whether its Service exists.
+"""
+
+from __future__ import annotations
+
+import fnmatch
+import logging
+import threading
+from collections import Counter
+from collections.abc import Callable, Iterable, Mapping
+from functools import partial
+from typing import Any
+
+from trainwave import contract
+from trainwave.controller.informer import PAGE_SIZE, WATCH_SECONDS, Informer
+from trainwave.controller.kube import KubeClient
+from trainwave.lifecycle.observed import WorkerPod, observe_pod
+
+logger = logging.getLogger(__name__)
+
+JobKey = tuple[str, str]
+Wake = Callable[[JobKey], None]
+Body = dict[str, Any]
+
+
+class JobCache:
+    """Everything a reconcile reads, each kind followed by its own watch.
+
+    `namespaces`: names or shell patterns (`team-*`) of the namespaces whose jobs
+    are reconciled; empty means all. The watches are cluster-wide either way
+    (the chart grants a ClusterRole) and other namespaces are dropped on arrival.
+    """
+
+    def __init__(
+        self,
+        kube: KubeClient,
+        wake: Wake,
+        *,
+        namespaces: Iterable[str] = (),
+        page_size: int = PAGE_SIZE,
+        watch_seconds: int = WATCH_SECONDS,
+    ):
+        self._lock = threading.Lock()
+        self._wake = wake
+        self._namespaces = tuple(namespaces)
+        self._bodies: dict[JobKey, Body] = {}
+        self._pods: dict[str, tuple[JobKey, WorkerPod]] = {}
+        self._pods_of: dict[JobKey, dict[str, WorkerPod]] = {}
+        self._services: dict[str, JobKey] = {}
+        self._service_count: Counter[JobKey] = Counter()
+        labelled = contract.LABEL_JOB_NAME  # a bare key selects "label present"
+        common: dict[str, Any] = {"page_size": page_size, "watch_seconds": watch_seconds}
+        self.jobs: Informer[Body] = Informer(
+            "trainingjobs",
+            partial(
+                kube.custom.list_cluster_custom_object,
+                contract.GROUP,
+                contract.VERSION,
+                contract.PLURAL,
+            ),
+            self._job_record,
+            _Store(self._replace_jobs, self._put_job),
+            **common,
+        )
+        self.pods: Informer[tuple[JobKey, WorkerPod]] = Informer(
+            "worker-pods",
+            partial(kube.core.list_pod_for_all_namespaces, label_selector=labelled),
+            self._pod_record,
+            _Store(self._replace_pods, self._put_pod),
+            **common,
+        )
+        self.services: Informer[JobKey] = Informer(
+            "services",
+            partial(kube.core.list_service_for_all_namespaces, label_selector=labelled),
+            self._service_record,
+            _Store(self._replace_services, self._put_service),
+            **common,
+        )
+
+    @property
+    def informers(self) -> tuple[Informer[Any], ...]:
+        return self.jobs, self.pods, self.services
+
+    def start(self) -> None:
+        for informer in self.informers:
+            informer.start()
+
+    def stop(self, timeout: float = 5.0) -> None:
+        for informer in self.informers:
+            informer.stop(timeout)
+
+    def wait_synced(self, timeout: float | None = None) -> bool:
+        """Whether all three stores were filled by a LIST (each within `timeout`)."""
+        return all(informer.wait_synced(timeout) for informer in self.informers)
+
+    def force_relist(self) -> None:
+        for informer in self.informers:
+            informer.force_relist()
+
+    # What reconciles read.
+
+    def body(self, key: JobKey) -> Body | None:
+        with self._lock:
+            return self._bodies.get(key)
+
+    def worker_pods(self, key: JobKey) -> list[WorkerPod]:
+        with self._lock:
+            return list(self._pods_of.get(key, {}).values())
+
+    def has_service(self, key: JobKey) -> bool:
+        with self._lock:
+            return self._service_count[key] > 0
+
+    def job_keys(self) -> list[JobKey]:
+        with self._lock:
+            return list(self._bodies)
+
+    def phase_counts(self) -> Counter[str]:
+        with self._lock:
+            bodies = list(self._bodies.values())
+        return Counter(str((b.get("status") or {}).get("phase") or "Pending") for b in bodies)
+
+    def stats(self) -> dict[str, tuple[int, int]]:
+        """kind -> (objects held, relists): for metrics and tests."""
+        with self._lock:
+            held = {
+                self.jobs.kind: len(self._bodies),
+                self.pods.kind: len(self._pods),
+                self.services.kind: len(self._services),
+            }
+        return {i.kind: (held[i.kind], i.relists) for i in self.informers}
+
+    # Converters: raw object -> the record kept (None: not ours, keep nothing).
+
+    def _watched(self, namespace: str) -> bool:
+        return not self._namespaces or any(
+            fnmatch.fnmatchcase(namespace, pattern) for pattern in self._namespaces
+        )
+
+    def _job_record(self, obj: Mapping[str, Any]) -> Body | None:
+        namespace = (obj.get("metadata") or {}).get("namespace", "")
+        if not self._watched(namespace):
+            return None
+        return {key: obj[key] for key in ("metadata", "spec", "status") if key in obj}
+
+    def _pod_record(self, obj: Mapping[str, Any]) -> tuple[JobKey, WorkerPod] | None:
+        key = _owner_key(obj)
+        if key is None or not self._watched(key[0]):
+            return None
+        pod = observe_pod(dict(obj))
+        return (key, pod) if pod is not None else None
+
+    def _service_record(self, obj: Mapping[str, Any]) -> JobKey | None:
+        key = _owner_key(obj)
+        return key if key is not None and self._watched(key[0]) else None
+
+    # Store writes, on informer threads; wakes are sent after the lock is released.
+
+    def _replace_jobs(self, records: Mapping[str, Body]) -> None:
+        new = {_split(name): body for name, body in records.items()}
+        with self._lock:
+            old, self._bodies = self._bodies, new
+        keys = old.keys() | new.keys()
+        self._wake_all(k for k in keys if _version(old.get(k)) != _version(new.get(k)))
+
+    def _put_job(self, name: str, body: Body | None) -> None:
+        key = _split(name)
+        with self._lock:
+            if body is None:
+                self._bodies.pop(key, None)
+            else:
+                self._bodies[key] = body
+        self._wake(key)
+
+    def _replace_pods(self, records: Mapping[str, tuple[JobKey, WorkerPod]]) -> None:
+        with self._lock:
+            old = self._pods
+            self._pods = dict(records)
+            self._pods_of = {}
+            for name, (key, pod) in self._pods.items():
+                self._pods_of.setdefault(key, {})[name] = pod
+        changed = {old[n][0] for n in old.keys() - records.keys()}
+        changed |= {records[n][0] for n in records if old.get(n) != records[n]}
+        self._wake_all(changed)
+
+    def _put_pod(self, name: str, record: tuple[JobKey, WorkerPod] | None) -> None:
+        with self._lock:
+            old = self._pods.pop(name, None)
+            if old is not None:
+                siblings = self._pods_of.get(old[0], {})
+                siblings.pop(name, None)
+                if not siblings:
+                    self._pods_of.pop(old[0], None)
+            if record is not None:
+                self._pods[name] = record
+                self._pods_of.setdefault(record[0], {})[name] = record[1]
+        if old == record:
+            return  # nothing a decision reads changed (a condition's timestamp, say)
+        self._wake_all({r[0] for r in (old, record) if r is not None})
+
+    def _replace_services(self, records: Mapping[str, JobKey]) -> None:
+        with self._lock:
+            old, self._services = self._services, dict(records)
+            self._service_count = Counter(self._services.values())
+        self._wake_all(set(old.values()) ^ set(records.values()))
+
+    def _put_service(self, name: str, key: JobKey | None) -> None:
+        with self._lock:
+            old = self._services.pop(name, None)
+            if old is not None:
+                self._service_count[old] -= 1
+            if key is not None:
+                self._services[name] = key
+                self._service_count[key] += 1
+        self._wake_all({k for k in (old, key) if k is not None and old != key})
+
+    def _wake_all(self, keys: Iterable[JobKey]) -> None:
+        for key in keys:
+            self._wake(key)
+
+
+class _Store:
+    """The Store protocol of informer.py over two bound methods."""
+
+    def __init__(self, replace: Callable[[Any], None], put: Callable[[str, Any], None]):
+        self.replace, self.put = replace, put
+
+
+def _owner_key(obj: Mapping[str, Any]) -> JobKey | None:
+    meta = obj.get("metadata") or {}
+    job = (meta.get("labels") or {}).get(contract.LABEL_JOB_NAME)
+    return (str(meta.get("namespace", "")), str(job)) if job else None
+
+
+def _split(name: str) -> JobKey:
+    namespace, _, job = name.partition("/")
+    return namespace, job
+
+
+def _version(body: Body | None) -> str | None:
+    return None if body is None else str((body.get("metadata") or {}).get("resourceVersion"))

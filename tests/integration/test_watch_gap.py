@@ -1,0 +1,45 @@
+"""A worker deleted while the operator cannot watch is still noticed: its gang restarts.
+
+The operator is stopped (SIGSTOP) while kube-apiserver restarts, and the worker is
+deleted through the new API server before the operator runs again. Its watches then
+resume from a resourceVersion the new server's watch cache never held: 410 Gone, and
+only a relist shows the deletion. kopf's indexes, which reconciles read before, kept
+the deleted pod after such a relist and the job waited on it forever.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+
+import pytest
+
+from cluster.controlplane import Cluster, restart_api_server
+from cluster.deploy import OperatorProcess
+from integration.trainwave_fixtures import apply, job, job_manifest, wait_for_phase, wait_until
+
+pytestmark = [pytest.mark.integration, pytest.mark.timeout(240)]
+
+
+def test_worker_deleted_during_a_watch_gap_restarts_the_gang(
+    cluster: Cluster, namespace: str, running_operator: OperatorProcess
+) -> None:
+    apply(cluster, namespace, job_manifest("gap", workers=2, result=None))
+    wait_for_phase(cluster, namespace, "gap", "Running", timeout=90)
+    assert running_operator.process is not None
+    group = running_operator.process.pid
+    os.killpg(group, signal.SIGSTOP)
+    try:
+        restart_api_server(cluster.state_dir)
+        cluster.kubectl("delete", "pod", "gap-a0-worker-1", "-n", namespace,
+                        "--grace-period=0", "--force", "--wait=true", timeout=60)  # fmt: skip
+    finally:
+        os.killpg(group, signal.SIGCONT)
+
+    def restarted() -> dict[str, object] | None:
+        status = job(cluster, namespace, "gap").get("status", {})
+        return status if status.get("attempt", 0) >= 1 else None
+
+    wait_until(restarted, 90, "a new attempt after the worker lost in the gap")
+    wait_for_phase(cluster, namespace, "gap", "Running", timeout=90)
+    assert running_operator.alive()

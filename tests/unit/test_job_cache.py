@@ -1,0 +1,141 @@
+"""The reconcilers' job cache without a cluster: what wakes a job, and that a relist
+after a watch gap drops a worker deleted meanwhile (kopf's indexes kept it)."""
+
+from __future__ import annotations
+
+from collections import Counter
+from types import SimpleNamespace
+from typing import Any
+
+import pytest
+
+from trainwave import contract
+from trainwave.controller.job_cache import JobCache, JobKey
+from unit.test_cluster_cache import FakeApi, raw_pod, until
+
+pytestmark = pytest.mark.timeout(20)
+
+
+def raw_job(name: str, namespace: str = "ns", version: str = "1") -> dict[str, Any]:
+    return {
+        "apiVersion": contract.API_VERSION,
+        "kind": "TrainingJob",
+        "metadata": {"name": name, "namespace": namespace, "resourceVersion": version},
+        "spec": {"workers": 2},
+        "status": {"phase": "Running"},
+    }
+
+
+def raw_service(job: str, namespace: str = "ns") -> dict[str, Any]:
+    labels = {contract.LABEL_JOB_NAME: job}
+    return {"metadata": {"name": job, "namespace": namespace, "labels": labels}}
+
+
+class Cluster:
+    """Three fake listers behind a JobCache; `woken` counts wakes per job."""
+
+    def __init__(self, jobs: list[Any], pods: list[Any], services: list[Any], **options: Any):
+        self.jobs, self.pods, self.services = FakeApi(jobs), FakeApi(pods), FakeApi(services)
+        kube = SimpleNamespace(
+            custom=SimpleNamespace(list_cluster_custom_object=lambda *_, **kw: self.jobs(**kw)),
+            core=SimpleNamespace(
+                list_pod_for_all_namespaces=self.pods,
+                list_service_for_all_namespaces=self.services,
+            ),
+        )
+        self.woken: Counter[JobKey] = Counter()
+        self.cache = JobCache(kube, lambda key: self.woken.update([key]), page_size=2, **options)  # type: ignore[arg-type]
+
+    def __enter__(self) -> JobCache:
+        self.cache.start()
+        assert self.cache.wait_synced(5)
+        return self.cache
+
+    def __exit__(self, *_: object) -> None:
+        self.cache.stop()
+
+
+def test_first_list_fills_every_store_and_wakes_every_job() -> None:
+    fake = Cluster(
+        [raw_job("a"), raw_job("b"), raw_job("c", namespace="other")],
+        [raw_pod("a-0", job="a"), raw_pod("a-1", job="a"), raw_pod("stray")],
+        [raw_service("a")],
+    )
+    with fake as cache:
+        assert sorted(cache.job_keys()) == [("ns", "a"), ("ns", "b"), ("other", "c")]
+        assert sorted(p.name for p in cache.worker_pods(("ns", "a"))) == ["a-0", "a-1"]
+        assert cache.worker_pods(("ns", "b")) == []
+        assert cache.has_service(("ns", "a"))
+        assert not cache.has_service(("ns", "b"))
+        assert set(fake.woken) == {("ns", "a"), ("ns", "b"), ("other", "c")}
+        assert cache.phase_counts() == Counter({"Running": 3})
+        assert cache.stats()["worker-pods"] == (2, 0), "the unlabelled pod is not kept"
+
+
+def test_relist_after_a_gap_drops_a_deleted_worker_and_wakes_only_its_job() -> None:
+    fake = Cluster(
+        [raw_job("a"), raw_job("b")],
+        [raw_pod("a-0", job="a"), raw_pod("b-0", job="b")],
+        [],
+    )
+    woken = fake.woken
+    with fake as cache:
+        cache.stop()  # the watch is down: nothing reports the deletion below
+        fake.pods.objects = [raw_pod("b-0", job="b")]
+        woken.clear()
+        cache.start()  # lists again and replaces, as after a 410
+        until(lambda: cache.worker_pods(("ns", "a")) == [])
+        assert cache.pods.relists == 1
+        assert woken == Counter({("ns", "a"): 1}), "b's view did not change"
+
+
+def test_a_pod_update_that_changes_nothing_decisions_read_wakes_nobody() -> None:
+    pod = raw_pod("a-0", job="a", node="n0")
+    fake = Cluster([raw_job("a")], [pod], [])
+    woken = fake.woken
+    with fake as cache:
+        woken.clear()
+        touched = {**pod, "metadata": {**pod["metadata"], "resourceVersion": "12"}}
+        cache.pods.apply({"type": "MODIFIED", "object": touched})
+        assert woken == Counter()
+        failed = {**touched, "status": {"phase": "Failed"}}
+        cache.pods.apply({"type": "MODIFIED", "object": failed})
+        assert woken == Counter({("ns", "a"): 1})
+        cache.pods.apply({"type": "DELETED", "object": failed})
+        assert cache.worker_pods(("ns", "a")) == []
+        assert woken == Counter({("ns", "a"): 2})
+
+
+def test_service_count_follows_adds_and_deletes() -> None:
+    fake = Cluster([raw_job("a")], [], [])
+    with fake as cache:
+        service = raw_service("a")
+        cache.services.apply({"type": "ADDED", "object": service})
+        assert cache.has_service(("ns", "a"))
+        cache.services.apply({"type": "MODIFIED", "object": service})
+        cache.services.apply({"type": "DELETED", "object": service})
+        assert not cache.has_service(("ns", "a"))
+
+
+def test_namespaces_filter_keeps_only_matching_jobs_and_children() -> None:
+    fake = Cluster(
+        [raw_job("a", "team-x"), raw_job("b", "team-y"), raw_job("c", "default")],
+        [raw_pod("a-0", job="a", namespace="team-x"), raw_pod("c-0", job="c", namespace="default")],
+        [raw_service("c", "default")],
+        namespaces=("team-*",),
+    )
+    with fake as cache:
+        assert sorted(cache.job_keys()) == [("team-x", "a"), ("team-y", "b")]
+        assert cache.worker_pods(("default", "c")) == []
+        assert [p.name for p in cache.worker_pods(("team-x", "a"))] == ["a-0"]
+        assert not cache.has_service(("default", "c"))
+
+
+def test_deleted_job_leaves_the_store_and_wakes_its_key() -> None:
+    fake = Cluster([raw_job("a")], [], [])
+    woken = fake.woken
+    with fake as cache:
+        woken.clear()
+        cache.jobs.apply({"type": "DELETED", "object": raw_job("a", version="5")})
+        assert cache.body(("ns", "a")) is None
+        assert woken == Counter({("ns", "a"): 1})
