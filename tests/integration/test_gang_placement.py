@@ -12,7 +12,7 @@ from integration.node_pools import blocker_pod, node_pool
 from integration.trainwave_fixtures import (
     apply,
     condition,
-    get_json,
+    events_about,
     job,
     job_manifest,
     wait_for_phase,
@@ -203,7 +203,7 @@ def test_a_gang_that_does_not_bind_is_replanned(cluster, namespace, running_oper
             40, "a re-planned attempt",
         )  # fmt: skip
         assert body["status"]["restarts"] == 0
-        events = get_json(cluster, namespace, "events.events.k8s.io")["items"]
-        notes = [e.get("note", "") for e in events if e.get("reason") == "BindTimeout"]
-        assert notes, "a BindTimeout Event"
+        events = events_about(cluster, namespace, lambda e: e.get("reason") == "BindTimeout",
+                              "a BindTimeout Event")  # fmt: skip
+        notes = [e.get("note", "") for e in events]
         assert "not bound 5s after placement" in notes[0]

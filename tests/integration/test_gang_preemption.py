@@ -10,7 +10,7 @@ from integration.node_pools import node_pool
 from integration.trainwave_fixtures import (
     apply,
     condition,
-    get_json,
+    events_about,
     job,
     job_manifest,
     wait_for_phase,
@@ -45,8 +45,9 @@ def test_a_higher_priority_gang_preempts_a_whole_lower_one_uncounted(
         assert preempted is not None
         assert preempted["status"] == "True"
         assert f"{namespace}/high" in preempted["message"]
-        events = get_json(cluster, namespace, "events.events.k8s.io")["items"]
-        assert any(e.get("reason") == "Preempted" and "high" in e.get("note", "") for e in events)
+        events_about(cluster, namespace,
+                     lambda e: e.get("reason") == "Preempted" and "high" in e.get("note", ""),
+                     "a Preempted Event naming the preemptor")  # fmt: skip
         # The whole gang went, not one worker; the new attempt waits behind the gate.
         attempts = {p["metadata"]["labels"]["trainwave.io/attempt"] for p in
                     worker_pods(cluster, namespace, "low") if not p["metadata"].get("deletionTimestamp")}  # fmt: skip

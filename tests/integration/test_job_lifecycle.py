@@ -54,9 +54,13 @@ def test_gang_starts_with_the_torch_contract_and_succeeds(cluster, namespace, ru
     assert status["observedGeneration"] == done["metadata"]["generation"]
     assert condition(done, "Succeeded")["status"] == "True"
     assert condition(done, "Running")["status"] == "False"
-    reasons = {e["reason"] for e in get_json(cluster, namespace, "events")["items"]
-               if e["involvedObject"]["name"] == "ok"}  # fmt: skip
-    assert {"Created", "AllWorkersRunning", "Succeeded"} <= reasons
+
+    def reasons():
+        found = {e["reason"] for e in get_json(cluster, namespace, "events")["items"]
+                 if e["involvedObject"]["name"] == "ok"}  # fmt: skip
+        return found if {"Created", "AllWorkersRunning", "Succeeded"} <= found else None
+
+    wait_until(reasons, 15, "Created, AllWorkersRunning and Succeeded Events")
 
 
 def test_worker_failure_restarts_the_whole_gang_until_max_restarts(
@@ -76,8 +80,13 @@ def test_worker_failure_restarts_the_whole_gang_until_max_restarts(
     attempts = {p["metadata"]["labels"]["trainwave.io/attempt"] for p in worker_pods(cluster, namespace, "crashy")
                 if not p["metadata"].get("deletionTimestamp")}  # fmt: skip
     assert attempts <= {"1", "2"}
-    restarts = [e for e in get_json(cluster, namespace, "events")["items"]
+
+    def worker_failed_events():
+        return [e for e in get_json(cluster, namespace, "events")["items"]
                 if e["involvedObject"]["name"] == "crashy" and e["reason"] == "WorkerFailed"]  # fmt: skip
+
+    wait_until(lambda: len(worker_failed_events()) >= 2, 15, "two WorkerFailed Events")
+    restarts = worker_failed_events()
     assert len(restarts) == 2
     assert all(e["type"] == "Warning" for e in restarts)
 

@@ -9,7 +9,7 @@ import pytest
 from integration.trainwave_fixtures import (
     apply,
     condition,
-    get_json,
+    events_about,
     job,
     job_manifest,
     wait_for_phase,
@@ -39,8 +39,8 @@ def test_a_quota_refusal_shows_on_the_job_and_clears_when_the_quota_allows(
     assert found["reason"] == "FailedCreate"
     assert "exceeded quota" in found["message"], found["message"]
     assert f"pod {namespace}/capped-a0-worker-" in found["message"], "names the object"
-    events = get_json(cluster, namespace, "events.events.k8s.io")["items"]
-    assert any(e.get("reason") == "FailedCreate" for e in events), "a Warning Event"
+    events_about(cluster, namespace, lambda e: e.get("reason") == "FailedCreate",
+                 "a FailedCreate Warning Event")  # fmt: skip
 
     cluster.kubectl("delete", "resourcequota", "two-pods", "-n", namespace)
     body = wait_for_phase(cluster, namespace, "capped", ("Running", "Succeeded"), timeout=90)

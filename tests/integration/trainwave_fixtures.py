@@ -102,6 +102,24 @@ def worker_pods(cluster: Cluster, namespace: str, name: str) -> list[dict[str, A
     return items
 
 
+def events_about(
+    cluster: Cluster,
+    namespace: str,
+    predicate: Callable[[dict[str, Any]], bool],
+    what: str,
+    timeout: float = 15,
+) -> list[dict[str, Any]]:
+    """The events.k8s.io Events in `namespace` that match, once there is one: the
+    operator posts Events in the background, a moment after the status they go with."""
+
+    def found() -> list[dict[str, Any]]:
+        items = get_json(cluster, namespace, "events.events.k8s.io")["items"]
+        return [e for e in items if predicate(e)]
+
+    matched: list[dict[str, Any]] = wait_until(found, timeout, what)
+    return matched
+
+
 def wait_until(check: Callable[[], Any], timeout: float, what: str, interval: float = 0.5) -> Any:
     deadline = time.monotonic() + timeout
     last: Any = None

@@ -12,6 +12,7 @@ store is filled, so the first ones after a restart already see every pod.
 """
 
 import asyncio
+import contextlib
 import logging
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
@@ -27,6 +28,7 @@ from trainwave.controller.kube import KubeClient, load_config
 from trainwave.controller.placer import Placer
 from trainwave.controller.queue import WorkQueue
 from trainwave.controller.reconciler import JobKey, Reconciler
+from trainwave.controller.recorder import EventRecorder
 from trainwave.controller.reporting import ANY_NETWORK, Network, StatusPoller
 from trainwave.placement.topology import DEFAULT_LEVELS
 
@@ -81,8 +83,12 @@ async def start(*, settings: kopf.OperatorSettings, memo: Any, **_: Any) -> None
     # pokes the placer on the loop.
     cache.on_change(lambda: loop.call_soon_threadsafe(placer.poke))
     poller = StatusPoller(_wake, networks=OPTIONS.status_networks)
+    recorder = EventRecorder(kube.post_event)
+    recorder.start()
+    memo.recorder = recorder
     reconciler = Reconciler(
         kube,
+        record_event=recorder.record,
         job_body=jobs.body,
         worker_pods=jobs.worker_pods,
         has_service=jobs.has_service,
@@ -117,6 +123,12 @@ async def stop(memo: Any, **_: Any) -> None:
     for task in ("resync", "placer", "poller"):
         if getattr(memo, task, None):
             getattr(memo, task).cancel()
+    recorder = getattr(memo, "recorder", None)
+    if recorder is not None:
+        # Events already decided are posted before the process ends, within reason.
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(recorder.drain(), 5)
+        await recorder.stop()
     _PLACER.pop("gangs", None)
     for name in ("jobs", "cluster"):
         cache = _CACHE.pop(name, None)

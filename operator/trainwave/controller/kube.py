@@ -145,10 +145,9 @@ class KubeClient:
             )
         )
 
-    def post_event(self, job: dict[str, Any], event: JobEvent) -> None:
+    def post_event(self, job: dict[str, Any], event: JobEvent, when: datetime) -> None:
         meta = job["metadata"]
-        moment = datetime.now(UTC)
-        now = moment.isoformat(timespec="microseconds").replace("+00:00", "Z")
+        now = when.astimezone(UTC).isoformat(timespec="microseconds").replace("+00:00", "Z")
         # client-go's naming: unique per object and instant, no generateName round trip.
         name = f"{meta['name']}.{time.time_ns():x}"
         body: Any = {

@@ -35,7 +35,7 @@ from trainwave.controller.kube import Conflict, KubeClient, Refused, Rejected
 from trainwave.controller.placer import Placer, Ticket
 from trainwave.controller.reporting import StatusPoller, Targets
 from trainwave.lifecycle.children import creating_failed
-from trainwave.lifecycle.decide import Decision, decide, decide_invalid
+from trainwave.lifecycle.decide import Decision, JobEvent, decide, decide_invalid
 from trainwave.lifecycle.observed import PodPhase, WorkerPod
 from trainwave.resolving import ResolvedJob, resolve
 
@@ -58,11 +58,13 @@ class Reconciler:
         has_service: Callable[[JobKey], bool],
         placer: Placer,
         levels: tuple[str, ...],
+        record_event: Callable[[dict[str, Any], JobEvent], None],
         runtime_image: str = contract.DEFAULT_RUNTIME_IMAGE,
         poller: StatusPoller | None = None,
         clock: Callable[[], datetime] = lambda: datetime.now(UTC),
     ):
         self._kube = kube
+        self._record_event = record_event
         self._placer = placer
         self._levels = levels
         self._runtime_image = runtime_image
@@ -243,19 +245,23 @@ class Reconciler:
         """Carry out `decision`; `job` is the spec parsed once by `_decide` (None: invalid)."""
         kube = self._kube
         for event in decision.events:
-            await asyncio.to_thread(kube.post_event, body, event)
-        for pod_name in decision.delete_pods:
-            await asyncio.to_thread(kube.delete_pod, meta.namespace, pod_name)
+            self._record_event(body, event)  # posted in the background, in order
+        await asyncio.gather(
+            *(asyncio.to_thread(kube.delete_pod, meta.namespace, n) for n in decision.delete_pods)
+        )
         if decision.create_ranks and resolved is not None:
             # The new pods carry the decided status (attempt, last preemption).
             job = resolved.job.model_copy(update={"status": decision.status})
             resolved = replace(resolved, job=job)
-            if not self._has_service((meta.namespace, meta.name)):
-                await asyncio.to_thread(kube.apply_service, build_service(job))
             pods = build_worker_pods(
                 resolved, decision.create_ranks, decision.status.attempt, self._runtime_image
             )
-            await asyncio.gather(*(asyncio.to_thread(kube.apply_pod, pod) for pod in pods))
+            writes = [asyncio.to_thread(kube.apply_pod, pod) for pod in pods]
+            if not self._has_service((meta.namespace, meta.name)):
+                # Workers find rank 0 by the Service's DNS name only once they run:
+                # no need to create it before them.
+                writes.append(asyncio.to_thread(kube.apply_service, build_service(job)))
+            await asyncio.gather(*writes)
         if decision.delete_job:
             logger.info(
                 "%s/%s: ttlSecondsAfterFinished passed; deleting", meta.namespace, meta.name

@@ -1,0 +1,56 @@
+"""The background Event recorder: order kept, time taken when recorded, overload drops
+Events (never decisions), and one failing post does not stop the next."""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+from datetime import datetime
+from typing import Any
+
+import pytest
+
+from trainwave.controller.recorder import EventRecorder
+from trainwave.lifecycle.decide import JobEvent
+
+pytestmark = pytest.mark.timeout(10)
+
+JOB = {"metadata": {"name": "j", "namespace": "ns", "uid": "u"}}
+
+
+def test_events_are_posted_in_order_with_the_time_they_were_recorded() -> None:
+    posted: list[tuple[str, datetime]] = []
+    gate = threading.Event()
+
+    def post(job: dict[str, Any], event: JobEvent, when: datetime) -> None:
+        gate.wait(5)  # a slow API server: the reconcile must not wait for it
+        if event.reason == "Bad":
+            raise RuntimeError("500")
+        posted.append((event.reason, when))
+
+    async def run() -> datetime:
+        recorder = EventRecorder(post)
+        recorder.start()
+        for reason in ("Created", "Bad", "Placing", "Running"):
+            recorder.record(JOB, JobEvent("Normal", reason, "m"))
+        recorded = datetime.now().astimezone()
+        await asyncio.sleep(0.05)
+        assert posted == [], "recording returned before anything was posted"
+        gate.set()
+        await asyncio.wait_for(recorder.drain(), 5)
+        await recorder.stop()
+        return recorded
+
+    recorded = asyncio.run(run())
+    assert [reason for reason, _ in posted] == ["Created", "Placing", "Running"]
+    assert all(when <= recorded for _, when in posted), "stamped when recorded, not posted"
+
+
+def test_a_full_queue_drops_and_counts() -> None:
+    async def run() -> EventRecorder:
+        recorder = EventRecorder(lambda *_: None, max_queued=2)
+        for reason in ("a", "b", "c"):
+            recorder.record(JOB, JobEvent("Normal", reason, "m"))
+        return recorder
+
+    assert asyncio.run(run()).dropped == 1
