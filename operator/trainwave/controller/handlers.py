@@ -41,6 +41,7 @@ class Options:
     topology_levels: tuple[str, ...] = DEFAULT_LEVELS
     runtime_image: str = contract.DEFAULT_RUNTIME_IMAGE
     status_networks: tuple[Network, ...] = ANY_NETWORK
+    status_key_secret: tuple[str, str] = ("trainwave-system", contract.DEFAULT_STATUS_KEY_SECRET)
 
 
 OPTIONS = Options()
@@ -128,6 +129,9 @@ async def start(
     loop = asyncio.get_running_loop()
     cache.on_change(lambda: loop.call_soon_threadsafe(placer.poke))
     poller = StatusPoller(_wake, networks=OPTIONS.status_networks)
+    # Read (or created) once: every job's status key derives from it. Failing here
+    # fails the start, loudly, rather than running with reports nobody can verify.
+    master_key = await asyncio.to_thread(kube.master_status_key, *OPTIONS.status_key_secret)
     reconciler = Reconciler(
         kube,
         job_body=body_of,
@@ -137,6 +141,7 @@ async def start(
         levels=OPTIONS.topology_levels,
         runtime_image=OPTIONS.runtime_image,
         poller=poller,
+        master_key=master_key,
     )
     queue = WorkQueue(reconciler)
     queue.start(OPTIONS.workers)
