@@ -55,6 +55,14 @@ def main(argv: list[str] | None = None) -> int:
         help="comma-separated CIDRs of pod IPs whose runtime status the operator may read "
         "(default: any)",
     )
+    operator.add_argument(
+        "--status-key-secret",
+        default="",
+        metavar="NAMESPACE/NAME",
+        help="the Secret holding the master key each job's status key is derived from; "
+        "created on first start (default: $POD_NAMESPACE or trainwave-system, "
+        f"/{contract.DEFAULT_STATUS_KEY_SECRET})",
+    )
     planner = commands.add_parser("plan", help="dry-run placement of a TrainingJob manifest")
     planner.add_argument("manifest", help="a TrainingJob YAML file")
     planner.add_argument(
@@ -323,6 +331,16 @@ def run_operator(options: argparse.Namespace) -> int:
         print(f"trainwave operator: {error}", file=sys.stderr)
         return 2
     handlers.OPTIONS.namespaces = tuple(options.namespace or ())
+    secret = options.status_key_secret or (
+        f"{os.environ.get('POD_NAMESPACE') or 'trainwave-system'}/"
+        f"{contract.DEFAULT_STATUS_KEY_SECRET}"
+    )
+    namespace, _, name = secret.partition("/")
+    if not namespace or not name:
+        print(f"trainwave operator: --status-key-secret {secret!r}: expected NAMESPACE/NAME",
+              file=sys.stderr)  # fmt: skip
+        return 2
+    handlers.OPTIONS.status_key_secret = (namespace, name)
     levels = tuple(x for x in options.topology_levels.split(",") if x)
     if levels:
         handlers.OPTIONS.topology_levels = levels

@@ -209,6 +209,20 @@ ENV_STATUS_HOST: Final = "TRAINWAVE_STATUS_HOST"
 DEFAULT_STATUS_HOST: Final = "0.0.0.0"
 DEFAULT_STATUS_PORT: Final = 29600
 STATUS_PATH: Final = "/status"
+# Each /status answer is signed (HMAC-SHA256, trainwave/signatures.py) with a
+# key only the job's own workers hold: a per-job Secret the operator creates,
+# mounted into every worker. The operator sends a fresh nonce with each request
+# and the signature covers it, so an old answer cannot be replayed.
+STATUS_SIGNATURE_HEADER: Final = "X-Trainwave-Signature"
+STATUS_NONCE_HEADER: Final = "X-Trainwave-Nonce"
+STATUS_KEY_VOLUME: Final = "trainwave-status-key"
+STATUS_KEY_MOUNT_PATH: Final = "/etc/trainwave/status-key"
+STATUS_KEY_FILE: Final = "key"
+STATUS_KEY_PATH: Final = f"{STATUS_KEY_MOUNT_PATH}/{STATUS_KEY_FILE}"
+ENV_STATUS_KEY_FILE: Final = "TRAINWAVE_STATUS_KEY_FILE"
+# The operator's own master key (a Secret in its namespace) from which each
+# job's key is derived, so the operator never has to read a job's Secret back.
+DEFAULT_STATUS_KEY_SECRET: Final = "trainwave-status-key"
 
 # Operator process defaults (the chart sets the same ports).
 DEFAULT_METRICS_PORT: Final = 9090

@@ -1,6 +1,7 @@
 """A pod's volumes on the test kubelet: where each one's files are on this machine.
 
-emptyDir is a directory of the pod's own; hostPath is the path; downwardAPI
+emptyDir is a directory of the pod's own; hostPath is the path; secret is a
+directory of the Secret's keys as files (the job's status key); downwardAPI
 is a directory of files kept up to date when the pod's labels or annotations
 change (the runtime reads worker env from annotations set after placement);
 projected volumes are what ServiceAccount admission adds to every pod (a
@@ -10,6 +11,7 @@ namespace). The sandbox bind-mounts the returned paths at their mountPaths.
 
 from __future__ import annotations
 
+import base64
 import contextlib
 import json
 import os
@@ -79,6 +81,9 @@ class PodVolumes:
         if "downwardAPI" in volume:
             self._downward_files(local, volume["downwardAPI"], pod, context, where)
             return local
+        if "secret" in volume:
+            self._secret_files(local, volume["secret"], pod["metadata"]["namespace"])
+            return local
         if "projected" in volume:
             local.mkdir(parents=True, exist_ok=True)
             for index, source in enumerate(volume["projected"].get("sources") or []):
@@ -87,7 +92,24 @@ class PodVolumes:
         kinds = ", ".join(k for k in volume if k != "name")
         raise Unsupported(
             f"{where}: {kinds} volumes are not emulated; "
-            "accepted: emptyDir, hostPath, downwardAPI, projected"
+            "accepted: emptyDir, hostPath, secret, downwardAPI, projected"
+        )
+
+    def _secret_files(self, directory: Path, spec: Mapping[str, Any], namespace: str) -> None:
+        """The kubelet's way: every key a file; a missing optional Secret an empty directory."""
+        directory.mkdir(parents=True, exist_ok=True)
+        try:
+            found = self.core.read_namespaced_secret(
+                spec["secretName"], namespace, _preload_content=False
+            )
+        except client.ApiException as error:
+            if error.status == 404 and spec.get("optional"):
+                return
+            raise
+        data = json.loads(found.data).get("data") or {}
+        items = spec.get("items") or [{"key": k, "path": k} for k in data]
+        write_files(
+            directory, {i["path"]: base64.b64decode(data[i["key"]]).decode() for i in items}
         )
 
     def _downward_files(

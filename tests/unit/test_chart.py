@@ -164,6 +164,7 @@ EXPECTED_RULES = {
     ("", "pods"): {"list", "watch", "create", "patch", "delete"},
     ("", "services"): {"list", "watch", "create", "patch", "delete"},
     ("", "nodes"): {"list", "watch"},
+    ("", "secrets"): {"create"},
     ("", "events"): {"create", "patch"},
     ("events.k8s.io", "events"): {"create", "patch"},
 }
@@ -185,10 +186,26 @@ def test_cluster_role_grants_exactly_the_expected_rules() -> None:
 
 def test_cluster_role_is_least_privilege() -> None:
     grants = granted(one(render(), "ClusterRole"))
-    assert not any(resource.startswith("secrets") for _, resource in grants)
+    # Each job's status-key Secret is created, never read back: no Secret is readable.
+    assert grants[("", "secrets")] == {"create"}
     for (group, resource), verbs in grants.items():
         assert "*" not in (group, resource), f"wildcard in {group}/{resource}"
         assert "*" not in verbs, f"wildcard verb on {group}/{resource}"
+
+
+def test_the_operator_may_read_one_secret_its_master_status_key_by_name() -> None:
+    manifests = render()
+    role = one(manifests, "Role")
+    name = f"{RELEASE}-trainwave-status-key"  # fullname, then the suffix
+    assert role["metadata"]["namespace"] == NAMESPACE
+    assert role["rules"] == [
+        {"apiGroups": [""], "resources": ["secrets"], "resourceNames": [name], "verbs": ["get"]}
+    ]
+    binding = one(manifests, "RoleBinding")
+    assert binding["roleRef"]["name"] == role["metadata"]["name"]
+    assert binding["subjects"][0]["name"] == one(manifests, "ServiceAccount")["metadata"]["name"]
+    args = one(manifests, "Deployment")["spec"]["template"]["spec"]["containers"][0]["args"]
+    assert args[args.index("--status-key-secret") + 1] == f"{NAMESPACE}/{name}"
 
 
 def test_binding_ties_the_role_to_the_service_account() -> None:
@@ -229,6 +246,7 @@ DEFAULT_ARGS = [
     "--log-level", "info",
     "--topology-levels", "trainwave.io/spine,trainwave.io/rack,kubernetes.io/hostname",
     "--runtime-image", "trainwave/runtime:0.1.0",
+    "--status-key-secret", f"{NAMESPACE}/{RELEASE}-trainwave-status-key",
 ]  # fmt: skip
 
 
@@ -255,7 +273,8 @@ DEFAULT_ARGS = [
         ),
         pytest.param(
             ("--set", "runtime.image=mirror.example/trainwave/runtime:0.1.0"),
-            [*DEFAULT_ARGS[:9], "--runtime-image", "mirror.example/trainwave/runtime:0.1.0"],
+            [*DEFAULT_ARGS[:9], "--runtime-image", "mirror.example/trainwave/runtime:0.1.0",
+             *DEFAULT_ARGS[11:]],
             id="runtime-image",
         ),
     ],

@@ -1,18 +1,14 @@
-"""Worker runtime reports -> status.progress and the RDMAVerified condition; the poller."""
+"""Worker runtime reports -> status.progress and the RDMAVerified condition."""
 
 from __future__ import annotations
 
-import asyncio
-import json
-import threading
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 
 import pytest
 from factories import NOW, make_job, running
 
 from trainwave.api.status import ConditionType
-from trainwave.controller.reporting import StatusPoller, Targets, parse_networks
+from trainwave.controller.reporting import parse_networks
 from trainwave.lifecycle.decide import decide
 from trainwave.lifecycle.reports import progress_status, rdma_verdict, read_report
 
@@ -106,47 +102,7 @@ def test_no_rdma_asked_no_rdma_condition() -> None:
     assert found.status.condition(ConditionType.RDMA_VERIFIED) is None
 
 
-# --- the poller --------------------------------------------------------------------------------
-
-
-class _Status(BaseHTTPRequestHandler):
-    body = b""
-
-    def do_GET(self) -> None:
-        self.send_response(200)
-        self.end_headers()
-        self.wfile.write(self.body)
-
-    def log_message(self, *_: Any) -> None:
-        pass
-
-
-def test_the_poller_reads_allowed_workers_and_wakes_the_job() -> None:
-    handler = type("Handler", (_Status,), {"body": json.dumps(document(0)).encode()})
-    server = ThreadingHTTPServer(("127.0.0.1", 0), handler)
-    threading.Thread(target=server.serve_forever, daemon=True).start()
-    port = server.server_address[1]
-    woken: list[Any] = []
-
-    async def scenario() -> dict[int, Any]:
-        poller = StatusPoller(woken.append, networks=parse_networks("127.0.0.0/8"), interval=0.05)
-        # 10.1.2.3 is outside the allowed networks: never contacted.
-        poller.track(("ns", "job"), Targets(0, {0: ("127.0.0.1", port), 1: ("10.1.2.3", port)}))
-        task = asyncio.create_task(poller.run())
-        for _ in range(100):
-            if woken:
-                break
-            await asyncio.sleep(0.02)
-        task.cancel()
-        return poller.reports(("ns", "job"), attempt=0)
-
-    try:
-        found = asyncio.run(scenario())
-    finally:
-        server.shutdown()
-    assert woken == [("ns", "job")]
-    assert set(found) == {0}
-    assert found[0].nccl == ("PASS", "nccl says PASS")
+# The poller and its hardened channel: test_status_channel.py.
 
 
 def test_bad_status_networks_are_refused_with_the_value() -> None:

@@ -13,6 +13,7 @@ from factories import make_job
 from trainwave import contract
 from trainwave.api.trainingjob import InvalidSpec
 from trainwave.builders.pods import build_worker_pods
+from trainwave.builders.status_key import build_status_key_secret
 from trainwave.resolving import check_template
 from trainwave.runtime.install import install
 
@@ -106,8 +107,9 @@ def test_install_copies_a_runtime_that_imports_without_the_operator(tmp_path: Pa
     assert (installed / "runtime" / "launch.py").is_file()
     assert not (installed / "controller").exists()
     install(tmp_path / "opt")  # idempotent
+    assert (installed / "signatures.py").is_file()  # the launcher signs its /status with it
     probe = (
-        "import sys, trainwave.runtime.settings as s; "
+        "import sys, trainwave.runtime.settings as s, trainwave.runtime.launch; "
         "assert 'kopf' not in sys.modules and 'kubernetes' not in sys.modules; print(s.__file__)"
     )
     result = subprocess.run(
@@ -115,3 +117,24 @@ def test_install_copies_a_runtime_that_imports_without_the_operator(tmp_path: Pa
         capture_output=True, text=True, check=True, timeout=20,
     )  # fmt: skip
     assert result.stdout.strip().startswith(str(tmp_path / "opt"))
+
+
+def test_the_jobs_status_key_secret_is_mounted_read_only_and_named_in_the_env() -> None:
+    pod = pod_for({})
+    volumes = {v["name"]: v for v in pod["spec"]["volumes"]}
+    secret = volumes[contract.STATUS_KEY_VOLUME]["secret"]
+    job = make_job(workers=1, runtime={}, command=["torchrun", "train.py"])
+    assert secret["secretName"] == f"demo-status-key-{job.metadata.uid[:8]}"
+    assert secret["optional"] is True  # a missing key must not keep training from starting
+    mounts = {m["mountPath"]: m for m in worker(pod)["volumeMounts"]}
+    assert mounts[contract.STATUS_KEY_MOUNT_PATH]["readOnly"] is True
+    assert env(pod)[contract.ENV_STATUS_KEY_FILE] == contract.STATUS_KEY_PATH
+
+
+def test_the_status_key_secret_is_owned_by_its_job_and_never_changes() -> None:
+    job = make_job()
+    secret = build_status_key_secret(job.metadata, b"k" * 32)
+    assert secret["metadata"]["name"] == f"{job.metadata.name}-status-key-{job.metadata.uid[:8]}"
+    assert secret["metadata"]["ownerReferences"][0]["uid"] == job.metadata.uid
+    assert secret["immutable"] is True
+    assert secret["stringData"] == {contract.STATUS_KEY_FILE: (b"k" * 32).hex()}

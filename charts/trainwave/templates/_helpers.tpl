@@ -32,6 +32,11 @@ release name already contains the chart name ("trainwave" rather than
 {{- printf "%s-metrics" (include "trainwave.fullname" . | trunc 55 | trimSuffix "-") }}
 {{- end }}
 
+{{/* The Secret with the operator's master status key; the operator creates it on first start. */}}
+{{- define "trainwave.statusKeySecret" -}}
+{{- printf "%s-status-key" (include "trainwave.fullname" . | trunc 52 | trimSuffix "-") }}
+{{- end }}
+
 {{/* helm.sh/chart label value; "+" from semver build metadata is not valid in a label. */}}
 {{- define "trainwave.chart" -}}
 {{- printf "%s-%s" .Chart.Name .Chart.Version | replace "+" "_" | trunc 63 | trimSuffix "-" }}

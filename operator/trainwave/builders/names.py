@@ -22,3 +22,9 @@ def worker_pod_name(job: str, rank: int, attempt: int) -> str:
 def master_address(job: str) -> str:
     """Rank 0's DNS name through the headless Service; the search path adds the rest."""
     return f"{worker_hostname(job, 0)}.{service_name(job)}"
+
+
+def status_key_secret(job: str, uid: str) -> str:
+    # The UID is part of the name: a job deleted and created again under its old
+    # name must not find (and mount) the old job's Secret before GC removes it.
+    return f"{job}-status-key-{uid[:8]}"

@@ -6,13 +6,16 @@ the user's command under the launcher, which applies the zero-code features,
 serves the worker's status and exits with the command's exit code. The user's
 image is not rebuilt and needs nothing but Python and torch. A downward-API
 volume hands the launcher the pod's annotations: the env that depends on the
-node (worker-env) only exists once the gang is placed.
+node (worker-env) only exists once the gang is placed. The job's status key
+(a Secret the reconciler creates, builders/status_key.py) is mounted so the
+launcher can sign its /status answers.
 """
 
 from typing import Any
 
 from trainwave import contract
 from trainwave.api.runtime import RuntimeSpec
+from trainwave.builders.names import status_key_secret
 from trainwave.builders.worker import Worker
 
 
@@ -31,6 +34,17 @@ def set_runtime(pod: dict[str, Any], worker: Worker) -> None:
                 "items": [
                     {"path": "annotations", "fieldRef": {"fieldPath": "metadata.annotations"}}
                 ]
+            },
+        },
+        {
+            "name": contract.STATUS_KEY_VOLUME,
+            "secret": {
+                "secretName": status_key_secret(worker.job.metadata.name, worker.job.metadata.uid),
+                # The container's user may be anyone; the pod is the boundary.
+                "defaultMode": 0o444,
+                # A missing key must not keep training from starting: the launcher then
+                # serves unsigned reports, which the operator ignores, and says so.
+                "optional": True,
             },
         },
     ]
@@ -54,6 +68,11 @@ def set_runtime(pod: dict[str, Any], worker: Worker) -> None:
             "mountPath": contract.PODINFO_MOUNT_PATH,
             "readOnly": True,
         },
+        {
+            "name": contract.STATUS_KEY_VOLUME,
+            "mountPath": contract.STATUS_KEY_MOUNT_PATH,
+            "readOnly": True,
+        },
     ]
     container["command"] = [
         runtime.python,
@@ -74,6 +93,7 @@ def runtime_env(runtime: RuntimeSpec) -> dict[str, str]:
     env = {
         contract.ENV_PODINFO_DIR: contract.PODINFO_MOUNT_PATH,
         contract.ENV_STATUS_PORT: str(runtime.status_port),
+        contract.ENV_STATUS_KEY_FILE: contract.STATUS_KEY_PATH,
     }
     features = runtime.features.model_dump()
     for name in contract.RUNTIME_FEATURES:
@@ -87,7 +107,7 @@ def runtime_env(runtime: RuntimeSpec) -> dict[str, str]:
     return env
 
 
-_VOLUMES = (contract.RUNTIME_VOLUME, contract.PODINFO_VOLUME)
+_VOLUMES = (contract.RUNTIME_VOLUME, contract.PODINFO_VOLUME, contract.STATUS_KEY_VOLUME)
 
 
 def _installer(runtime: RuntimeSpec, default_image: str) -> dict[str, Any]:

@@ -44,6 +44,7 @@ class Options:
     runtime_image: str = contract.DEFAULT_RUNTIME_IMAGE
     status_networks: tuple[Network, ...] = ANY_NETWORK
     namespaces: tuple[str, ...] = ()  # names or patterns; empty: every namespace
+    status_key_secret: tuple[str, str] = ("trainwave-system", contract.DEFAULT_STATUS_KEY_SECRET)
 
 
 OPTIONS = Options()
@@ -86,6 +87,9 @@ async def start(*, settings: kopf.OperatorSettings, memo: Any, **_: Any) -> None
     recorder = EventRecorder(kube.post_event)
     recorder.start()
     memo.recorder = recorder
+    # Read (or created) once: every job's status key derives from it. Failing here
+    # fails the start, loudly, rather than running with reports nobody can verify.
+    master_key = await asyncio.to_thread(kube.master_status_key, *OPTIONS.status_key_secret)
     reconciler = Reconciler(
         kube,
         record_event=recorder.record,
@@ -96,6 +100,7 @@ async def start(*, settings: kopf.OperatorSettings, memo: Any, **_: Any) -> None
         levels=OPTIONS.topology_levels,
         runtime_image=OPTIONS.runtime_image,
         poller=poller,
+        master_key=master_key,
     )
     queue = WorkQueue(reconciler)
     _QUEUE["jobs"] = queue

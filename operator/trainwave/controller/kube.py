@@ -6,6 +6,7 @@ with a merge patch that carries the resourceVersion it was computed from, so
 a decision made on a stale view is refused (409) instead of applied.
 """
 
+import base64
 import json
 import logging
 import os
@@ -17,7 +18,7 @@ from typing import Any
 from kubernetes import client, config
 from kubernetes.client.exceptions import ApiException
 
-from trainwave import contract
+from trainwave import contract, signatures
 from trainwave.lifecycle.decide import JobEvent
 
 logger = logging.getLogger(__name__)
@@ -117,6 +118,65 @@ class KubeClient:
     def apply_pod(self, pod: dict[str, Any]) -> None:
         meta = pod["metadata"]
         self._apply(self.core.patch_namespaced_pod, meta["name"], meta["namespace"], pod)
+
+    def create_secret(self, secret: Any) -> None:
+        """Create once; one that exists already is left alone (its name holds the job's UID,
+        and the operator never trusts its content: it derives the key it verifies with)."""
+        meta = secret["metadata"]
+        try:
+            _release(
+                self.core.create_namespaced_secret(
+                    meta["namespace"],
+                    secret,
+                    field_manager=contract.FIELD_MANAGER,
+                    _preload_content=False,
+                )
+            )
+        except ApiException as error:
+            if error.status == 409:
+                return
+            if error.status == 422:
+                raise Rejected(_status_message(error)) from None
+            if error.status in (400, 403, 404):
+                what = f"secret {meta['namespace']}/{meta['name']}"
+                raise Refused(what, _status_message(error)) from None
+            raise
+
+    def master_status_key(self, namespace: str, name: str) -> bytes:
+        """The operator's master status key: read, or created on the first start. Two
+        replicas starting together agree: the one whose create loses (409) reads the other's."""
+        for _ in range(3):
+            try:
+                found = self.core.read_namespaced_secret(name, namespace)
+            except ApiException as error:
+                if error.status != 404:
+                    raise
+            else:
+                try:
+                    data: Any = found.data
+                    text = base64.b64decode(data[contract.STATUS_KEY_FILE]).decode()
+                    return signatures.key_from_text(text)
+                except (KeyError, TypeError, ValueError) as error:
+                    raise RuntimeError(
+                        f"secret {namespace}/{name}: data.{contract.STATUS_KEY_FILE} must hold "
+                        f"{signatures.KEY_BYTES} bytes as hex ({error}); delete it to start afresh"
+                    ) from None
+            key = signatures.new_master_key()
+            body: Any = {
+                "apiVersion": "v1",
+                "kind": "Secret",
+                "metadata": {"name": name, "namespace": namespace},
+                "type": "Opaque",
+                "stringData": {contract.STATUS_KEY_FILE: signatures.key_to_text(key)},
+            }
+            try:
+                self.core.create_namespaced_secret(namespace, body, _preload_content=False)
+                logger.info("created the master status key in secret %s/%s", namespace, name)
+                return key
+            except ApiException as error:
+                if error.status != 409:
+                    raise
+        raise RuntimeError(f"secret {namespace}/{name}: neither readable nor creatable")
 
     def patch_pod(self, namespace: str, name: str, patch: dict[str, Any]) -> None:
         """A merge patch; one that carries a stale resourceVersion raises Conflict."""

@@ -34,6 +34,16 @@ GANG_RESTARTS = Counter(
     "trainwave_gang_restarts_total", "Gang restarts started after a worker failed."
 )
 
+# One per worker status read. "ok" is a report taken; "unsigned", "forged" and
+# "wrong_identity" are reports refused because they could not be trusted as the
+# worker's own, the rest are reads that gave nothing (see controller/fetching.py).
+STATUS_READS = Counter(
+    "trainwave_status_reads_total",
+    "Worker /status reads by outcome: ok, unreachable, slow, too_large, http_error, "
+    "malformed, unsigned, forged, wrong_identity.",
+    ["outcome"],
+)
+
 GANGS_PLACED = Counter(
     "trainwave_gangs_placed_total", "Gangs the placer released onto the nodes it chose."
 )

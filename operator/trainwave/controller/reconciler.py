@@ -30,6 +30,7 @@ from trainwave.api.trainingjob import (
 )
 from trainwave.builders.pods import build_worker_pods
 from trainwave.builders.service import build_service
+from trainwave.builders.status_key import build_status_key_secret
 from trainwave.controller import metrics
 from trainwave.controller.kube import Conflict, KubeClient, Refused, Rejected
 from trainwave.controller.placer import Placer, Ticket
@@ -38,6 +39,7 @@ from trainwave.lifecycle.children import creating_failed
 from trainwave.lifecycle.decide import Decision, JobEvent, decide, decide_invalid
 from trainwave.lifecycle.observed import PodPhase, WorkerPod
 from trainwave.resolving import ResolvedJob, resolve
+from trainwave.signatures import job_key
 
 logger = logging.getLogger(__name__)
 
@@ -61,6 +63,7 @@ class Reconciler:
         record_event: Callable[[dict[str, Any], JobEvent], None],
         runtime_image: str = contract.DEFAULT_RUNTIME_IMAGE,
         poller: StatusPoller | None = None,
+        master_key: bytes = b"",
         clock: Callable[[], datetime] = lambda: datetime.now(UTC),
     ):
         self._kube = kube
@@ -69,6 +72,7 @@ class Reconciler:
         self._levels = levels
         self._runtime_image = runtime_image
         self._poller = poller
+        self._master_key = master_key  # each job's status key is derived from it
         self._job_body = job_body
         # Per job: (the resourceVersion our last status write replaced, the body it returned).
         self._written: dict[JobKey, tuple[str, dict[str, Any]]] = {}
@@ -167,7 +171,12 @@ class Reconciler:
             return
         runtime = job.spec.runtime if job is not None else None
         phase = decision.status.phase
-        if runtime is None or not runtime.enabled or phase not in (Phase.STARTING, Phase.RUNNING):
+        if (
+            job is None
+            or runtime is None
+            or not runtime.enabled
+            or phase not in (Phase.STARTING, Phase.RUNNING)
+        ):
             self._poller.forget(key)
             return
         attempt = decision.status.attempt
@@ -176,7 +185,9 @@ class Reconciler:
             for p in pods
             if p.attempt == attempt and p.pod_ip and p.phase == PodPhase.RUNNING
         }
-        self._poller.track(key, Targets(attempt, workers))
+        meta = job.metadata
+        status_key = job_key(self._master_key, meta.namespace, meta.name, meta.uid)
+        self._poller.track(key, Targets(attempt, workers, status_key))
 
     def _ticket(self, resolved: ResolvedJob, decision: Decision) -> Ticket:
         job, shared = resolved.job, resolved.shared
@@ -253,6 +264,12 @@ class Reconciler:
             # The new pods carry the decided status (attempt, last preemption).
             job = resolved.job.model_copy(update={"status": decision.status})
             resolved = replace(resolved, job=job)
+            runtime = job.spec.runtime
+            if self._poller is not None and runtime is not None and runtime.enabled:
+                # Before the pods, which mount it: the key they sign their status with.
+                status_key = job_key(self._master_key, meta.namespace, meta.name, meta.uid)
+                secret = build_status_key_secret(job.metadata, status_key)
+                await asyncio.to_thread(kube.create_secret, secret)
             pods = build_worker_pods(
                 resolved, decision.create_ranks, decision.status.attempt, self._runtime_image
             )

@@ -1,7 +1,7 @@
 """`python -m trainwave.runtime.install DIR`: copy the runtime into DIR (the init container).
 
 Only what workers import travels: the `trainwave` package marker, the
-contract and the runtime package; none of the operator's dependencies. The
+contract, the report signatures and the runtime package; none of the operator's dependencies. The
 copy goes to a temporary name first and is renamed into place, so a worker
 never sees half a runtime, and running it twice is harmless.
 """
@@ -14,7 +14,7 @@ import tempfile
 from pathlib import Path
 
 import trainwave
-from trainwave import contract
+from trainwave import contract, signatures
 
 _IGNORED = shutil.ignore_patterns("__pycache__", "*.pyc")
 
@@ -28,6 +28,7 @@ def install(target: Path) -> Path:
     package.mkdir()
     shutil.copy2(source / "__init__.py", package / "__init__.py")
     shutil.copy2(Path(contract.__file__), package / "contract.py")
+    shutil.copy2(Path(signatures.__file__), package / "signatures.py")
     shutil.copytree(source / "runtime", package / "runtime", ignore=_IGNORED)
     final = target / "trainwave"
     if final.exists():

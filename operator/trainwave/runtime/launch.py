@@ -17,11 +17,11 @@ import signal
 import subprocess
 import sys
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from trainwave import contract
+from trainwave import contract, signatures
 from trainwave.runtime import environment, podinfo, reports
 from trainwave.runtime.doctor import DoctorReport, Host, Status, run_doctor
 from trainwave.runtime.loader_defaults import cuda_present, resolve_loader_defaults
@@ -99,6 +99,7 @@ class Launcher:
                 )
         child = self.child
         return {
+            "namespace": self.settings.identity.namespace,
             "job": self.settings.identity.job_name,
             "rank": self.settings.identity.rank,
             "node_rank": self.settings.identity.node_rank,
@@ -179,11 +180,35 @@ def main(argv: Sequence[str] | None = None, environ: Mapping[str, str] | None = 
 
 
 def _start_status(settings: Settings, launcher: Launcher) -> StatusServer | None:
+    signer = status_signer(settings)
     try:
-        return StatusServer(settings.status_host, settings.status_port, launcher.status).start()
+        return StatusServer(
+            settings.status_host, settings.status_port, launcher.status, signer
+        ).start()
     except OSError as error:  # a taken port must not stop training; the log says why
         log_line("status-unavailable", error=str(error), port=settings.status_port)
         return None
+
+
+def status_signer(settings: Settings) -> Callable[[str, bytes], str] | None:
+    """Sign /status answers with the job's mounted key; None (and a log line saying the
+    operator will ignore this worker's reports) when there is none or it is unreadable."""
+    path, who = settings.status_key_file, settings.identity
+    if path is None:
+        log_line("status-unsigned", reason=f"{contract.ENV_STATUS_KEY_FILE} is not set")
+        return None
+    try:
+        key = signatures.key_from_text(path.read_text())
+    except (OSError, ValueError) as error:
+        log_line("status-unsigned", reason=f"{path}: {error}")
+        return None
+    identity = signatures.Identity(
+        namespace=who.namespace or "",
+        job=who.job_name or "",
+        attempt=who.attempt or 0,
+        rank=who.node_rank,
+    )
+    return lambda nonce, body: signatures.sign(key, identity, nonce, body)
 
 
 if __name__ == "__main__":

@@ -71,6 +71,7 @@ class Settings:
     report_dir: Path = DEFAULT_REPORT_DIR
     status_host: str = contract.DEFAULT_STATUS_HOST
     status_port: int = contract.DEFAULT_STATUS_PORT
+    status_key_file: Path | None = None
     podinfo_dir: Path | None = None
     inter_node_gbps: float | None = None
     intra_node_gbps: float | None = None
@@ -100,6 +101,7 @@ class Settings:
             },
             "report_dir": str(self.report_dir),
             "status": f"{self.status_host}:{self.status_port}",
+            "status_key_file": _str_or_none(self.status_key_file),
             "podinfo_dir": _str_or_none(self.podinfo_dir),
             "topology": {"inter_node_gbps": self.inter_node_gbps},
             "gpu_memory_budget_bytes": self.gpu_memory_budget_bytes,
@@ -131,6 +133,7 @@ def load_settings(environ: Mapping[str, str]) -> Settings:
         report_dir=env.path(contract.ENV_REPORT_DIR) or DEFAULT_REPORT_DIR,
         status_host=env.text(contract.ENV_STATUS_HOST) or contract.DEFAULT_STATUS_HOST,
         status_port=_port(env),
+        status_key_file=env.path(contract.ENV_STATUS_KEY_FILE),
         podinfo_dir=env.path(contract.ENV_PODINFO_DIR),
         inter_node_gbps=env.number(contract.ENV_INTER_NODE_GBPS),
         intra_node_gbps=env.number(contract.ENV_INTRA_NODE_GBPS),

@@ -2,7 +2,9 @@
 
 Served by the launcher, not the training process, so it answers while the
 training process is still importing, stuck, or restarting, and it dies with
-the pod rather than with a rank.
+the pod rather than with a rank. When the job's status key is mounted, each
+answer to a request that carries the operator's nonce is signed
+(trainwave/signatures.py); without a nonce (a person with curl) it is not.
 """
 
 from __future__ import annotations
@@ -13,12 +15,21 @@ from collections.abc import Callable
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 
-from trainwave import contract
+from trainwave import contract, signatures
+
+# (nonce, body) -> the signature header's value.
+Signer = Callable[[str, bytes], str]
 
 
 class StatusServer:
-    def __init__(self, host: str, port: int, provider: Callable[[], dict[str, Any]]) -> None:
-        handler = _handler(provider)
+    def __init__(
+        self,
+        host: str,
+        port: int,
+        provider: Callable[[], dict[str, Any]],
+        signer: Signer | None = None,
+    ) -> None:
+        handler = _handler(provider, signer)
         self._server = ThreadingHTTPServer((host, port), handler)
         self._server.daemon_threads = True
         self._thread = threading.Thread(
@@ -38,7 +49,9 @@ class StatusServer:
         self._server.server_close()
 
 
-def _handler(provider: Callable[[], dict[str, Any]]) -> type[BaseHTTPRequestHandler]:
+def _handler(
+    provider: Callable[[], dict[str, Any]], signer: Signer | None
+) -> type[BaseHTTPRequestHandler]:
     class Handler(BaseHTTPRequestHandler):
         def do_GET(self) -> None:
             if self.path.split("?", 1)[0] != contract.STATUS_PATH:
@@ -54,6 +67,9 @@ def _handler(provider: Callable[[], dict[str, Any]]) -> type[BaseHTTPRequestHand
             self.send_response(code)
             self.send_header("Content-Type", "application/json")
             self.send_header("Content-Length", str(len(body)))
+            nonce = self.headers.get(contract.STATUS_NONCE_HEADER, "")
+            if signer is not None and signatures.valid_nonce(nonce):
+                self.send_header(contract.STATUS_SIGNATURE_HEADER, signer(nonce, body))
             self.end_headers()
             self.wfile.write(body)
 
