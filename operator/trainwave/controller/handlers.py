@@ -5,6 +5,12 @@ finalizers onto TrainingJobs: deleting a job never waits for the operator,
 and everything the operator knows is rebuilt from the cluster on start.
 kopf holds back event handlers until every index is filled, so the first
 reconciles after a restart already see every existing pod.
+
+High availability: every replica runs the watches, indexes and caches, so a
+standby is warm; only the Lease holder starts the reconcile workers, the placer,
+the status poller and the resync, and every API write is gated on the Lease
+(controller/leadership.py). A standby's queue fills from events while it waits
+and is worked off the moment it leads.
 """
 
 import asyncio
@@ -21,6 +27,7 @@ from trainwave import contract
 from trainwave.controller import metrics
 from trainwave.controller.cluster_cache import ClusterCache
 from trainwave.controller.kube import KubeClient, load_config
+from trainwave.controller.leadership import LeaderElector
 from trainwave.controller.placer import Placer
 from trainwave.controller.queue import WorkQueue
 from trainwave.controller.reconciler import JobKey, Reconciler
@@ -41,6 +48,7 @@ class Options:
     topology_levels: tuple[str, ...] = DEFAULT_LEVELS
     runtime_image: str = contract.DEFAULT_RUNTIME_IMAGE
     status_networks: tuple[Network, ...] = ANY_NETWORK
+    leadership: LeaderElector | None = None  # None: act alone (no leader election)
 
 
 OPTIONS = Options()
@@ -107,6 +115,8 @@ async def start(
         ThreadPoolExecutor(max_workers=threads, thread_name_prefix="kube")
     )
     kube = KubeClient(load_config(pool_size=threads))
+    if OPTIONS.leadership is not None:
+        kube.guard = OPTIONS.leadership.check
     # Nodes and active pods for placement, followed by watches instead of listed
     # every round. Its informers run in their own threads.
     cache = ClusterCache(kube)
@@ -139,12 +149,9 @@ async def start(
         poller=poller,
     )
     queue = WorkQueue(reconciler)
-    queue.start(OPTIONS.workers)
     _QUEUE["jobs"] = queue
     _PLACER["gangs"] = placer
-    memo.placer = asyncio.create_task(placer.run())
-    memo.poller = asyncio.create_task(poller.run())
-    memo.resync = asyncio.create_task(_resync(queue, job_phases))
+    memo.lead = asyncio.create_task(_lead(queue, placer, poller, job_phases))
     metrics.serve(
         OPTIONS.metrics_port,
         lambda: Counter({p: len(keys) for p, keys in job_phases.items()}),
@@ -153,11 +160,29 @@ async def start(
     logger.info("trainwave operator started: %d reconcile workers", OPTIONS.workers)
 
 
+async def _lead(
+    queue: WorkQueue, placer: Placer, poller: StatusPoller, job_phases: kopf.Index[str, JobKey]
+) -> None:
+    """Wait for the Lease, then start everything that writes. Never returns while leading:
+    leadership ends only with the process (leadership.fail_stop)."""
+    election = OPTIONS.leadership
+    if election is not None:
+        leading = asyncio.Event()
+        loop = asyncio.get_running_loop()
+        election.when_leading(lambda: loop.call_soon_threadsafe(leading.set))
+        if not leading.is_set():
+            logger.info("standby: caches warm, waiting for the lease as %s", election.identity)
+        await leading.wait()
+        logger.info("leading: reconciling and placing (%d jobs queued)", queue.depth)
+    metrics.LEADER.set(1)
+    queue.start(OPTIONS.workers)
+    await asyncio.gather(placer.run(), poller.run(), _resync(queue, job_phases))
+
+
 @kopf.on.cleanup()
 async def stop(memo: Any, **_: Any) -> None:
-    for task in ("resync", "placer", "poller"):
-        if getattr(memo, task, None):
-            getattr(memo, task).cancel()
+    if getattr(memo, "lead", None):
+        memo.lead.cancel()  # and with it the placer, the poller and the resync
     _PLACER.pop("gangs", None)
     cache = _CACHE.pop("cluster", None)
     if cache is not None:
