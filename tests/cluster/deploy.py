@@ -32,11 +32,14 @@ LEASE = "trainwave-leader"  # the chart's name for release "trainwave", the CLI'
 
 
 def install_chart(cluster: Cluster, *extra: str) -> None:
-    """`helm upgrade --install` the chart: CRDs, RBAC, ServiceAccount, Deployment."""
+    """`helm upgrade --install` the chart: CRDs, RBAC, ServiceAccount, Deployment, with the
+    chart's values plus `extra` (--reset-values: helm would otherwise keep the values an
+    earlier upgrade set, and a reused cluster would carry them from test to test)."""
     environment = os.environ | {"KUBECONFIG": str(cluster.kubeconfig)}
     result = subprocess.run(
         [str(tool("helm")), "upgrade", "--install", RELEASE, str(CHART),
-         "--namespace", NAMESPACE, "--create-namespace", "--wait", "--timeout", "120s", *extra],
+         "--namespace", NAMESPACE, "--create-namespace", "--wait", "--timeout", "120s",
+         "--reset-values", *extra],
         check=False, env=environment, capture_output=True, text=True,
     )  # fmt: skip
     if result.returncode != 0:

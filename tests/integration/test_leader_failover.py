@@ -8,10 +8,10 @@ import time
 
 import pytest
 
-from cluster.deploy import LEASE, NAMESPACE, OperatorProcess
+from cluster.deploy import OperatorProcess
 from integration.ledgers import PodLedger
 from integration.node_pools import node_pool
-from integration.trainwave_fixtures import apply, job, job_manifest, wait_until
+from integration.trainwave_fixtures import apply, job, job_manifest, lease_holder, wait_until
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(420)]
 
@@ -40,20 +40,12 @@ def _jobs():
             yield f"{prefix}-{index}", options, phase, reason, attempts
 
 
-def holder(cluster) -> str:
-    """The pod name of the Lease holder ('' when nobody holds it)."""
-    identity = cluster.kubectl(
-        "get", "lease", LEASE, "-n", NAMESPACE, "-o", "jsonpath={.spec.holderIdentity}"
-    ).stdout.strip()
-    return identity.rpartition("_")[0]
-
-
 def kill_leader_and_time_takeover(cluster, replicas: dict[str, OperatorProcess]) -> float:
-    leader = holder(cluster)
+    leader = lease_holder(cluster)
     (standby,) = set(replicas) - {leader}
     killed = time.monotonic()
     replicas[leader].kill()
-    wait_until(lambda: holder(cluster) == standby, TAKEOVER_BOUND + 2 * SLACK,
+    wait_until(lambda: lease_holder(cluster) == standby, TAKEOVER_BOUND + 2 * SLACK,
                f"{standby} to take the lease", interval=0.1)  # fmt: skip
     return time.monotonic() - killed
 
@@ -68,7 +60,7 @@ def test_standby_takes_over_from_a_killed_leader_without_double_booking(
     )  # fmt: skip
     standby.start()
     replicas = {running_operator.pod_name: running_operator, standby.pod_name: standby}
-    wait_until(lambda: holder(cluster) in replicas, 30, "a replica to hold the lease")
+    wait_until(lambda: lease_holder(cluster) in replicas, 30, "a replica to hold the lease")
     takeovers: list[float] = []
     with node_pool(cluster, rack_sizes=(2, 2)) as pool:
         pods = PodLedger(cluster, namespace, gpus_per_node=8).start()
