@@ -1,6 +1,6 @@
 """`trainwave`: the command the operator image runs, and tools for people.
 
-trainwave operator [--namespace NS]... [--metrics-port N] [--health-port N]
+trainwave operator [--namespace NS]... [--metrics-port N] [--health-port N] [--leader-elect ...]
 trainwave agent [--node-name N] [--root DIR] [--interval S] [--once] [--shared-gpus ...]
 trainwave doctor [--root /] [--json] [--nccl-log FILE]...   GPUDirect RDMA checklist
 trainwave crd            print the TrainingJob CRD the models define
@@ -13,8 +13,12 @@ import logging
 import os
 import sys
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from trainwave import __version__, contract
+
+if TYPE_CHECKING:
+    from trainwave.controller.leadership import LeaderElector
 
 LOG_LEVELS = ("debug", "info", "warning", "error")
 
@@ -63,6 +67,7 @@ def main(argv: list[str] | None = None) -> int:
         "created on first start (default: $POD_NAMESPACE or trainwave-system, "
         f"/{contract.DEFAULT_STATUS_KEY_SECRET})",
     )
+    add_leader_election_flags(operator)
     planner = commands.add_parser("plan", help="dry-run placement of a TrainingJob manifest")
     planner.add_argument("manifest", help="a TrainingJob YAML file")
     planner.add_argument(
@@ -133,6 +138,42 @@ def main(argv: list[str] | None = None) -> int:
     if options.command == "size":
         return run_size(options)
     return run_operator(options)
+
+
+def add_leader_election_flags(operator: argparse.ArgumentParser) -> None:
+    """kube-scheduler's flag names and controller-runtime's defaults (15/10/2 s)."""
+    operator.add_argument(
+        "--leader-elect",
+        action=argparse.BooleanOptionalAction,
+        default=True,
+        help="hold a coordination.k8s.io Lease before acting, so replicas can stand by "
+        "(default on; --no-leader-elect runs alone and must be the only replica)",
+    )
+    operator.add_argument(
+        "--leader-elect-resource-name",
+        default="trainwave-leader",
+        metavar="NAME",
+        help="the Lease's name (default trainwave-leader)",
+    )
+    operator.add_argument(
+        "--leader-elect-resource-namespace",
+        default="",
+        metavar="NS",
+        help="the Lease's namespace (default: $POD_NAMESPACE, then the in-cluster "
+        "ServiceAccount's namespace)",
+    )
+    for flag, default, what in (
+        ("lease-duration", 15.0, "how long a standby waits on an unrenewed lease"),
+        ("renew-deadline", 10.0, "how long the leader keeps trying to renew before it exits"),
+        ("retry-period", 2.0, "seconds between attempts to acquire or renew"),
+    ):
+        operator.add_argument(
+            f"--leader-elect-{flag}",
+            type=_positive_seconds,
+            default=default,
+            metavar="SECONDS",
+            help=f"{what} (default {default:g})",
+        )
 
 
 def run_plan(options: argparse.Namespace) -> int:
@@ -344,13 +385,56 @@ def run_operator(options: argparse.Namespace) -> int:
     levels = tuple(x for x in options.topology_levels.split(",") if x)
     if levels:
         handlers.OPTIONS.topology_levels = levels
+    if options.leader_elect:
+        try:
+            handlers.OPTIONS.leadership = elector(options)
+        except ValueError as error:
+            print(f"trainwave operator: {error}", file=sys.stderr)
+            return 2
+        handlers.OPTIONS.leadership.start()
+    # standalone: kopf's peering is not leader election (see controller/leadership.py).
     kopf.run(
         standalone=True,
         clusterwide=not options.namespace,
         namespaces=options.namespace,
         liveness_endpoint=f"http://{options.health_host}:{options.health_port}/healthz",
     )
+    # kopf.run returns after its cleanup and after the loop's executor has finished every
+    # API call in flight; only now is it safe to hand the Lease over.
+    if handlers.OPTIONS.leadership is not None:
+        handlers.OPTIONS.leadership.release()
     return 0
+
+
+def elector(options: argparse.Namespace) -> "LeaderElector":
+    import socket
+
+    from trainwave.controller.kube import LeaseClient, load_config
+    from trainwave.controller.leadership import LeaderElector, Timing, identity
+
+    timing = Timing(
+        options.leader_elect_lease_duration,
+        options.leader_elect_renew_deadline,
+        options.leader_elect_retry_period,
+    )
+    namespace = options.leader_elect_resource_namespace or _own_namespace()
+    if not namespace:
+        raise ValueError(
+            "no namespace for the leader Lease: pass --leader-elect-resource-namespace "
+            "or set $POD_NAMESPACE (the chart sets it from the downward API)"
+        )
+    pod = os.environ.get("POD_NAME", "")
+    # Its own connection pool: reconcile traffic must never queue the renewal.
+    leases = LeaseClient(load_config(pool_size=2), namespace, options.leader_elect_resource_name)
+    return LeaderElector(leases, identity(pod or socket.gethostname()), timing, pod_name=pod)
+
+
+def _own_namespace() -> str:
+    path = Path("/var/run/secrets/kubernetes.io/serviceaccount/namespace")
+    try:
+        return os.environ.get("POD_NAMESPACE") or path.read_text().strip()
+    except OSError:
+        return ""
 
 
 if __name__ == "__main__":

@@ -28,14 +28,18 @@ CHART = REPO / "charts" / "trainwave"
 RELEASE = "trainwave"
 NAMESPACE = "trainwave-system"
 SERVICE_ACCOUNT = "trainwave"
+LEASE = "trainwave-leader"  # the chart's name for release "trainwave", the CLI's default
 
 
 def install_chart(cluster: Cluster, *extra: str) -> None:
-    """`helm upgrade --install` the chart: CRDs, RBAC, ServiceAccount, Deployment."""
+    """`helm upgrade --install` the chart: CRDs, RBAC, ServiceAccount, Deployment, with the
+    chart's values plus `extra` (--reset-values: helm would otherwise keep the values an
+    earlier upgrade set, and a reused cluster would carry them from test to test)."""
     environment = os.environ | {"KUBECONFIG": str(cluster.kubeconfig)}
     result = subprocess.run(
         [str(tool("helm")), "upgrade", "--install", RELEASE, str(CHART),
-         "--namespace", NAMESPACE, "--create-namespace", "--wait", "--timeout", "120s", *extra],
+         "--namespace", NAMESPACE, "--create-namespace", "--wait", "--timeout", "120s",
+         "--reset-values", *extra],
         check=False, env=environment, capture_output=True, text=True,
     )  # fmt: skip
     if result.returncode != 0:
@@ -87,13 +91,23 @@ class OperatorProcess:
     metrics_port: int = field(default_factory=free_port)
     health_port: int = field(default_factory=free_port)
     extra_args: tuple[str, ...] = ()  # more `trainwave operator` flags, e.g. ("--workers", "8")
+    # The pod this process stands in for: its leader identity is `<pod_name>_<random>`, and a
+    # restart keeps the name, as a container restart inside one pod does.
+    pod_name: str = "trainwave-local-0"
     process: subprocess.Popen[bytes] | None = None
 
     def start(self, timeout: float = 60) -> None:
         # This checkout's operator, not whichever one the venv's editable install points at:
         # in a git worktree those differ, and tests would exercise the other code.
         path = os.pathsep.join(filter(None, [str(REPO / "operator"), os.environ.get("PYTHONPATH")]))
-        environment = os.environ | {"KUBECONFIG": str(self.kubeconfig), "PYTHONPATH": path}
+        environment = os.environ | {
+            "KUBECONFIG": str(self.kubeconfig),
+            "PYTHONPATH": path,
+            # What the chart's downward API gives the operator: the Lease's namespace and
+            # the identity's prefix.
+            "POD_NAMESPACE": NAMESPACE,
+            "POD_NAME": self.pod_name,
+        }
         log = self.log_path.open("ab")
         self.process = subprocess.Popen(
             [sys.executable, "-m", "trainwave.cli", "operator",

@@ -4,7 +4,7 @@ import re
 
 import pytest
 
-from cluster.deploy import NAMESPACE, SERVICE_ACCOUNT
+from cluster.deploy import LEASE, NAMESPACE, SERVICE_ACCOUNT
 from integration.trainwave_fixtures import apply, job_manifest, wait_for_phase
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(120)]
@@ -41,12 +41,34 @@ def test_operator_service_account_has_least_privilege(trainwave_installed, verb,
     assert result.stdout.strip() == ("yes" if allowed else "no")
 
 
+@pytest.mark.parametrize(
+    ("verb", "lease", "namespace", "allowed"),
+    [
+        ("get", LEASE, NAMESPACE, True),
+        ("update", LEASE, NAMESPACE, True),
+        ("create", "", NAMESPACE, True),
+        ("update", "someone-elses-lease", NAMESPACE, False),
+        ("delete", LEASE, NAMESPACE, False),
+        ("update", LEASE, "default", False),
+    ],
+    ids=str,
+)
+def test_operator_may_write_only_its_own_lease(
+    trainwave_installed, verb, lease, namespace, allowed
+):
+    resource = "leases.coordination.k8s.io" + (f"/{lease}" if lease else "")
+    result = trainwave_installed.kubectl(
+        "auth", "can-i", verb, resource, "-n", namespace, f"--as={OPERATOR}", check=False
+    )
+    assert result.stdout.strip() == ("yes" if allowed else "no")
+
+
 def test_chart_deployment_is_available(trainwave_installed):
     deployment = trainwave_installed.kubectl(
         "get", "deploy", "-n", NAMESPACE, "-l", "app.kubernetes.io/name=trainwave",
         "-o", "jsonpath={.items[0].status.availableReplicas}",
     ).stdout  # fmt: skip
-    assert deployment == "1"
+    assert deployment == "2"  # a leader and a standby
 
 
 def test_metrics_and_health(cluster, namespace, running_operator):

@@ -16,7 +16,13 @@ import pytest
 import yaml
 
 from cluster.controlplane import Cluster
-from cluster.deploy import OperatorProcess, install_chart, service_account_kubeconfig
+from cluster.deploy import (
+    LEASE,
+    NAMESPACE,
+    OperatorProcess,
+    install_chart,
+    service_account_kubeconfig,
+)
 
 TERMINAL = ("Succeeded", "Failed")
 
@@ -45,6 +51,14 @@ def running_operator(operator: OperatorProcess) -> OperatorProcess:
     if not operator.alive():
         operator.start()
     return operator
+
+
+def lease_holder(cluster: Cluster) -> str:
+    """The pod name of the operator replica holding the leader Lease ('' when none does)."""
+    identity = cluster.kubectl(
+        "get", "lease", LEASE, "-n", NAMESPACE, "-o", "jsonpath={.spec.holderIdentity}"
+    ).stdout.strip()
+    return identity.rpartition("_")[0]  # identities are <pod name>_<random suffix>
 
 
 def job_manifest(

@@ -193,15 +193,21 @@ def test_cluster_role_is_least_privilege() -> None:
         assert "*" not in verbs, f"wildcard verb on {group}/{resource}"
 
 
+def named(manifests: list[dict[str, Any]], kind: str, name: str) -> dict[str, Any]:
+    found = [m for m in find(manifests, kind) if m["metadata"]["name"] == name]
+    assert len(found) == 1, f"expected one {kind} {name}, got {len(found)}"
+    return found[0]
+
+
 def test_the_operator_may_read_one_secret_its_master_status_key_by_name() -> None:
     manifests = render()
-    role = one(manifests, "Role")
     name = f"{RELEASE}-trainwave-status-key"  # fullname, then the suffix
+    role = named(manifests, "Role", name)
     assert role["metadata"]["namespace"] == NAMESPACE
     assert role["rules"] == [
         {"apiGroups": [""], "resources": ["secrets"], "resourceNames": [name], "verbs": ["get"]}
     ]
-    binding = one(manifests, "RoleBinding")
+    binding = named(manifests, "RoleBinding", role["metadata"]["name"])
     assert binding["roleRef"]["name"] == role["metadata"]["name"]
     assert binding["subjects"][0]["name"] == one(manifests, "ServiceAccount")["metadata"]["name"]
     args = one(manifests, "Deployment")["spec"]["template"]["spec"]["containers"][0]["args"]
@@ -248,6 +254,12 @@ DEFAULT_ARGS = [
     "--runtime-image", "trainwave/runtime:0.1.0",
     "--status-key-secret", f"{NAMESPACE}/{RELEASE}-trainwave-status-key",
 ]  # fmt: skip
+LEADER_ARGS = [
+    "--leader-elect-resource-name", "tw-trainwave-leader",
+    "--leader-elect-lease-duration", "15",
+    "--leader-elect-renew-deadline", "10",
+    "--leader-elect-retry-period", "2",
+]  # fmt: skip
 
 
 @pytest.mark.parametrize(
@@ -280,14 +292,111 @@ DEFAULT_ARGS = [
     ],
 )  # fmt: skip
 def test_operator_args(args: tuple[str, ...], expected: list[str]) -> None:
-    assert container(render(*args))["args"] == expected
+    assert container(render(*args))["args"] == [*expected, *LEADER_ARGS]
 
 
-def test_one_replica_replaced_not_rolled() -> None:
-    # kopf runs standalone: two operators must never handle the same job at once.
+@pytest.mark.parametrize(
+    ("args", "expected"),
+    [
+        pytest.param(
+            ("--set", "leaderElection.leaseDuration=30", "--set", "leaderElection.retryPeriod=3"),
+            ["--leader-elect-resource-name", "tw-trainwave-leader",
+             "--leader-elect-lease-duration", "30", "--leader-elect-renew-deadline", "10",
+             "--leader-elect-retry-period", "3"],
+            id="timing",
+        ),
+        pytest.param(
+            ("--set", "replicas=1", "--set", "leaderElection.enabled=false"),
+            ["--no-leader-elect"],
+            id="disabled",
+        ),
+    ],
+)  # fmt: skip
+def test_leader_election_args(args: tuple[str, ...], expected: list[str]) -> None:
+    assert container(render(*args))["args"] == [*DEFAULT_ARGS, *expected]
+
+
+def test_two_replicas_roll_one_at_a_time() -> None:
+    # The Lease lets old and new pods overlap; maxUnavailable 0 keeps a standby up.
     spec = one(render(), "Deployment")["spec"]
-    assert spec["replicas"] == 1
-    assert spec["strategy"] == {"type": "Recreate"}
+    assert spec["replicas"] == 2
+    assert spec["strategy"] == {
+        "type": "RollingUpdate",
+        "rollingUpdate": {"maxSurge": 1, "maxUnavailable": 0},
+    }
+
+
+def test_without_leader_election_one_replica_is_replaced_not_rolled() -> None:
+    spec = one(render("--set", "replicas=1", "--set", "leaderElection.enabled=false"), "Deployment")
+    assert spec["spec"]["replicas"] == 1
+    assert spec["spec"]["strategy"] == {"type": "Recreate"}
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        pytest.param(("--set", "leaderElection.enabled=false"), "replicas > 1 needs",
+                     id="replicas-without-election"),
+        pytest.param(("--set", "leaderElection.leaseDuration=10"), "leaseDuration must be",
+                     id="lease-not-above-deadline"),
+        pytest.param(("--set", "leaderElection.retryPeriod=9"), "1.2 x", id="retry-too-long"),
+    ],
+)  # fmt: skip
+def test_unsafe_election_settings_fail_at_install(args: tuple[str, ...], message: str) -> None:
+    assert message in render_error(*args)
+
+
+def test_pod_name_comes_from_the_downward_api() -> None:
+    env = {item["name"]: item for item in container(render())["env"]}
+    assert env["POD_NAME"]["valueFrom"] == {"fieldRef": {"fieldPath": "metadata.name"}}
+
+
+def test_leader_election_role_names_only_its_lease() -> None:
+    manifests = render()
+    role = named(manifests, "Role", "tw-trainwave-leader")
+    assert role["metadata"]["namespace"] == NAMESPACE
+    assert role["rules"] == [
+        {"apiGroups": ["coordination.k8s.io"], "resources": ["leases"], "verbs": ["create"]},
+        {
+            "apiGroups": ["coordination.k8s.io"],
+            "resources": ["leases"],
+            "resourceNames": ["tw-trainwave-leader"],
+            "verbs": ["get", "update"],
+        },
+    ]
+    binding = named(manifests, "RoleBinding", role["metadata"]["name"])
+    assert binding["roleRef"]["name"] == role["metadata"]["name"]
+    assert binding["subjects"] == [
+        {"kind": "ServiceAccount", "name": "tw-trainwave", "namespace": NAMESPACE}
+    ]
+
+
+def test_no_lease_role_without_leader_election() -> None:
+    manifests = render("--set", "replicas=1", "--set", "leaderElection.enabled=false")
+    assert [r["metadata"]["name"] for r in find(manifests, "Role")] == [
+        f"{RELEASE}-trainwave-status-key"
+    ]
+
+
+@pytest.mark.parametrize(
+    ("args", "min_available"),
+    [
+        pytest.param((), 1, id="default"),
+        pytest.param(("--set", "replicas=3", "--set", "podDisruptionBudget.minAvailable=2"), 2,
+                     id="three-replicas"),
+        pytest.param(("--set", "replicas=1"), None, id="one-replica-no-pdb"),
+        pytest.param(("--set", "podDisruptionBudget.enabled=false"), None, id="disabled"),
+    ],
+)  # fmt: skip
+def test_pod_disruption_budget(args: tuple[str, ...], min_available: int | None) -> None:
+    manifests = render(*args)
+    budgets = find(manifests, "PodDisruptionBudget")
+    if min_available is None:
+        assert budgets == []
+        return
+    (budget,) = budgets
+    selector = one(manifests, "Deployment")["spec"]["selector"]
+    assert budget["spec"] == {"minAvailable": min_available, "selector": selector}
 
 
 @pytest.mark.parametrize(

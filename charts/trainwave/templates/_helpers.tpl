@@ -37,6 +37,11 @@ release name already contains the chart name ("trainwave" rather than
 {{- printf "%s-status-key" (include "trainwave.fullname" . | trunc 52 | trimSuffix "-") }}
 {{- end }}
 
+{{/* The leader election Lease, and its Role and RoleBinding, which name it so no other Lease can be written. */}}
+{{- define "trainwave.leaseName" -}}
+{{- printf "%s-leader" (include "trainwave.fullname" . | trunc 56 | trimSuffix "-") }}
+{{- end }}
+
 {{/* helm.sh/chart label value; "+" from semver build metadata is not valid in a label. */}}
 {{- define "trainwave.chart" -}}
 {{- printf "%s-%s" .Chart.Name .Chart.Version | replace "+" "_" | trunc 63 | trimSuffix "-" }}

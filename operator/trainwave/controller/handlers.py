@@ -9,6 +9,12 @@ cluster on start. kopf's indexes were used once; they keep objects deleted
 while a watch was down (see job_cache.py), and kopf's per-event machinery was
 a third of the operator's CPU at 2,000 pods. Reconciles start only after every
 store is filled, so the first ones after a restart already see every pod.
+
+High availability: every replica runs the informers and caches, so a standby
+is warm; only the Lease holder starts the reconcile workers, the placer, the
+status poller and the resync, and every API write is gated on the Lease
+(controller/leadership.py). A standby's queue fills from events while it waits
+and is worked off the moment it leads.
 """
 
 import asyncio
@@ -25,6 +31,7 @@ from trainwave.controller import metrics
 from trainwave.controller.cluster_cache import ClusterCache
 from trainwave.controller.job_cache import JobCache
 from trainwave.controller.kube import KubeClient, load_config
+from trainwave.controller.leadership import LeaderElector
 from trainwave.controller.placer import Placer
 from trainwave.controller.queue import WorkQueue
 from trainwave.controller.reconciler import JobKey, Reconciler
@@ -45,6 +52,7 @@ class Options:
     status_networks: tuple[Network, ...] = ANY_NETWORK
     namespaces: tuple[str, ...] = ()  # names or patterns; empty: every namespace
     status_key_secret: tuple[str, str] = ("trainwave-system", contract.DEFAULT_STATUS_KEY_SECRET)
+    leadership: LeaderElector | None = None  # None: act alone (no leader election)
 
 
 OPTIONS = Options()
@@ -67,6 +75,8 @@ async def start(*, settings: kopf.OperatorSettings, memo: Any, **_: Any) -> None
     loop = asyncio.get_running_loop()
     loop.set_default_executor(ThreadPoolExecutor(max_workers=threads, thread_name_prefix="kube"))
     kube = KubeClient(load_config(pool_size=threads))
+    if OPTIONS.leadership is not None:
+        kube.guard = OPTIONS.leadership.check
     # Nodes and active pods for placement, followed by watches instead of listed
     # every round. Its informers run in their own threads.
     cache = ClusterCache(kube)
@@ -110,11 +120,8 @@ async def start(*, settings: kopf.OperatorSettings, memo: Any, **_: Any) -> None
     for name, informers in (("job", jobs), ("cluster", cache)):
         if not await asyncio.to_thread(informers.wait_synced, 60):
             logger.warning("%s cache not synced after 60 s; its informers keep trying", name)
-    queue.start(OPTIONS.workers)
     _PLACER["gangs"] = placer
-    memo.placer = asyncio.create_task(placer.run())
-    memo.poller = asyncio.create_task(poller.run())
-    memo.resync = asyncio.create_task(_resync(queue, jobs))
+    memo.lead = asyncio.create_task(_lead(queue, placer, poller, jobs))
     metrics.serve(
         OPTIONS.metrics_port,
         jobs.phase_counts,
@@ -123,11 +130,27 @@ async def start(*, settings: kopf.OperatorSettings, memo: Any, **_: Any) -> None
     logger.info("trainwave operator started: %d reconcile workers", OPTIONS.workers)
 
 
+async def _lead(queue: WorkQueue, placer: Placer, poller: StatusPoller, jobs: JobCache) -> None:
+    """Wait for the Lease, then start everything that writes. Never returns while leading:
+    leadership ends only with the process (leadership.fail_stop)."""
+    election = OPTIONS.leadership
+    if election is not None:
+        leading = asyncio.Event()
+        loop = asyncio.get_running_loop()
+        election.when_leading(lambda: loop.call_soon_threadsafe(leading.set))
+        if not leading.is_set():
+            logger.info("standby: caches warm, waiting for the lease as %s", election.identity)
+        await leading.wait()
+        logger.info("leading: reconciling and placing (%d jobs queued)", queue.depth)
+    metrics.LEADER.set(1)
+    queue.start(OPTIONS.workers)
+    await asyncio.gather(placer.run(), poller.run(), _resync(queue, jobs))
+
+
 @kopf.on.cleanup()
 async def stop(memo: Any, **_: Any) -> None:
-    for task in ("resync", "placer", "poller"):
-        if getattr(memo, task, None):
-            getattr(memo, task).cancel()
+    if getattr(memo, "lead", None):
+        memo.lead.cancel()  # and with it the placer, the poller and the resync
     recorder = getattr(memo, "recorder", None)
     if recorder is not None:
         # Events already decided are posted before the process ends, within reason.

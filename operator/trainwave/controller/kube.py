@@ -12,6 +12,7 @@ import logging
 import os
 import socket
 import time
+from collections.abc import Callable
 from datetime import UTC, datetime
 from typing import Any
 
@@ -19,6 +20,8 @@ from kubernetes import client, config
 from kubernetes.client.exceptions import ApiException
 
 from trainwave import contract, signatures
+from trainwave.controller.leadership import Conflict as LeaseConflict
+from trainwave.controller.leadership import LeaseRecord
 from trainwave.lifecycle.decide import JobEvent
 
 logger = logging.getLogger(__name__)
@@ -63,11 +66,15 @@ class KubeClient:
         self.custom = client.CustomObjectsApi(api_client)
         self.events = client.EventsV1Api(api_client)
         self.instance = os.environ.get("POD_NAME") or socket.gethostname()
+        # Asked before every write: with leader election, it refuses a replica that does
+        # not hold the Lease (leadership.LeaderElector.check). Reads are never gated.
+        self.guard: Callable[[], None] = lambda: None
 
     def patch_job_status(
         self, namespace: str, name: str, resource_version: str, status: dict[str, Any]
     ) -> dict[str, Any]:
         patch = {"metadata": {"resourceVersion": resource_version}, "status": status}
+        self.guard()
         try:
             body: Any = self.custom.patch_namespaced_custom_object_status(
                 contract.GROUP, contract.VERSION, namespace, contract.PLURAL, name, patch
@@ -123,6 +130,7 @@ class KubeClient:
         """Create once; one that exists already is left alone (its name holds the job's UID,
         and the operator never trusts its content: it derives the key it verifies with)."""
         meta = secret["metadata"]
+        self.guard()
         try:
             _release(
                 self.core.create_namespaced_secret(
@@ -180,6 +188,7 @@ class KubeClient:
 
     def patch_pod(self, namespace: str, name: str, patch: dict[str, Any]) -> None:
         """A merge patch; one that carries a stale resourceVersion raises Conflict."""
+        self.guard()
         try:
             _release(
                 self.core.patch_namespaced_pod(
@@ -229,6 +238,7 @@ class KubeClient:
                 "uid": meta["uid"],
             },
         }
+        self.guard()
         try:
             _release(
                 self.events.create_namespaced_event(meta["namespace"], body, _preload_content=False)
@@ -240,6 +250,7 @@ class KubeClient:
             )
 
     def _apply(self, patch: Any, name: str, namespace: str, body: dict[str, Any]) -> None:
+        self.guard()
         try:
             response = patch(
                 name,
@@ -261,8 +272,8 @@ class KubeClient:
                 raise Refused(f"{kind} {namespace}/{name}", _status_message(error)) from None
             raise
 
-    @staticmethod
-    def _ignore_gone(call: Any, *args: Any, **kwargs: Any) -> None:
+    def _ignore_gone(self, call: Any, *args: Any, **kwargs: Any) -> None:
+        self.guard()
         try:
             call(*args, **kwargs)
         except ApiException as error:
@@ -293,3 +304,85 @@ def _status_message(error: ApiException) -> str:
         return str(json.loads(error.body or "").get("message", error.reason))
     except (TypeError, ValueError):
         return str(error.reason)
+
+
+class LeaseClient:
+    """The one Lease leader election uses, over its own connection (see leadership.py)."""
+
+    def __init__(self, api_client: client.ApiClient, namespace: str, name: str):
+        self.coordination = client.CoordinationV1Api(api_client)
+        self.namespace = namespace
+        self.name = name
+
+    def get(self, timeout: float) -> LeaseRecord | None:
+        try:
+            response = self.coordination.read_namespaced_lease(
+                self.name, self.namespace, _preload_content=False, _request_timeout=timeout
+            )
+        except ApiException as error:
+            if error.status == 404:
+                return None
+            raise
+        return _lease_record(_body(response))
+
+    def create(self, record: LeaseRecord, timeout: float) -> LeaseRecord:
+        try:
+            response = self.coordination.create_namespaced_lease(
+                self.namespace, self._body(record), _preload_content=False,
+                _request_timeout=timeout,
+            )  # fmt: skip
+        except ApiException as error:
+            if error.status == 409:
+                raise LeaseConflict(f"lease {self.namespace}/{self.name} exists") from None
+            raise
+        return _lease_record(_body(response))
+
+    def update(self, record: LeaseRecord, timeout: float) -> LeaseRecord:
+        try:
+            response = self.coordination.replace_namespaced_lease(
+                self.name, self.namespace, self._body(record), _preload_content=False,
+                _request_timeout=timeout,
+            )  # fmt: skip
+        except ApiException as error:
+            if error.status == 409:
+                raise LeaseConflict(f"lease {self.namespace}/{self.name} changed") from None
+            raise
+        return _lease_record(_body(response))
+
+    def _body(self, record: LeaseRecord) -> Any:  # a dict; the client accepts it for V1Lease
+        meta: dict[str, Any] = {"name": self.name, "namespace": self.namespace}
+        if record.resource_version:
+            # Optimistic concurrency: the update is refused (409) if anyone wrote since.
+            meta["resourceVersion"] = record.resource_version
+        return {
+            "apiVersion": "coordination.k8s.io/v1",
+            "kind": "Lease",
+            "metadata": meta,
+            "spec": {
+                "holderIdentity": record.holder,
+                "leaseDurationSeconds": record.duration_seconds,
+                "acquireTime": record.acquire_time,
+                "renewTime": record.renew_time,
+                "leaseTransitions": record.transitions,
+            },
+        }
+
+
+def _body(response: Any) -> dict[str, Any]:
+    try:
+        found: dict[str, Any] = json.loads(response.data)
+    finally:
+        response.release_conn()
+    return found
+
+
+def _lease_record(lease: dict[str, Any]) -> LeaseRecord:
+    spec = lease.get("spec") or {}
+    return LeaseRecord(
+        holder=spec.get("holderIdentity") or "",
+        duration_seconds=int(spec.get("leaseDurationSeconds") or 0),
+        acquire_time=spec.get("acquireTime") or "",
+        renew_time=spec.get("renewTime") or "",
+        transitions=int(spec.get("leaseTransitions") or 0),
+        resource_version=lease["metadata"].get("resourceVersion", ""),
+    )

@@ -44,6 +44,11 @@ STATUS_READS = Counter(
     ["outcome"],
 )
 
+LEADER = Gauge(
+    "trainwave_leader",
+    "1 while this replica holds the leader Lease and acts; 0 on a standby, which only watches.",
+)
+
 GANGS_PLACED = Counter(
     "trainwave_gangs_placed_total", "Gangs the placer released onto the nodes it chose."
 )
