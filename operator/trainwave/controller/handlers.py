@@ -20,6 +20,7 @@ import kopf
 from trainwave import contract
 from trainwave.controller import metrics
 from trainwave.controller.cluster_cache import ClusterCache
+from trainwave.controller.departures import Departures
 from trainwave.controller.kube import KubeClient, load_config
 from trainwave.controller.placer import Placer
 from trainwave.controller.queue import WorkQueue
@@ -47,6 +48,7 @@ OPTIONS = Options()
 _QUEUE: dict[str, WorkQueue] = {}
 _PLACER: dict[str, Placer] = {}
 _CACHE: dict[str, ClusterCache] = {}
+_DEPARTURES = Departures()
 
 
 @kopf.index("", "v1", "pods", labels=WORKER_SELECTOR)
@@ -78,8 +80,13 @@ def job_changed(namespace: str, name: str, **_: Any) -> None:
 
 
 @kopf.on.event("", "v1", "pods", labels=WORKER_SELECTOR)
-def worker_changed(namespace: str, labels: Any, **_: Any) -> None:
-    _wake((namespace, labels[contract.LABEL_JOB_NAME]))
+def worker_changed(namespace: str, labels: Any, event: Any, body: Any, **_: Any) -> None:
+    key = (namespace, labels[contract.LABEL_JOB_NAME])
+    if event.get("type") == "DELETED":
+        pod = observe_pod(_plain(body))
+        if pod is not None:
+            _DEPARTURES.record(key, pod)
+    _wake(key)
 
 
 @kopf.on.startup()
@@ -127,6 +134,14 @@ async def start(
     # pokes the placer on the loop.
     loop = asyncio.get_running_loop()
     cache.on_change(lambda: loop.call_soon_threadsafe(placer.poke))
+
+    def wake_jobs_on(nodes: set[str]) -> None:
+        # A node lost or turned NotReady: its workers' jobs judge it (failure policy).
+        for key, pods in list(worker_pods.items()):
+            if any(p.node in nodes for p in pods):
+                _wake(key)
+
+    cache.on_node_health(lambda nodes: loop.call_soon_threadsafe(wake_jobs_on, nodes))
     poller = StatusPoller(_wake, networks=OPTIONS.status_networks)
     reconciler = Reconciler(
         kube,
@@ -137,6 +152,8 @@ async def start(
         levels=OPTIONS.topology_levels,
         runtime_image=OPTIONS.runtime_image,
         poller=poller,
+        departures=_DEPARTURES,
+        node_health=cache.node_health,
     )
     queue = WorkQueue(reconciler)
     queue.start(OPTIONS.workers)
