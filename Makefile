@@ -38,7 +38,7 @@ cluster-down: venv ## stop the local control plane and remove its state
 
 .PHONY: generate
 generate: venv ## regenerate CRDs, chart CRDs and values.schema.json from their sources
-	$(PY) -m trainwave.api.generate --crds crds --chart charts/trainwave
+	PYTHONPATH=operator $(PY) -m trainwave.api.generate --crds crds --chart charts/trainwave  # this tree's models
 	$(PY) hack/values_schema.py charts/trainwave/values.yaml > charts/trainwave/values.schema.json
 
 .PHONY: check-generated

@@ -49,9 +49,12 @@ REJECTED = [
         ["onExitCodes.values must not contain 0"],
     ),
     (
-        "failure-rule-without-exit-codes",
+        "failure-rule-without-a-matcher",
         _with("spec.runPolicy", {"failurePolicy": {"rules": [{"action": "FailJob"}]}}),
-        ["spec.runPolicy.failurePolicy.rules[0].onExitCodes", "Required value"],
+        [
+            "spec.runPolicy.failurePolicy.rules[0]",
+            "exactly one of onExitCodes, onPodConditions, onReasons",
+        ],
     ),
     (
         "reserved-env",

@@ -52,11 +52,17 @@ def make_body(
     env: tuple[tuple[str, str], ...] = (),
     uid: str = "uid-1",
     generation: int = 1,
+    failure_policy: dict[str, Any] | None = None,
+    status_extra: dict[str, Any] | None = None,
     **spec_overrides: Any,
 ) -> dict[str, Any]:
     """A raw TrainingJob body, camelCase, the way the API server sends it."""
     run_policy: dict[str, Any] = {
-        "failurePolicy": {"maxRestarts": max_restarts, "rules": list(rules)},
+        "failurePolicy": {
+            "maxRestarts": max_restarts,
+            "rules": list(rules),
+            **(failure_policy or {}),
+        },
         "successPolicy": success_policy,
         "suspend": suspend,
     }
@@ -75,7 +81,7 @@ def make_body(
     }
     if template is not None:
         spec["template"] = template
-    status: dict[str, Any] = {"attempt": attempt, "restarts": restarts}
+    status: dict[str, Any] = {"attempt": attempt, "restarts": restarts, **(status_extra or {})}
     if phase is not None:
         status["phase"] = phase
     for key, value in (("startTime", start_time), ("completionTime", completion_time)):
@@ -116,8 +122,11 @@ def make_pod_body(
     gated: bool = False,
     placed_node: str | None = None,
     released_at: datetime | None = None,
+    container_reason: str | None = None,
+    pod_reason: str | None = None,
+    conditions: tuple[dict[str, str], ...] = (),
 ) -> dict[str, Any]:
-    """A raw worker Pod as the watch delivers it."""
+    """A raw worker Pod as the watch delivers it. `conditions` come after Ready."""
     metadata: dict[str, Any] = {
         "name": worker_pod_name(job, rank, attempt),
         "namespace": NAMESPACE,
@@ -136,16 +145,19 @@ def make_pod_body(
         metadata["deletionTimestamp"] = _time(NOW)
     terminated: dict[str, Any] = {}
     if exit_code is not None:
-        terminated = {"exitCode": exit_code, "reason": "Error" if exit_code else "Completed"}
+        reason = container_reason or ("Error" if exit_code else "Completed")
+        terminated = {"exitCode": exit_code, "reason": reason}
     if finished_at is not None:
         terminated["finishedAt"] = _time(finished_at)
     state = {"terminated": terminated} if terminated else {"running": {}}
     status: dict[str, Any] = {
         "phase": phase,
-        "conditions": [{"type": "Ready", "status": "True" if ready else "False"}],
+        "conditions": [{"type": "Ready", "status": "True" if ready else "False"}, *conditions],
         "containerStatuses": [{"name": contract.WORKER_CONTAINER, "state": state}],
     }
-    if phase == "Failed" and exit_code is None:
+    if pod_reason is not None:
+        status["reason"] = pod_reason
+    elif phase == "Failed" and exit_code is None:
         status["reason"] = "Evicted"
     spec: dict[str, Any] = {"nodeName": placed_node or f"node-{rank}"} if bound else {}
     if gated:
@@ -174,7 +186,9 @@ def make_pod(
     gated: bool = False,
     placed_node: str | None = None,
     released_at: datetime | None = None,
+    **body_options: Any,
 ) -> WorkerPod:
+    """`body_options`: container_reason, pod_reason, conditions (see make_pod_body)."""
     pod = observe_pod(
         make_pod_body(
             rank,
@@ -190,6 +204,7 @@ def make_pod(
             gated=gated,
             placed_node=placed_node,
             released_at=released_at,
+            **body_options,
         )
     )
     assert pod is not None, "the factory must build a well-formed worker pod"

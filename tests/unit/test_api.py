@@ -166,6 +166,7 @@ CRD = build_crd()
 ROOT_SCHEMA = VERSION["schema"]["openAPIV3Schema"]
 SPEC_SCHEMA = ROOT_SCHEMA["properties"]["spec"]
 STATUS_SCHEMA = ROOT_SCHEMA["properties"]["status"]
+RULES = ".spec.runPolicy.failurePolicy.rules[]"
 
 
 def walk(node: dict[str, Any], path: str = "") -> Iterator[tuple[str, dict[str, Any]]]:
@@ -278,8 +279,9 @@ def test_pod_shaping_fields_are_immutable_unless_suspended(field: str) -> None:
         pytest.param("", "size(self.metadata.name) <= 51", id="name-length"),
         pytest.param("", "self.metadata.name.matches(", id="name-dns-1035"),
         pytest.param(".spec.env", "'MASTER_ADDR'", id="reserved-env"),
-        pytest.param(".spec.runPolicy.failurePolicy.rules[]", "!(0 in ", id="no-zero-exit-code"),
-        pytest.param(".spec.runPolicy.failurePolicy.rules[]", "exists_one", id="no-duplicates"),
+        pytest.param(f"{RULES}.onExitCodes", "!(0 in ", id="no-zero-exit-code"),
+        pytest.param(f"{RULES}.onExitCodes", "exists_one", id="no-duplicates"),
+        pytest.param(RULES, ".filter(x, x).size() == 1", id="one-matcher-per-rule"),
     ],
 )
 def test_cel_rules_are_present(path: str, fragment: str) -> None:
@@ -289,7 +291,7 @@ def test_cel_rules_are_present(path: str, fragment: str) -> None:
 def test_printer_columns_point_at_status_fields() -> None:
     columns = VERSION["additionalPrinterColumns"]
     assert [c["name"] for c in columns if "priority" not in c] == [
-        "Phase", "Ready", "Restarts", "GPUs", "Progress", "Age",
+        "Phase", "Ready", "Restarts", "Disruptions", "GPUs", "Progress", "Age",
     ]  # fmt: skip
     for column in columns:
         kind, *path = column["jsonPath"].lstrip(".").split(".")

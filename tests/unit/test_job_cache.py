@@ -139,3 +139,21 @@ def test_deleted_job_leaves_the_store_and_wakes_its_key() -> None:
         cache.jobs.apply({"type": "DELETED", "object": raw_job("a", version="5")})
         assert cache.body(("ns", "a")) is None
         assert woken == Counter({("ns", "a"): 1})
+
+
+def test_a_deleted_worker_s_last_state_is_handed_over_before_it_is_forgotten() -> None:
+    left: list[tuple[JobKey, str, str]] = []
+    fake = Cluster(
+        [raw_job("a")],
+        [raw_pod("a-0", job="a", node="n0")],
+        [],
+        on_departure=lambda key, pod: left.append((key, pod.name, pod.reason)),
+    )
+    with fake as cache:
+        assert cache.jobs_on({"n0"}) == {("ns", "a")}
+        assert cache.jobs_on({"n1"}) == set()
+        gone = raw_pod("a-0", job="a", node="n0", phase="Failed")
+        gone["status"]["reason"] = "Evicted"
+        cache.pods.apply({"type": "DELETED", "object": gone})
+        assert left == [(("ns", "a"), "a-0", "Evicted")], "its final state, not the stored one"
+        assert cache.worker_pods(("ns", "a")) == []

@@ -6,9 +6,9 @@ capabilities (placement, network, gpuSharing, acceleration) slot in beside
 `runPolicy` as optional objects, each with its own model.
 """
 
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
-from pydantic import ConfigDict, Field
+from pydantic import ConfigDict, Field, StringConstraints, model_validator
 
 from trainwave import contract
 from trainwave.api.base import ApiModel, OpenObject, Quantity, cel, validations
@@ -20,6 +20,17 @@ from trainwave.api.sharing import GpuSharingSpec
 ENV_NAME_PATTERN = r"^[-._a-zA-Z][-._a-zA-Z0-9]*$"
 MAX_WORKERS = 10_000
 MAX_EXIT_CODES = 255
+MAX_REASONS = 32
+DEFAULT_MAX_DISRUPTIONS = 20
+DEFAULT_MAX_IGNORED = 10
+DEFAULT_IGNORE_BACKOFF = 10
+MAX_BACKOFF_SECONDS = 300
+DEFAULT_NODE_NOT_READY = 60
+# Condition types and reasons are CamelCase words (a qualified name for types).
+CONDITION_WORD_PATTERN = r"^([a-z0-9.-]+/)?[A-Za-z][A-Za-z0-9_.-]*$"
+Reason = Annotated[
+    str, StringConstraints(min_length=1, max_length=128, pattern=r"^[A-Za-z][A-Za-z0-9_.-]*$")
+]
 _RESERVED_LIST = ", ".join(f"'{name}'" for name in contract.RESERVED_ENV)
 
 FailureAction = Literal["RestartGang", "FailJob", "Ignore"]
@@ -76,6 +87,23 @@ class PodTemplate(ApiModel):
 
 
 class ExitCodeMatcher(ApiModel):
+    model_config = ConfigDict(
+        **ApiModel.model_config,
+        json_schema_extra=validations(
+            cel(
+                "self.operator != 'In' || !(0 in self.values)",
+                "onExitCodes.values must not contain 0 with operator In: exit code 0 is "
+                "success, not a failure",
+                ".values",
+            ),
+            cel(
+                "self.values.all(v, self.values.exists_one(w, w == v))",
+                "onExitCodes.values must not repeat an exit code",
+                ".values",
+            ),
+        ),
+    )
+
     operator: Literal["In", "NotIn"] = Field(
         description="operator: In matches the listed exit codes, NotIn every other code."
     )
@@ -87,32 +115,92 @@ class ExitCodeMatcher(ApiModel):
     )
 
 
+# Mirrors Job podFailurePolicy `onPodConditions` (type and status must be equal),
+# plus an optional list of the condition's reasons. (A comment, not a docstring:
+# docstrings become the schema's description.)
+class PodConditionMatcher(ApiModel):
+    type: str = Field(
+        description="type of a pod condition, e.g. DisruptionTarget (set by Kubernetes before "
+        "it preempts, evicts or deletes a pod for reasons outside the job).",
+        min_length=1,
+        max_length=316,
+        pattern=CONDITION_WORD_PATTERN,
+    )
+    status: Literal["True", "False", "Unknown"] = Field(
+        default="True", description="status the condition must have. Default True."
+    )
+    reasons: list[Reason] = Field(
+        default_factory=list,
+        max_length=MAX_REASONS,
+        description="reasons: the condition's reason must be one of these; empty matches any. "
+        "DisruptionTarget's are PreemptionByScheduler, DeletionByTaintManager, "
+        "EvictionByEvictionAPI, DeletionByPodGC and TerminationByKubelet.",
+    )
+
+
+_MATCHERS = "onExitCodes, onPodConditions, onReasons"
+
+
 class FailureRule(ApiModel):
     model_config = ConfigDict(
         **ApiModel.model_config,
         json_schema_extra=validations(
             cel(
-                "self.onExitCodes.operator != 'In' || !(0 in self.onExitCodes.values)",
-                "onExitCodes.values must not contain 0 with operator In: exit code 0 is "
-                "success, not a failure",
-                ".onExitCodes.values",
-            ),
-            cel(
-                "self.onExitCodes.values.all(v, self.onExitCodes.values.exists_one(w, w == v))",
-                "onExitCodes.values must not repeat an exit code",
-                ".onExitCodes.values",
+                "[has(self.onExitCodes), has(self.onPodConditions), has(self.onReasons)]"
+                ".filter(x, x).size() == 1",
+                f"each failurePolicy.rules[] entry needs exactly one of {_MATCHERS}",
             ),
         ),
     )
 
     action: FailureAction = Field(
-        description="action when a worker fails with a matching exit code: RestartGang "
-        "restarts every worker and counts toward maxRestarts; FailJob fails the job at once; "
-        "Ignore restarts every worker without counting (for preemption or node loss)."
+        description="action when the first worker in trouble matches: RestartGang restarts "
+        "every worker and counts toward maxRestarts; FailJob fails the job at once; Ignore "
+        "restarts every worker after a backoff, counted toward maxIgnoredRestarts instead."
     )
-    on_exit_codes: ExitCodeMatcher = Field(
-        description="onExitCodes: which exit codes of the 'worker' container this rule matches."
+    on_exit_codes: ExitCodeMatcher | None = Field(
+        default=None,
+        description="onExitCodes: which exit codes of the 'worker' container this rule "
+        "matches. Exit code 137 is any SIGKILL, OOMKilled included; match onReasons to tell "
+        "them apart.",
     )
+    on_pod_conditions: list[PodConditionMatcher] | None = Field(
+        default=None,
+        min_length=1,
+        max_length=MAX_REASONS,
+        description="onPodConditions: the rule matches if the pod has any of these "
+        "conditions, e.g. {type: DisruptionTarget} for preemption, eviction, the taint "
+        "manager, pod garbage collection or a kubelet shutdown.",
+    )
+    on_reasons: list[Reason] | None = Field(
+        default=None,
+        min_length=1,
+        max_length=MAX_REASONS,
+        description="onReasons: the rule matches if any of these is the 'worker' container's "
+        "termination reason (OOMKilled, Error, ContainerCannotRun...), the pod's status "
+        "reason (Evicted, Terminated, OutOfcpu...), or trainwave's word for its node: "
+        "NodeLost (the Node object is gone) or NodeNotReady (NotReady past "
+        "nodeNotReadySeconds).",
+    )
+
+    @model_validator(mode="after")
+    def _one_matcher(self) -> "FailureRule":
+        # The CRD's CEL rule says the same; this one speaks to tests and `trainwave plan`.
+        given = [
+            name
+            for name, value in (
+                ("onExitCodes", self.on_exit_codes),
+                ("onPodConditions", self.on_pod_conditions),
+                ("onReasons", self.on_reasons),
+            )
+            if value is not None
+        ]
+        if len(given) != 1:
+            raise ValueError(
+                f"each failurePolicy.rules[] entry needs exactly one of {_MATCHERS}; "
+                f"got {', '.join(given) or 'none'}"
+            )
+        return self
 
 
 class FailurePolicy(ApiModel):
@@ -120,15 +208,48 @@ class FailurePolicy(ApiModel):
         default=3,
         ge=0,
         le=1000,
-        description="maxRestarts: how many counted gang restarts are allowed before the job "
-        "is Failed. Default 3.",
+        description="maxRestarts: how many counted gang restarts (worker failures) are "
+        "allowed before the job is Failed. Default 3.",
+    )
+    max_disruptions: int = Field(
+        default=DEFAULT_MAX_DISRUPTIONS,
+        ge=0,
+        le=1000,
+        description="maxDisruptions: how many gang restarts caused by disruptions (node lost "
+        "or NotReady, eviction, preemption by the kube-scheduler, kubelet shutdown) are "
+        f"allowed before the job is Failed; they do not count toward maxRestarts. Default "
+        f"{DEFAULT_MAX_DISRUPTIONS}.",
+    )
+    max_ignored_restarts: int = Field(
+        default=DEFAULT_MAX_IGNORED,
+        ge=0,
+        le=1000,
+        description="maxIgnoredRestarts: how many gang restarts by Ignore rules are allowed "
+        f"before the job is Failed. Default {DEFAULT_MAX_IGNORED}.",
+    )
+    ignore_backoff_seconds: int = Field(
+        default=DEFAULT_IGNORE_BACKOFF,
+        ge=0,
+        le=MAX_BACKOFF_SECONDS,
+        description="ignoreBackoffSeconds: the wait before the first Ignore restart; it "
+        f"doubles with each one, up to {MAX_BACKOFF_SECONDS} s (the kubelet's crash-loop "
+        f"backoff). Default {DEFAULT_IGNORE_BACKOFF}; 0 restarts at once.",
+    )
+    node_not_ready_seconds: int = Field(
+        default=DEFAULT_NODE_NOT_READY,
+        ge=0,
+        le=3600,
+        description="nodeNotReadySeconds: a worker whose node has been NotReady (or Unknown) "
+        "this long is a disruption: the gang restarts elsewhere instead of waiting for the "
+        f"taint manager's eviction (300 s by default). Default {DEFAULT_NODE_NOT_READY}.",
     )
     rules: list[FailureRule] = Field(
         default_factory=list,
         max_length=20,
-        description="rules: evaluated in order on the first failed worker; the first match "
-        "decides. A failure no rule matches restarts the gang (RestartGang): NCCL ranks "
-        "cannot survive a lost peer.",
+        description="rules: evaluated in order on the first worker in trouble; the first "
+        "match decides. With no match, a disruption restarts the gang counted toward "
+        "maxDisruptions, and any other failure restarts it counted toward maxRestarts "
+        "(NCCL ranks cannot survive a lost peer).",
     )
 
 

@@ -120,8 +120,27 @@ class TrainingJobStatus(ApiModel):
     attempt: int = Field(
         default=0, description="attempt: the gang incarnation the current workers belong to."
     )
+    # Restarts by cause: each has its own budget in runPolicy.failurePolicy, so
+    # trouble in the infrastructure never spends the user's maxRestarts.
     restarts: int = Field(
-        default=0, description="restarts: gang restarts counted against maxRestarts."
+        default=0,
+        description="restarts: gang restarts after worker failures, counted against maxRestarts.",
+    )
+    disruptions: int = Field(
+        default=0,
+        description="disruptions: gang restarts after a disruption (node lost or NotReady, "
+        "eviction, preemption by the kube-scheduler, kubelet shutdown), counted against "
+        "maxDisruptions.",
+    )
+    ignored_restarts: int = Field(
+        default=0,
+        description="ignoredRestarts: gang restarts by Ignore rules, counted against "
+        "maxIgnoredRestarts.",
+    )
+    next_attempt_time: datetime | None = Field(
+        default=None,
+        description="nextAttemptTime: the new gang is not created before this time (the "
+        "backoff after an Ignore restart).",
     )
     preemptions: int = Field(
         default=0,

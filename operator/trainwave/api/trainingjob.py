@@ -36,11 +36,14 @@ PRINTER_COLUMNS = [
     {"name": "Phase", "type": "string", "jsonPath": ".status.phase"},
     {"name": "Ready", "type": "string", "jsonPath": ".status.ready"},
     {"name": "Restarts", "type": "integer", "jsonPath": ".status.restarts"},
+    {"name": "Disruptions", "type": "integer", "jsonPath": ".status.disruptions"},
     {"name": "GPUs", "type": "integer", "jsonPath": ".status.gpus"},
     {"name": "Progress", "type": "string", "jsonPath": ".status.progress.summary"},
     {"name": "Age", "type": "date", "jsonPath": ".metadata.creationTimestamp"},
     {"name": "Reason", "type": "string", "jsonPath": ".status.reason", "priority": 1},
     {"name": "Attempt", "type": "integer", "jsonPath": ".status.attempt", "priority": 1},
+    {"name": "Ignored", "type": "integer", "jsonPath": ".status.ignoredRestarts", "priority": 1},
+    {"name": "Preempted", "type": "integer", "jsonPath": ".status.preemptions", "priority": 1},
     {"name": "Message", "type": "string", "jsonPath": ".status.message", "priority": 1},
 ]
 

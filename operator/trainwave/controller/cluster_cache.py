@@ -21,6 +21,7 @@ from typing import Generic, TypeVar
 from trainwave.controller.clusterview import ClusterIndex, ClusterView
 from trainwave.controller.informer import PAGE_SIZE, WATCH_SECONDS, Informer
 from trainwave.controller.kube import ACTIVE_PODS, KubeClient
+from trainwave.lifecycle.observed import NodeHealth
 from trainwave.placement.records import NodeRecord, PodRecord, node_record, pod_record
 
 logger = logging.getLogger(__name__)
@@ -63,6 +64,7 @@ class ClusterCache:
         self._lock = threading.Lock()
         self._index = ClusterIndex()
         self._callbacks: list[Callable[[], None]] = []
+        self._health_callbacks: list[Callable[[set[str]], None]] = []
         index = self._index
         self.nodes: Informer[NodeRecord] = Informer(
             "nodes",
@@ -112,6 +114,22 @@ class ClusterCache:
     def on_change(self, callback: Callable[[], None]) -> None:
         self._callbacks.append(callback)
 
+    def on_node_health(self, callback: Callable[[set[str]], None]) -> None:
+        """`callback(names)` after a burst in which nodes appeared, vanished or changed
+        readiness; same thread rules as `on_change`."""
+        self._health_callbacks.append(callback)
+
+    def node_health(self, name: str) -> NodeHealth | None:
+        """What the failure policy needs of a worker's node; None until the nodes are
+        listed (before that, a node the cache lacks may simply not be seen yet)."""
+        if not self.nodes.synced:
+            return None
+        with self._lock:
+            record = self._index.node(name)
+        if record is None:
+            return NodeHealth(present=False)
+        return NodeHealth(True, record.ready, record.not_ready_since)
+
     def stats(self) -> dict[str, tuple[int, int]]:
         """kind -> (objects held, relists): for metrics and tests."""
         with self._lock:
@@ -119,8 +137,13 @@ class ClusterCache:
         return {i.kind: (counts[i.kind], i.relists) for i in self.informers}
 
     def _changed(self) -> None:
-        for callback in list(self._callbacks):
+        with self._lock:
+            unwell = self._index.drain_health_changes()
+        calls: list[Callable[[], None]] = list(self._callbacks)
+        if unwell:
+            calls += [partial(callback, unwell) for callback in self._health_callbacks]
+        for call in calls:
             try:
-                callback()
+                call()
             except Exception:  # a bad callback must not stop the watch
                 logger.exception("cluster cache: on_change callback failed")

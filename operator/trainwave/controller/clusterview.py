@@ -91,6 +91,9 @@ class ClusterIndex:
         self._node_tuple: tuple[NodeRecord, ...] | None = None
         self._view: ClusterView | None = None
         self.labels_version = 0
+        # Nodes that appeared, vanished or changed readiness since the last drain:
+        # the jobs with workers there must look again (failure policy).
+        self._health_changed: set[str] = set()
 
     def __len__(self) -> int:
         return len(self._nodes) + len(self._pods)
@@ -101,12 +104,24 @@ class ClusterIndex:
 
     # --- nodes -------------------------------------------------------------------------
 
+    def node(self, name: str) -> NodeRecord | None:
+        return self._nodes.get(name)
+
+    def drain_health_changes(self) -> set[str]:
+        changed, self._health_changed = self._health_changed, set()
+        return changed
+
+    def _note_health(self, key: str, old: NodeRecord | None, new: NodeRecord | None) -> None:
+        if (old is None) != (new is None) or (old and new and old.ready != new.ready):
+            self._health_changed.add(key)
+
     def put_node(self, key: str, record: NodeRecord | None) -> None:
         old = self._nodes.pop(key, None) if record is None else self._nodes.get(key)
         if record is not None:
             self._nodes[key] = record
         if old is None and record is None:
             return
+        self._note_health(key, old, record)
         if old is None or record is None or old.labels != record.labels:
             self.labels_version += 1
         self._node_tuple = self._view = None
@@ -114,6 +129,8 @@ class ClusterIndex:
     def replace_nodes(self, records: Mapping[str, NodeRecord]) -> None:
         old = self._nodes
         self._nodes = dict(records)
+        for key in old.keys() | records.keys():
+            self._note_health(key, old.get(key), records.get(key))
         if old.keys() != records.keys() or any(
             old[k].labels != r.labels for k, r in records.items()
         ):

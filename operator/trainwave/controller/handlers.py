@@ -29,6 +29,7 @@ import kopf
 from trainwave import contract
 from trainwave.controller import metrics
 from trainwave.controller.cluster_cache import ClusterCache
+from trainwave.controller.departures import Departures
 from trainwave.controller.job_cache import JobCache
 from trainwave.controller.kube import KubeClient, load_config
 from trainwave.controller.leadership import LeaderElector
@@ -59,6 +60,7 @@ OPTIONS = Options()
 _QUEUE: dict[str, WorkQueue] = {}
 _PLACER: dict[str, Placer] = {}
 _CACHE: dict[str, ClusterCache | JobCache] = {}
+_DEPARTURES = Departures()
 
 
 @kopf.on.startup()
@@ -86,6 +88,8 @@ async def start(*, settings: kopf.OperatorSettings, memo: Any, **_: Any) -> None
     jobs = JobCache(
         kube,
         lambda key: loop.call_soon_threadsafe(_wake, key),
+        # Queued before the wake its deletion sends, so the reconcile sees it.
+        on_departure=lambda key, pod: loop.call_soon_threadsafe(_DEPARTURES.record, key, pod),
         namespaces=OPTIONS.namespaces,
     )
     _CACHE["jobs"] = jobs
@@ -93,6 +97,13 @@ async def start(*, settings: kopf.OperatorSettings, memo: Any, **_: Any) -> None
     # Any pod or node change may free room (a foreign pod too): the cache's thread
     # pokes the placer on the loop.
     cache.on_change(lambda: loop.call_soon_threadsafe(placer.poke))
+
+    def wake_jobs_on(nodes: set[str]) -> None:
+        # A node lost or turned NotReady: its workers' jobs judge it (failure policy).
+        for key in jobs.jobs_on(nodes):
+            _wake(key)
+
+    cache.on_node_health(lambda nodes: loop.call_soon_threadsafe(wake_jobs_on, nodes))
     poller = StatusPoller(_wake, networks=OPTIONS.status_networks)
     recorder = EventRecorder(kube.post_event)
     recorder.start()
@@ -111,6 +122,8 @@ async def start(*, settings: kopf.OperatorSettings, memo: Any, **_: Any) -> None
         runtime_image=OPTIONS.runtime_image,
         poller=poller,
         master_key=master_key,
+        departures=_DEPARTURES,
+        node_health=cache.node_health,
     )
     queue = WorkQueue(reconciler)
     _QUEUE["jobs"] = queue

@@ -121,6 +121,7 @@ class Informer(Generic[R]):
         store: Store[R],
         *,
         on_change: Callable[[], None] = lambda: None,
+        on_deleted: Callable[[R], None] | None = None,
         page_size: int = PAGE_SIZE,
         watch_seconds: int = WATCH_SECONDS,
     ):
@@ -129,6 +130,7 @@ class Informer(Generic[R]):
         self._convert = convert
         self._store = store
         self._on_change = on_change
+        self._on_deleted = on_deleted
         self._page_size = page_size
         self._watch_seconds = watch_seconds
         self._stop = threading.Event()
@@ -262,6 +264,10 @@ class Informer(Generic[R]):
         if kind == "DELETED":
             # Also how a field-selector watch reports an object that stopped matching
             # (a pod that Succeeded or Failed): it left our set, so it goes.
+            if self._on_deleted is not None:
+                last = self._convert(obj)  # its final state, which the store forgets
+                if last is not None:
+                    self._on_deleted(last)
             self._store.put(object_key(obj), None)
         elif kind in ("ADDED", "MODIFIED"):
             self._store.put(object_key(obj), self._convert(obj))

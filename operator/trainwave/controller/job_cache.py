@@ -33,6 +33,7 @@ logger = logging.getLogger(__name__)
 
 JobKey = tuple[str, str]
 Wake = Callable[[JobKey], None]
+Departure = Callable[[JobKey, WorkerPod], None]
 Body = dict[str, Any]
 
 
@@ -49,6 +50,7 @@ class JobCache:
         kube: KubeClient,
         wake: Wake,
         *,
+        on_departure: Departure = lambda key, pod: None,
         namespaces: Iterable[str] = (),
         page_size: int = PAGE_SIZE,
         watch_seconds: int = WATCH_SECONDS,
@@ -80,6 +82,8 @@ class JobCache:
             partial(kube.core.list_pod_for_all_namespaces, label_selector=labelled),
             self._pod_record,
             _Store(self._replace_pods, self._put_pod),
+            # A worker's last state, seen only on its DELETED event (departures.py).
+            on_deleted=lambda record: on_departure(*record),
             **common,
         )
         self.services: Informer[JobKey] = Informer(
@@ -123,6 +127,15 @@ class JobCache:
     def has_service(self, key: JobKey) -> bool:
         with self._lock:
             return self._service_count[key] > 0
+
+    def jobs_on(self, nodes: set[str]) -> set[JobKey]:
+        """The jobs with a worker bound to one of `nodes`."""
+        with self._lock:
+            return {
+                key
+                for key, pods in self._pods_of.items()
+                if any(p.node in nodes for p in pods.values())
+            }
 
     def job_keys(self) -> list[JobKey]:
         with self._lock:

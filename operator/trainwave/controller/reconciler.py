@@ -32,12 +32,13 @@ from trainwave.builders.pods import build_worker_pods
 from trainwave.builders.service import build_service
 from trainwave.builders.status_key import build_status_key_secret
 from trainwave.controller import metrics
+from trainwave.controller.departures import Departures
 from trainwave.controller.kube import Conflict, KubeClient, Refused, Rejected
 from trainwave.controller.placer import Placer, Ticket
 from trainwave.controller.reporting import StatusPoller, Targets
 from trainwave.lifecycle.children import creating_failed
 from trainwave.lifecycle.decide import Decision, JobEvent, decide, decide_invalid
-from trainwave.lifecycle.observed import PodPhase, WorkerPod
+from trainwave.lifecycle.observed import NodeHealth, PodPhase, WorkerPod
 from trainwave.resolving import ResolvedJob, resolve
 from trainwave.signatures import job_key
 
@@ -64,6 +65,8 @@ class Reconciler:
         runtime_image: str = contract.DEFAULT_RUNTIME_IMAGE,
         poller: StatusPoller | None = None,
         master_key: bytes = b"",
+        departures: Departures | None = None,
+        node_health: Callable[[str], NodeHealth | None] = lambda name: None,
         clock: Callable[[], datetime] = lambda: datetime.now(UTC),
     ):
         self._kube = kube
@@ -80,6 +83,8 @@ class Reconciler:
         self._has_service = has_service
         self._clock = clock
         self._refusals: dict[JobKey, int] = {}  # children refused in a row, per job
+        self._departures = departures or Departures()
+        self._node_health = node_health
 
     async def __call__(self, key: Any) -> float | None:
         started = time.perf_counter()
@@ -96,11 +101,12 @@ class Reconciler:
         body = self._fresher(key, self._job_body(key))
         if body is None or body["metadata"].get("deletionTimestamp"):
             self._placer.withdraw(key)
+            self._departures.forget(key)
             if self._poller:
                 self._poller.forget(key)
             return None  # garbage collection removes the children
         meta = parse_metadata(body)
-        pods = list(self._worker_pods(key))
+        pods = self._pods(key, parse_status(body).attempt)
         decision, resolved = self._decide(key, body, meta, pods)
         if decision.wants_placement and resolved is not None:
             self._placer.submit(key, self._ticket(resolved, decision))
@@ -112,6 +118,9 @@ class Reconciler:
         except Conflict as conflict:
             logger.debug("%s/%s: %s; retrying", namespace, name, conflict)
             return CONFLICT_RETRY_SECONDS
+        # Only once the new attempt is written: a lost write is decided again from the
+        # same evidence.
+        self._departures.keep_only(key, decision.status.attempt)
         try:
             await self._act(body, meta, decision, resolved)
         except Refused as refused:
@@ -151,6 +160,18 @@ class Reconciler:
         logger.warning("%s/%s: %s", meta.namespace, meta.name, failed.status.message)
         return float(min(REFUSED_MAX_BACKOFF, 2 ** min(count, 10)))
 
+    def _pods(self, key: JobKey, attempt: int) -> list[WorkerPod]:
+        """The index's pods, plus those of the current attempt seen leaving unfinished
+        that the index has already dropped (departures.py says why)."""
+        pods = list(self._worker_pods(key))
+        names = {p.name for p in pods}
+        return pods + [p for p in self._departures.of(key, attempt) if p.name not in names]
+
+    def _nodes(self, pods: list[WorkerPod], attempt: int) -> dict[str, NodeHealth]:
+        names = {p.node for p in pods if p.node and p.attempt == attempt}
+        found = {name: self._node_health(name) for name in names}
+        return {name: health for name, health in found.items() if health is not None}
+
     def _decide(
         self, key: JobKey, body: dict[str, Any], meta: ObjectMeta, pods: list[WorkerPod]
     ) -> tuple[Decision, ResolvedJob | None]:
@@ -161,7 +182,9 @@ class Reconciler:
             return decide_invalid(meta, parse_status(body), pods, str(invalid), now), None
         attempt = resolved.job.status.attempt
         reports = self._poller.reports(key, attempt) if self._poller else {}
-        return decide(resolved, pods, now, self._placer.waiting(key), reports), resolved
+        nodes = self._nodes(pods, attempt)
+        waiting = self._placer.waiting(key)
+        return decide(resolved, pods, now, waiting, reports, nodes=nodes), resolved
 
     def _track_workers(
         self, key: JobKey, job: TrainingJob | None, decision: Decision, pods: list[WorkerPod]

@@ -18,11 +18,12 @@ from collections.abc import Mapping, Sequence
 from datetime import datetime, timedelta
 
 from trainwave.api.sharing import isolation
+from trainwave.api.spec import MAX_BACKOFF_SECONDS
 from trainwave.api.status import ConditionType, Phase, TrainingJobStatus
 from trainwave.api.trainingjob import ObjectMeta, TrainingJob
 from trainwave.lifecycle.draft import Decision, Draft, JobEvent, PlacementWait, complete, fail
-from trainwave.lifecycle.failures import judge_failure
-from trainwave.lifecycle.observed import PodPhase, WorkerPod
+from trainwave.lifecycle.failures import Cause, Incident, find_incidents, judge_failure
+from trainwave.lifecycle.observed import NodeHealth, PodPhase, WorkerPod
 from trainwave.lifecycle.placing import await_placement, bind_timed_out, record_placement
 from trainwave.lifecycle.reports import WorkerReport, progress_status, rdma_verdict
 from trainwave.resolving import ResolvedJob, resolve_job
@@ -36,9 +37,12 @@ def decide(
     now: datetime,
     waiting: PlacementWait | None = None,
     reports: Mapping[int, WorkerReport] | None = None,
+    *,
+    nodes: Mapping[str, NodeHealth] | None = None,
 ) -> Decision:
     """`resolved` is the job resolved once by the caller; a plain job (tests) is resolved
-    here and must then be valid."""
+    here and must then be valid. `nodes`: the health of the workers' nodes, as far as the
+    caller knows it (a node missing from it is not judged)."""
     if not isinstance(resolved, ResolvedJob):
         resolved = resolve_job(resolved)
     job = resolved.job
@@ -58,7 +62,7 @@ def decide(
     else:
         if phase == Phase.SUSPENDED:
             _resume(draft)
-        _run(draft, job, mine, waiting)
+        _run(draft, job, mine, waiting, nodes or {})
     if reports:
         _reported(draft, job, reports)
     return draft.finish()
@@ -112,7 +116,11 @@ def _resume(draft: Draft) -> None:
 
 
 def _run(
-    draft: Draft, job: TrainingJob, mine: list[WorkerPod], waiting: PlacementWait | None
+    draft: Draft,
+    job: TrainingJob,
+    mine: list[WorkerPod],
+    waiting: PlacementWait | None,
+    nodes: Mapping[str, NodeHealth],
 ) -> None:
     attempt = draft.status.attempt
     current = [p for p in mine if p.attempt == attempt]
@@ -132,19 +140,26 @@ def _run(
     if preemptor:
         _preempted(draft, job, current, preemptor)
         return
-    failed = [p for p in current if p.phase == PodPhase.FAILED]
-    if failed:
-        _on_failure(draft, job, failed, current)
+    policy = job.spec.run_policy.failure_policy
+    incidents = find_incidents(
+        current,
+        job.spec.workers,
+        nodes,
+        draft.now,
+        policy.node_not_ready_seconds,
+        gang_formed=_gang_formed(draft),
+    )
+    if incidents.found:
+        _on_failure(draft, job, incidents.found, current)
         return
-    lost = _lost_ranks(draft, job, current)
-    if lost:
-        what = f"worker {lost[0]} was lost (deleted or evicted before it finished)"
-        _restart_orfail(draft, job, current, what, counted=True)
-        return
+    if incidents.recheck_after is not None:
+        draft.requeue(incidents.recheck_after)
     if _past_deadline(draft, job):
         draft.stop(current)
         deadline = job.spec.run_policy.active_deadline_seconds
         fail(draft, "DeadlineExceeded", f"job ran longer than activeDeadlineSeconds ({deadline}s)")
+        return
+    if _backing_off(draft):
         return
 
     present = {p.rank for p in current}
@@ -157,19 +172,26 @@ def _run(
     _progress(draft, job, current, waiting)
 
 
-def _lost_ranks(draft: Draft, job: TrainingJob, current: list[WorkerPod]) -> list[int]:
-    """Ranks whose pod vanished or is being deleted after the whole gang existed.
+def _gang_formed(draft: Draft) -> bool:
+    """Whether every worker of the attempt was seen: the phase leaves Pending only then.
 
-    The phase leaves Pending only once every worker of the attempt was seen,
-    and the operator deletes pods of the current attempt only after moving on
-    from it, so such a pod was taken by someone else: NCCL peers cannot take
-    in a lone replacement, so it is a gang failure.
+    The operator deletes pods of the current attempt only after moving on from
+    it, so a worker missing or deleted after that was taken by someone else.
     """
-    if draft.status.phase not in (Phase.SCHEDULING, Phase.STARTING, Phase.RUNNING):
-        return []
-    finished = (PodPhase.SUCCEEDED, PodPhase.FAILED)
-    alive = {p.rank for p in current if not (p.deleting and p.phase not in finished)}
-    return [rank for rank in range(job.spec.workers) if rank not in alive]
+    return draft.status.phase in (Phase.SCHEDULING, Phase.STARTING, Phase.RUNNING)
+
+
+def _backing_off(draft: Draft) -> bool:
+    """Hold back the next gang until status.nextAttemptTime (after an Ignore restart)."""
+    until = draft.status.next_attempt_time
+    if until is None:
+        return False
+    remaining = (until - draft.now).total_seconds()
+    if remaining <= 0:
+        draft.update(next_attempt_time=None)
+        return False
+    draft.requeue(remaining)
+    return True
 
 
 def _preempted(draft: Draft, job: TrainingJob, current: list[WorkerPod], preemptor: str) -> None:
@@ -191,42 +213,76 @@ def _preempted(draft: Draft, job: TrainingJob, current: list[WorkerPod], preempt
 
 
 def _on_failure(
-    draft: Draft, job: TrainingJob, failed: list[WorkerPod], current: list[WorkerPod]
+    draft: Draft, job: TrainingJob, incidents: list[Incident], current: list[WorkerPod]
 ) -> None:
-    verdict = judge_failure(job.spec.run_policy.failure_policy, failed)
+    verdict = judge_failure(job.spec.run_policy.failure_policy, incidents)
     what = verdict.describe()
+    draft.stop(current)
     if verdict.action == "FailJob":
-        draft.stop(current)
         fail(draft, "FailedByRule", f"{what}; the job failed")
         return
-    _restart_orfail(draft, job, current, what, counted=verdict.counted)
+    _restart_orfail(draft, job, what, verdict.cause)
 
 
-def _restart_orfail(
-    draft: Draft, job: TrainingJob, current: list[WorkerPod], what: str, *, counted: bool
-) -> None:
+# Per cause: the status counter, the budget in failurePolicy, the reasons of the
+# restart and of the failure once the budget is spent.
+_BUDGETS = {
+    Cause.FAILURE: ("restarts", "max_restarts", "restart", "WorkerFailed", "MaxRestartsExceeded"),
+    Cause.DISRUPTION: (
+        "disruptions",
+        "max_disruptions",
+        "disruption",
+        "WorkerDisrupted",
+        "MaxDisruptionsExceeded",
+    ),
+    Cause.IGNORED: (
+        "ignored_restarts",
+        "max_ignored_restarts",
+        "ignored restart",
+        "FailureIgnored",
+        "MaxIgnoredRestartsExceeded",
+    ),
+}
+
+
+def _restart_orfail(draft: Draft, job: TrainingJob, what: str, cause: Cause) -> None:
     policy = job.spec.run_policy.failure_policy
-    draft.stop(current)
-    if counted and draft.status.restarts >= policy.max_restarts:
+    counter, limit_field, label, reason, spent = _BUDGETS[cause]
+    used: int = getattr(draft.status, counter)
+    limit: int = getattr(policy, limit_field)
+    if used >= limit:
         fail(
             draft,
-            "MaxRestartsExceeded",
-            f"{what} after {draft.status.restarts} restart(s); "
-            f"maxRestarts is {policy.max_restarts}",
+            spent,
+            f"{what} after {used} {label}(s); {_camel(limit_field)} is {limit}",
         )
         return
-    restarts = draft.status.restarts + (1 if counted else 0)
     draft.update(
+        **{counter: used + 1},
         attempt=draft.status.attempt + 1,
-        restarts=restarts,
         all_running_time=None,
         attempt_start_time=None,
     )
-    budget = f"restart {restarts} of {policy.max_restarts}" if counted else "not counted"
-    message = f"{what}; restarting the gang ({budget})"
-    draft.condition(ConditionType.RESTARTING, True, "WorkerFailed", message)
+    message = f"{what}; restarting the gang ({label} {used + 1} of {limit})"
+    if cause == Cause.IGNORED and policy.ignore_backoff_seconds:
+        delay = ignore_backoff(policy.ignore_backoff_seconds, used + 1)
+        draft.update(next_attempt_time=draft.now + timedelta(seconds=delay))
+        draft.requeue(delay)
+        message += f" in {delay}s"
+    draft.condition(ConditionType.RESTARTING, True, reason, message)
     draft.clear(ConditionType.RUNNING, "Restarting", message)
-    draft.enter(Phase.RESTARTING, "WorkerFailed", message)
+    draft.enter(Phase.RESTARTING, reason, message)
+
+
+def ignore_backoff(first: int, nth: int) -> int:
+    """Seconds before the nth Ignore restart: `first`, doubled each time, at most 300 s,
+    as the kubelet backs off a crash-looping container."""
+    return int(min(MAX_BACKOFF_SECONDS, first * 2 ** min(nth - 1, 16)))
+
+
+def _camel(snake: str) -> str:
+    head, *rest = snake.split("_")
+    return head + "".join(word.title() for word in rest)
 
 
 def _progress(

@@ -1,7 +1,8 @@
-"""What the operator observed of one worker pod, reduced to what decisions need.
+"""What the operator observed of one worker pod and its node, reduced to what decisions need.
 
 Pure. `observe_pod` reads a raw Pod body once; everything downstream works
-with the frozen `WorkerPod`.
+with the frozen `WorkerPod`. `NodeHealth` is what the controller's node cache
+says of a worker's node, passed in as plain data.
 """
 
 from dataclasses import dataclass
@@ -18,6 +19,29 @@ class PodPhase(StrEnum):
     SUCCEEDED = "Succeeded"
     FAILED = "Failed"
     UNKNOWN = "Unknown"
+
+
+# The condition Kubernetes sets (True) on a pod before it preempts, evicts or deletes
+# it for reasons outside the pod (k8s.io/api core/v1 DisruptionTarget; reasons
+# PreemptionByScheduler, DeletionByTaintManager, EvictionByEvictionAPI,
+# DeletionByPodGC, TerminationByKubelet).
+DISRUPTION_TARGET = "DisruptionTarget"
+
+
+@dataclass(frozen=True)
+class PodCondition:
+    type: str
+    status: str
+    reason: str = ""
+
+
+@dataclass(frozen=True)
+class NodeHealth:
+    """A worker's node as the node cache sees it; `present=False`: the Node object is gone."""
+
+    present: bool
+    ready: bool = True
+    not_ready_since: datetime | None = None
 
 
 @dataclass(frozen=True)
@@ -41,6 +65,27 @@ class WorkerPod:
     placement_summary: str = ""
     pod_ip: str = ""
     preempted_by: str = ""  # the gang whose placement evicted this one (namespace/name)
+    node: str = ""  # spec.nodeName
+    container_reason: str = ""  # the worker container's terminated reason (OOMKilled, Error)
+    pod_reason: str = ""  # status.reason (Evicted, Terminated, OutOfcpu...)
+    conditions: tuple[PodCondition, ...] = ()
+
+    @property
+    def disruption(self) -> str:
+        """The reason of a DisruptionTarget=True condition, or "". Only True counts: the
+        disruption controller flips a stale one to False after 2 minutes."""
+        return next(
+            (
+                c.reason or DISRUPTION_TARGET
+                for c in self.conditions
+                if c.type == DISRUPTION_TARGET and c.status == "True"
+            ),
+            "",
+        )
+
+    @property
+    def finished(self) -> bool:
+        return self.phase in (PodPhase.SUCCEEDED, PodPhase.FAILED)
 
     @property
     def active(self) -> bool:
@@ -95,6 +140,10 @@ def observe_pod(body: dict[str, Any]) -> WorkerPod | None:
         placement_summary=annotations.get(contract.ANNOTATION_PLACEMENT_SUMMARY, ""),
         pod_ip=str(status.get("podIP") or ""),
         preempted_by=annotations.get(contract.ANNOTATION_PREEMPTED_BY, ""),
+        node=str((body.get("spec") or {}).get("nodeName") or ""),
+        container_reason=str(terminated.get("reason") or ""),
+        pod_reason=str(status.get("reason") or ""),
+        conditions=tuple(_conditions(status)),
     )
 
 
@@ -105,6 +154,13 @@ def _worker_termination(status: dict[str, Any]) -> dict[str, Any]:
             terminated: dict[str, Any] = state.get("terminated") or {}
             return terminated
     return {}
+
+
+def _conditions(status: dict[str, Any]) -> list[PodCondition]:
+    return [
+        PodCondition(str(c.get("type", "")), str(c.get("status", "")), str(c.get("reason") or ""))
+        for c in status.get("conditions") or []
+    ]
 
 
 def _condition_true(status: dict[str, Any], kind: str) -> bool:

@@ -12,6 +12,7 @@ from __future__ import annotations
 import json
 from collections.abc import Mapping
 from dataclasses import dataclass
+from datetime import datetime
 from types import MappingProxyType
 from typing import Any
 
@@ -50,6 +51,9 @@ class NodeRecord:
     taints: tuple[Taint, ...] = ()
     cordoned: bool = False
     ready: bool = True
+    # When Ready last left True (its lastTransitionTime): how long a worker there has
+    # been cut off, for the failure policy's nodeNotReadySeconds.
+    not_ready_since: datetime | None = None
     shared: tuple[SharedGpu, ...] = ()  # offered for sharing (the agent's inventory)
     inventory: Mapping[str, Any] | None = None  # the agent's annotation, parsed
 
@@ -108,6 +112,7 @@ def node_record(node: Mapping[str, Any]) -> NodeRecord:
         taints=taints_of(spec.get("taints")),
         cordoned=bool(spec.get("unschedulable")),
         ready=_ready(status),
+        not_ready_since=_not_ready_since(status),
         shared=_shared_gpus(inventory),
         inventory=inventory,
     )
@@ -118,6 +123,17 @@ def _ready(status: Mapping[str, Any]) -> bool:
         if condition.get("type") == "Ready":
             return bool(condition.get("status") == "True")
     return True  # no conditions yet: a node just registered, not a node known to be down
+
+
+def _not_ready_since(status: Mapping[str, Any]) -> datetime | None:
+    for condition in status.get("conditions") or ():
+        if condition.get("type") == "Ready" and condition.get("status") != "True":
+            stamp = condition.get("lastTransitionTime")
+            try:
+                return datetime.fromisoformat(str(stamp).replace("Z", "+00:00"))
+            except ValueError:
+                return None  # no time known: the caller counts from when it first looked
+    return None
 
 
 def pod_record(pod: Mapping[str, Any]) -> PodRecord | None:

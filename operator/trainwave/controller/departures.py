@@ -1,0 +1,49 @@
+"""Worker pods seen leaving unfinished, kept until their attempt is over.
+
+The job cache drops a pod on its DELETED event, and with it the evidence of why
+it went: an evicted or preempted pod carries DisruptionTarget only in its last
+state, and when it is deleted at once (grace 0, as on kwok, or a force delete)
+the reconcile that event wakes often sees the pod already gone. The last state
+is kept here, so the failure policy judges the pod by what happened to it
+instead of as a worker that vanished for no known reason.
+
+In memory only: after an operator restart a pod that left meanwhile is judged
+as vanished (a counted restart), the same as before this existed.
+"""
+
+from dataclasses import replace
+
+from trainwave.lifecycle.observed import WorkerPod
+
+JobKey = tuple[str, str]
+
+
+class Departures:
+    def __init__(self) -> None:
+        self._left: dict[JobKey, dict[str, WorkerPod]] = {}
+
+    def record(self, key: JobKey, pod: WorkerPod) -> None:
+        """A pod's last state on its DELETED event; a finished pod is no news."""
+        if pod.finished:
+            return
+        self._left.setdefault(key, {})[pod.name] = replace(pod, deleting=True)
+
+    def of(self, key: JobKey, attempt: int) -> list[WorkerPod]:
+        return [p for p in self._left.get(key, {}).values() if p.attempt == attempt]
+
+    def keep_only(self, key: JobKey, attempt: int) -> None:
+        """Forget pods of attempts before `attempt`: the decision has moved past them."""
+        pods = self._left.get(key)
+        if not pods:
+            return
+        kept = {name: p for name, p in pods.items() if p.attempt >= attempt}
+        if kept:
+            self._left[key] = kept
+        else:
+            del self._left[key]
+
+    def forget(self, key: JobKey) -> None:
+        self._left.pop(key, None)
+
+    def __len__(self) -> int:
+        return sum(len(pods) for pods in self._left.values())
