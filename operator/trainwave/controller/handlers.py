@@ -115,11 +115,15 @@ async def start(*, settings: kopf.OperatorSettings, memo: Any, **_: Any) -> None
         jobs.phase_counts,
         lambda: {**cache.stats(), **jobs.stats()},
     )
+    # One replica, no election yet: this instance leads while it runs. Leader election
+    # sets and clears this gauge when it takes or loses the Lease.
+    metrics.LEADER.set(1)
     logger.info("trainwave operator started: %d reconcile workers", OPTIONS.workers)
 
 
 @kopf.on.cleanup()
 async def stop(memo: Any, **_: Any) -> None:
+    metrics.LEADER.set(0)
     for task in ("resync", "placer", "poller"):
         if getattr(memo, task, None):
             getattr(memo, task).cancel()

@@ -231,7 +231,11 @@ class Reconciler:
                 new.message,
             )
         if new.phase == Phase.RESTARTING and old.phase != Phase.RESTARTING:
-            metrics.GANG_RESTARTS.inc()
+            # A restart that spent none of maxRestarts was a disruption (node lost, eviction).
+            cause = "failure" if new.restarts > old.restarts else "disruption"
+            metrics.GANG_RESTARTS.labels(cause).inc()
+        if new.preemptions > old.preemptions:
+            metrics.GANG_RESTARTS.labels("preemption").inc()
         if decision.all_running_after is not None:
             metrics.ALL_RUNNING_SECONDS.observe(decision.all_running_after)
 
