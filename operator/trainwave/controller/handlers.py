@@ -162,6 +162,7 @@ async def _lead(queue: WorkQueue, placer: Placer, poller: StatusPoller, jobs: Jo
 
 @kopf.on.cleanup()
 async def stop(memo: Any, **_: Any) -> None:
+    metrics.LEADER.set(0)
     if getattr(memo, "lead", None):
         memo.lead.cancel()  # and with it the placer, the poller and the resync
     recorder = getattr(memo, "recorder", None)

@@ -4,13 +4,17 @@ Jobs by phase are read from the live index at scrape time rather than kept as
 counters, so the numbers are right after a restart without any bookkeeping.
 """
 
+import collections
+import time
 from collections.abc import Callable, Iterator, Mapping
+from dataclasses import dataclass, field
 
 from prometheus_client import REGISTRY, Counter, Gauge, Histogram, start_http_server
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.registry import Collector
 
 from trainwave.api.status import Phase
+from trainwave.placement.occupancy import DomainGpus, SharedFragmentation
 
 RECONCILE_SECONDS = Histogram(
     "trainwave_reconcile_duration_seconds",
@@ -31,8 +35,15 @@ PHASE_TRANSITIONS = Counter(
     ["phase"],
 )
 GANG_RESTARTS = Counter(
-    "trainwave_gang_restarts_total", "Gang restarts started after a worker failed."
+    "trainwave_gang_restarts_total",
+    "Gangs started again as a new attempt, by cause: failure (counted against maxRestarts), "
+    "disruption (node lost, eviction: not counted), preemption, ignored (a failure the "
+    "policy ignores).",
+    ["cause"],
 )
+RESTART_CAUSES = ("failure", "disruption", "preemption", "ignored")
+for _cause in RESTART_CAUSES:  # every cause scraped from the start, at 0: rate() needs a base
+    GANG_RESTARTS.labels(_cause)
 
 # One per worker status read. "ok" is a report taken; "unsigned", "forged" and
 # "wrong_identity" are reports refused because they could not be trusted as the
@@ -76,6 +87,73 @@ PLACEMENT_ROUND_SECONDS = Histogram(
     "One placement round: read the cache, decide the round, release admitted gangs.",
     buckets=ROUND_BUCKETS,
 )
+
+
+@dataclass(frozen=True)
+class PlacementState:
+    """What the last placement round saw, published whole so a scrape never reads half."""
+
+    waiting: tuple[tuple[str, str, str, float], ...] = ()  # namespace, job, code, since (epoch)
+    gpus: tuple[DomainGpus, ...] = ()
+    shared: SharedFragmentation = field(default_factory=SharedFragmentation)
+
+
+class PlacementGauges(Collector):
+    """Gauges from the placer's view, set at the end of a round (placer.py):
+
+    trainwave_gangs_waiting_by_reason{reason}, trainwave_gang_waiting_seconds{job_namespace,
+    job_name} (the alert on gangs waiting too long), trainwave_gpus{level,domain,state} and
+    trainwave_shared_gpu_{count,idle_milli,fragmented_milli}. Job labels are not `namespace`
+    and `job`: Prometheus sets those on every target and would rename ours."""
+
+    def __init__(self, clock: Callable[[], float] = time.time) -> None:
+        self.state = PlacementState()
+        self._clock = clock
+
+    def collect(self) -> Iterator[GaugeMetricFamily]:
+        state, now = self.state, self._clock()
+        reasons = GaugeMetricFamily(
+            "trainwave_gangs_waiting_by_reason",
+            "Gangs waiting for a place after the last placement round, by reason code.",
+            labels=["reason"],
+        )
+        by_code = collections.Counter(code for _, _, code, _ in state.waiting)
+        for code, count in sorted(by_code.items()):
+            reasons.add_metric([code], count)
+        waited = GaugeMetricFamily(
+            "trainwave_gang_waiting_seconds",
+            "Seconds each waiting gang's attempt has waited for a place (since this operator "
+            "instance first saw it wait).",
+            labels=["job_namespace", "job_name", "reason"],
+        )
+        for namespace, name, code, since in state.waiting:
+            waited.add_metric([namespace, name, code], max(0.0, now - since))
+        gpus = GaugeMetricFamily(
+            "trainwave_gpus",
+            "Whole GPUs per topology domain above the node: allocated, free, or unavailable "
+            "(cordoned, not Ready).",
+            labels=["level", "domain", "state"],
+        )
+        for row in state.gpus:
+            gpus.add_metric([row.level, row.domain, row.state], row.gpus)
+        yield from (reasons, waited, gpus)
+        yield GaugeMetricFamily(
+            "trainwave_shared_gpus", "GPUs offered for sharing.", value=state.shared.gpus
+        )
+        yield GaugeMetricFamily(
+            "trainwave_shared_gpu_idle_milli",
+            "Free milli-GPU summed over the GPUs offered for sharing.",
+            value=state.shared.idle_milli,
+        )
+        yield GaugeMetricFamily(
+            "trainwave_shared_gpu_fragmented_milli",
+            "Of the idle shared milli-GPU, what the typical next task could not use (FGD).",
+            value=state.shared.fragmented_milli,
+        )
+
+
+PLACEMENT = PlacementGauges()
+REGISTRY.register(PLACEMENT)
 
 
 class JobsByPhase(Collector):

@@ -47,6 +47,7 @@ from trainwave.controller.inflight import Inflight
 from trainwave.controller.kube import Conflict, KubeClient, Rejected
 from trainwave.lifecycle.draft import PlacementWait
 from trainwave.placement.gang import GangRequest, Placement
+from trainwave.placement.occupancy import gpus_by_domain, shared_fragmentation
 from trainwave.placement.preemption import Preemption, RunningGang
 from trainwave.placement.queueing import PendingJob, QueuePolicy
 from trainwave.placement.records import PodRecord
@@ -98,6 +99,8 @@ class Placer:
         self._tickets: dict[JobKey, Ticket] = {}
         self._skips: dict[JobKey, int] = {}
         self._waits: dict[JobKey, PlacementWait] = {}
+        self._since: dict[JobKey, tuple[int, float]] = {}  # (attempt, epoch) it first waited
+        self._measured: ClusterView | None = None  # the view the GPU gauges were last set from
         self._preempting: dict[JobKey, frozenset[JobKey]] = {}
         self._topology: tuple[int, Topology] | None = None
         self._inflight = Inflight()
@@ -113,6 +116,7 @@ class Placer:
         self._skips.pop(key, None)
         self._waits.pop(key, None)
         self._preempting.pop(key, None)
+        self._publish_waits()  # a deleted job must leave the waiting gauges now
 
     def waiting(self, key: JobKey) -> PlacementWait | None:
         return self._waits.get(key)
@@ -128,6 +132,9 @@ class Placer:
                 await asyncio.wait_for(self._event.wait(), timeout=self._retry)
             self._event.clear()
             if not self._tickets:
+                # No round runs, but pods still come and go: keep the GPU gauges current.
+                with contextlib.suppress(Exception):
+                    await self._measure_idle()
                 continue
             await asyncio.sleep(self._debounce)  # let a burst of arrivals share a round
             started = time.perf_counter()
@@ -201,6 +208,36 @@ class Placer:
         for preemption in result.preemptions:
             await self._preempt(preemption, names, view)
         metrics.GANGS_WAITING.set(len(result.waiting))
+        self._publish_waits()
+        await asyncio.to_thread(self._measure, view, snapshot)
+
+    def _publish_waits(self) -> None:
+        """Set the waiting gauges from the gangs that still wait (placed ones are gone)."""
+        now = time.time()
+        waiting = {k: w for k, w in self._waits.items() if k in self._tickets}
+        since = {}
+        for key in waiting:
+            attempt = self._tickets[key].attempt
+            known = self._since.get(key)
+            since[key] = known if known and known[0] == attempt else (attempt, now)
+        self._since = since
+        rows = tuple((*key, waiting[key].code, since[key][1]) for key in sorted(waiting))
+        metrics.PLACEMENT.state = replace(metrics.PLACEMENT.state, waiting=rows)
+
+    def _measure(self, view: ClusterView, snapshot: ClusterSnapshot) -> None:
+        """GPU gauges from the round's snapshot: O(nodes x levels), off the event loop."""
+        metrics.PLACEMENT.state = replace(
+            metrics.PLACEMENT.state,
+            gpus=gpus_by_domain(snapshot),
+            shared=shared_fragmentation(snapshot, view.shared_shapes),
+        )
+        self._measured = view
+
+    async def _measure_idle(self) -> None:
+        view = await asyncio.to_thread(self._view)
+        if view is not self._measured:  # the cache hands out the same view until a change
+            snapshot = await asyncio.to_thread(lambda: self._inflight.apply(self._snapshot(view)))
+            await asyncio.to_thread(self._measure, view, snapshot)
 
     def _snapshot(self, view: ClusterView) -> ClusterSnapshot:
         """The round's snapshot; the topology tree is reused while node labels stay the same."""

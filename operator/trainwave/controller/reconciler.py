@@ -264,8 +264,15 @@ class Reconciler:
                 new.reason,
                 new.message,
             )
-        if new.phase == Phase.RESTARTING and old.phase != Phase.RESTARTING:
-            metrics.GANG_RESTARTS.inc()
+        # Each restart moves exactly one of the status counters by cause.
+        for cause, before, after in (
+            ("failure", old.restarts, new.restarts),
+            ("disruption", old.disruptions, new.disruptions),
+            ("ignored", old.ignored_restarts, new.ignored_restarts),
+            ("preemption", old.preemptions, new.preemptions),
+        ):
+            if after > before:
+                metrics.GANG_RESTARTS.labels(cause).inc(after - before)
         if decision.all_running_after is not None:
             metrics.ALL_RUNNING_SECONDS.observe(decision.all_running_after)
 

@@ -1,0 +1,42 @@
+"""Every series the chart's dashboard and alerts read is served by a real operator.
+
+The operator runs against the local control plane with a gang that cannot be placed
+(so the waiting gauges have series) and one that runs; its /metrics text is then
+checked against every PromQL expression of the rendered chart (tests/unit/promql.py).
+"""
+
+from __future__ import annotations
+
+import subprocess
+
+import pytest
+import yaml
+
+from integration.trainwave_fixtures import apply, job_manifest, wait_for_phase, wait_until
+from unit.promql import chart_queries, problems
+from unit.test_chart import CHART, helm
+
+pytestmark = pytest.mark.integration
+
+
+def rendered() -> list[dict]:
+    command = [helm(), "template", "tw", str(CHART), "--namespace", "tw-system"]
+    command += ["--set", "dashboards.enabled=true", "--set", "alerts.enabled=true"]
+    out = subprocess.run(command, capture_output=True, text=True, check=True, timeout=30)
+    return [doc for doc in yaml.safe_load_all(out.stdout) if doc]
+
+
+def test_every_panel_and_alert_reads_what_the_operator_serves(cluster, namespace, running_operator):
+    apply(cluster, namespace, job_manifest("fits"), job_manifest("too-big", workers=64, gpus=8))
+    wait_for_phase(cluster, namespace, "fits", "Succeeded")
+
+    def waiting() -> str | None:
+        text = running_operator.metrics()
+        return text if "trainwave_gang_waiting_seconds{" in text else None
+
+    text = wait_until(waiting, 60, "the unplaceable gang in the waiting gauges")
+    queries = chart_queries(rendered())
+    assert len(queries) > 20
+    found = [f"{where}: {p}" for where, expr in queries for p in problems(expr, text)]
+    assert not found, "\n".join(found)
+    assert f'job_name="too-big",job_namespace="{namespace}"' in text
