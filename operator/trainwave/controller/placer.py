@@ -39,6 +39,7 @@ from typing import Any
 
 from trainwave import contract
 from trainwave.api.network import NetworkSpec
+from trainwave.api.reasons import Reason
 from trainwave.builders.gating import build_release_patch
 from trainwave.builders.network import gang_link_env, node_network_env
 from trainwave.controller import metrics
@@ -353,7 +354,7 @@ class Placer:
             metrics.GANGS_PREEMPTED.inc()
             self._wake(victim)
         self._note_wait(
-            preemptor, "Preempting", f"preempting {', '.join(sorted(preemption.victims))}", 0
+            preemptor, Reason.PREEMPTING, f"preempting {', '.join(sorted(preemption.victims))}", 0
         )
 
     def _note_wait(self, key: JobKey, code: str, reason: str, skipped: int) -> None:

@@ -10,11 +10,12 @@ with backoff. Once every worker exists, decide() turns the condition False.
 
 from datetime import datetime
 
+from trainwave.api.reasons import Reason
 from trainwave.api.status import ConditionType, TrainingJobStatus
 from trainwave.api.trainingjob import ObjectMeta
 from trainwave.lifecycle.draft import Decision, Draft, JobEvent
 
-FAILED_CREATE = "FailedCreate"
+FAILED_CREATE = Reason.FAILED_CREATE
 
 
 def creating_failed(

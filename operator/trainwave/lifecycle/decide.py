@@ -17,6 +17,7 @@ Invariants:
 from collections.abc import Mapping, Sequence
 from datetime import datetime, timedelta
 
+from trainwave.api.reasons import Reason
 from trainwave.api.sharing import isolation
 from trainwave.api.spec import MAX_BACKOFF_SECONDS
 from trainwave.api.status import ConditionType, Phase, TrainingJobStatus
@@ -52,8 +53,8 @@ def decide(
     if draft.status.isolation != kept_apart:
         draft.update(isolation=kept_apart)
     if draft.status.phase is None:
-        draft.condition(ConditionType.CREATED, True, "Created", "job accepted")
-        draft.enter(Phase.PENDING, "Created", "job accepted")
+        draft.condition(ConditionType.CREATED, True, Reason.CREATED, "job accepted")
+        draft.enter(Phase.PENDING, Reason.CREATED, "job accepted")
     phase = draft.status.phase
     if phase is not None and phase.terminal:
         _finished(draft, job, mine)
@@ -78,7 +79,7 @@ def decide_invalid(
     """A spec the schema let through but that cannot run: Failed, InvalidSpec."""
     draft = Draft(meta=meta, now=now, status=status)
     if status.phase is None or not status.phase.terminal:
-        fail(draft, "InvalidSpec", message)
+        fail(draft, Reason.INVALID_SPEC, message)
     draft.stop([p for p in pods if p.owner_uid == meta.uid])
     return draft.finish()
 
@@ -98,10 +99,10 @@ def _finished(draft: Draft, job: TrainingJob, mine: list[WorkerPod]) -> None:
 
 def _suspend(draft: Draft, job: TrainingJob, mine: list[WorkerPod]) -> None:
     draft.stop(mine)
-    draft.condition(ConditionType.SUSPENDED, True, "Suspended", "runPolicy.suspend is true")
-    draft.clear(ConditionType.RUNNING, "Suspended", "workers stopped by suspension")
+    draft.condition(ConditionType.SUSPENDED, True, Reason.SUSPENDED, "runPolicy.suspend is true")
+    draft.clear(ConditionType.RUNNING, Reason.SUSPENDED, "workers stopped by suspension")
     draft.enter(
-        Phase.SUSPENDED, "Suspended", "workers stopped; set runPolicy.suspend: false to resume"
+        Phase.SUSPENDED, Reason.SUSPENDED, "workers stopped; set runPolicy.suspend: false to resume"
     )
     draft.update(start_time=None, all_running_time=None, attempt_start_time=None)
     _count(draft, job, [])
@@ -111,8 +112,8 @@ def _resume(draft: Draft) -> None:
     # A new attempt: the previous pods may still be terminating, and fresh names
     # keep the new gang clear of them. Resuming is not a counted restart.
     draft.update(attempt=draft.status.attempt + 1)
-    draft.condition(ConditionType.SUSPENDED, False, "Resumed", "runPolicy.suspend is false")
-    draft.enter(Phase.PENDING, "Resumed", "job resumed; starting a new gang")
+    draft.condition(ConditionType.SUSPENDED, False, Reason.RESUMED, "runPolicy.suspend is false")
+    draft.enter(Phase.PENDING, Reason.RESUMED, "job resumed; starting a new gang")
 
 
 def _run(
@@ -132,7 +133,7 @@ def _run(
     # Under AllWorkers success and a failure cannot both be seen.
     if _succeeded(job, current):
         draft.stop(current)
-        complete(draft, Phase.SUCCEEDED, "Succeeded", _success_message(job))
+        complete(draft, Phase.SUCCEEDED, Reason.SUCCEEDED, _success_message(job))
         return
     note = draft.status.preempted_by
     preemptor = note.preemptor if note is not None and note.attempt == attempt else ""
@@ -157,7 +158,11 @@ def _run(
     if _past_deadline(draft, job):
         draft.stop(current)
         deadline = job.spec.run_policy.active_deadline_seconds
-        fail(draft, "DeadlineExceeded", f"job ran longer than activeDeadlineSeconds ({deadline}s)")
+        fail(
+            draft,
+            Reason.DEADLINE_EXCEEDED,
+            f"job ran longer than activeDeadlineSeconds ({deadline}s)",
+        )
         return
     if _backing_off(draft):
         return
@@ -207,9 +212,9 @@ def _preempted(draft: Draft, job: TrainingJob, current: list[WorkerPod], preempt
         placement=None,
         preempted_by=None,
     )
-    draft.condition(ConditionType.PREEMPTED, True, "Preempted", message)
-    draft.clear(ConditionType.RUNNING, "Preempted", message)
-    draft.enter(Phase.PENDING, "Preempted", message, warning=True)
+    draft.condition(ConditionType.PREEMPTED, True, Reason.PREEMPTED, message)
+    draft.clear(ConditionType.RUNNING, Reason.PREEMPTED, message)
+    draft.enter(Phase.PENDING, Reason.PREEMPTED, message, warning=True)
 
 
 def _on_failure(
@@ -219,7 +224,7 @@ def _on_failure(
     what = verdict.describe()
     draft.stop(current)
     if verdict.action == "FailJob":
-        fail(draft, "FailedByRule", f"{what}; the job failed")
+        fail(draft, Reason.FAILED_BY_RULE, f"{what}; the job failed")
         return
     _restart_orfail(draft, job, what, verdict.cause)
 
@@ -227,20 +232,26 @@ def _on_failure(
 # Per cause: the status counter, the budget in failurePolicy, the reasons of the
 # restart and of the failure once the budget is spent.
 _BUDGETS = {
-    Cause.FAILURE: ("restarts", "max_restarts", "restart", "WorkerFailed", "MaxRestartsExceeded"),
+    Cause.FAILURE: (
+        "restarts",
+        "max_restarts",
+        "restart",
+        Reason.WORKER_FAILED,
+        Reason.MAX_RESTARTS_EXCEEDED,
+    ),
     Cause.DISRUPTION: (
         "disruptions",
         "max_disruptions",
         "disruption",
-        "WorkerDisrupted",
-        "MaxDisruptionsExceeded",
+        Reason.WORKER_DISRUPTED,
+        Reason.MAX_DISRUPTIONS_EXCEEDED,
     ),
     Cause.IGNORED: (
         "ignored_restarts",
         "max_ignored_restarts",
         "ignored restart",
-        "FailureIgnored",
-        "MaxIgnoredRestartsExceeded",
+        Reason.FAILURE_IGNORED,
+        Reason.MAX_IGNORED_RESTARTS_EXCEEDED,
     ),
 }
 
@@ -270,7 +281,7 @@ def _restart_orfail(draft: Draft, job: TrainingJob, what: str, cause: Cause) -> 
         draft.requeue(delay)
         message += f" in {delay}s"
     draft.condition(ConditionType.RESTARTING, True, reason, message)
-    draft.clear(ConditionType.RUNNING, "Restarting", message)
+    draft.clear(ConditionType.RUNNING, Reason.RESTARTING, message)
     draft.enter(Phase.RESTARTING, reason, message)
 
 
@@ -295,11 +306,11 @@ def _progress(
     if len(existing) < total:
         if draft.status.phase != Phase.RESTARTING:
             draft.enter(
-                Phase.PENDING, "CreatingWorkers", f"{len(existing)}/{total} workers created"
+                Phase.PENDING, Reason.CREATING_WORKERS, f"{len(existing)}/{total} workers created"
             )
         return
     if draft.status.condition(ConditionType.REPLICA_FAILURE) is not None:
-        draft.clear(ConditionType.REPLICA_FAILURE, "Created", f"all {total} workers created")
+        draft.clear(ConditionType.REPLICA_FAILURE, Reason.CREATED, f"all {total} workers created")
     if any(p.gated for p in existing):
         await_placement(draft, job, existing, waiting)
         return
@@ -308,20 +319,26 @@ def _progress(
         if bind_timed_out(draft, job, existing):
             return
         message = f"{bound}/{total} workers bound to nodes"
-        draft.condition(ConditionType.SCHEDULED, False, "WaitingForNodes", message)
-        draft.enter(Phase.SCHEDULING, "WaitingForNodes", message)
+        draft.condition(ConditionType.SCHEDULED, False, Reason.WAITING_FOR_NODES, message)
+        draft.enter(Phase.SCHEDULING, Reason.WAITING_FOR_NODES, message)
         return
-    draft.condition(ConditionType.SCHEDULED, True, "AllWorkersBound", f"{total} workers bound")
+    draft.condition(
+        ConditionType.SCHEDULED, True, Reason.ALL_WORKERS_BOUND, f"{total} workers bound"
+    )
     if len(running) < total:
-        draft.enter(Phase.STARTING, "WorkersStarting", f"{len(running)}/{total} workers running")
+        draft.enter(
+            Phase.STARTING, Reason.WORKERS_STARTING, f"{len(running)}/{total} workers running"
+        )
         return
     if draft.status.phase != Phase.RUNNING:
         started = draft.status.attempt_start_time or draft.status.start_time or draft.now
         draft.all_running_after = max((draft.now - started).total_seconds(), 0.0)
         draft.update(all_running_time=draft.now)
-    draft.condition(ConditionType.RUNNING, True, "AllWorkersRunning", f"{total} workers running")
-    draft.clear(ConditionType.RESTARTING, "AllWorkersRunning", "the gang is running again")
-    draft.enter(Phase.RUNNING, "AllWorkersRunning", f"{total} workers running")
+    draft.condition(
+        ConditionType.RUNNING, True, Reason.ALL_WORKERS_RUNNING, f"{total} workers running"
+    )
+    draft.clear(ConditionType.RESTARTING, Reason.ALL_WORKERS_RUNNING, "the gang is running again")
+    draft.enter(Phase.RUNNING, Reason.ALL_WORKERS_RUNNING, f"{total} workers running")
 
 
 def _reported(draft: Draft, job: TrainingJob, reports: Mapping[int, WorkerReport]) -> None:

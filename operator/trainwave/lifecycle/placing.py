@@ -5,6 +5,7 @@ latest word arrives here as a `PlacementWait`. Codes in `REFUSALS` mean the
 gang can never start as asked, so the job fails instead of waiting forever.
 """
 
+from trainwave.api.reasons import Reason
 from trainwave.api.status import ConditionType, Phase, PlacementStatus
 from trainwave.api.trainingjob import TrainingJob
 from trainwave.lifecycle.draft import Draft, PlacementWait, fail
@@ -13,10 +14,10 @@ from trainwave.placement.sharing import LARGER_THAN_ANY_GPU
 
 # The placer's codes for gangs that can never start as asked: the job fails
 # with this reason rather than wait forever.
-INVALID_PLACEMENT = "InvalidRequest"  # e.g. an unknown topology level
-RDMA_UNAVAILABLE = "RDMAUnavailable"  # no node can provide the RDMA asked for
-REFUSALS = {
-    INVALID_PLACEMENT: ("InvalidSpec", "spec.placement"),
+INVALID_PLACEMENT = Reason.INVALID_REQUEST  # e.g. an unknown topology level
+RDMA_UNAVAILABLE = Reason.RDMA_UNAVAILABLE  # no node can provide the RDMA asked for
+REFUSALS: dict[str, tuple[str, str]] = {
+    INVALID_PLACEMENT: (Reason.INVALID_SPEC, "spec.placement"),
     RDMA_UNAVAILABLE: (RDMA_UNAVAILABLE, "spec.network.rdma"),
     LARGER_THAN_ANY_GPU: (LARGER_THAN_ANY_GPU, "spec.gpuSharing"),
 }
@@ -35,7 +36,7 @@ def await_placement(
     draft.update(placement=None)
     if waiting is None:
         spec = job.spec
-        reason = "Placing"
+        reason = str(Reason.PLACING)
         message = f"finding room for {spec.workers} worker(s) x {spec.gpus_per_worker} GPU(s)"
     else:
         reason, message = waiting.code, waiting.reason
@@ -74,9 +75,9 @@ def bind_timed_out(draft: Draft, job: TrainingJob, existing: list[WorkerPod]) ->
     )
     draft.stop(existing)
     draft.update(attempt=draft.status.attempt + 1, attempt_start_time=None, all_running_time=None)
-    draft.condition(ConditionType.SCHEDULED, False, "BindTimeout", message)
+    draft.condition(ConditionType.SCHEDULED, False, Reason.BIND_TIMEOUT, message)
     draft.update(placement=None)
     # Pending, not Scheduling: the new attempt has no pods yet, and in
     # Scheduling missing pods would count as lost workers.
-    draft.enter(Phase.PENDING, "BindTimeout", message, warning=True)
+    draft.enter(Phase.PENDING, Reason.BIND_TIMEOUT, message, warning=True)
     return True

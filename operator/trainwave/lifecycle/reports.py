@@ -15,6 +15,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from trainwave.api.reasons import Reason
 from trainwave.api.status import ProgressStatus
 
 NCCL_CHECK = "nccl_transport"
@@ -87,15 +88,19 @@ def rdma_verdict(reports: Mapping[int, WorkerReport], workers: int) -> tuple[str
         report = reports[rank]
         # NCCL's own word first: it is the proof, the rest are reasons.
         if report.nccl is not None and report.nccl[0] in ("FAIL", "WARN"):
-            return "False", "NotGPUDirect", f"worker {rank}: {report.nccl[1]}"
+            return "False", Reason.NOT_GPUDIRECT, f"worker {rank}: {report.nccl[1]}"
         if report.failed_checks:
-            return "False", "DoctorFailed", f"worker {rank}: {'; '.join(report.failed_checks)}"
+            return (
+                "False",
+                Reason.DOCTOR_FAILED,
+                f"worker {rank}: {'; '.join(report.failed_checks)}",
+            )
     proven = [r for r in reports.values() if r.nccl is not None and r.nccl[0] == "PASS"]
     if len(proven) == workers:
-        return "True", "GPUDirectInUse", f"NCCL uses GPUDirect RDMA in all {workers} workers"
+        return "True", Reason.GPUDIRECT_IN_USE, f"NCCL uses GPUDirect RDMA in all {workers} workers"
     return (
         "Unknown",
-        "WaitingForProof",
+        Reason.WAITING_FOR_PROOF,
         f"{len(proven)}/{workers} workers have shown GPUDirect RDMA in NCCL's log so far",
     )
 

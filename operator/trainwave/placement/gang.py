@@ -53,6 +53,7 @@ from dataclasses import dataclass, field
 from enum import StrEnum
 from itertools import accumulate
 
+from trainwave.api.reasons import Reason
 from trainwave.contract import GPU_RESOURCE
 from trainwave.placement import explain, filters
 from trainwave.placement.ranks import Blocks, Parallelism, order_workers, plan_blocks
@@ -69,14 +70,14 @@ from trainwave.placement.topology import Topology
 class Blocker(StrEnum):
     """Why a gang cannot be placed; short enough for a condition's `reason`."""
 
-    INVALID_REQUEST = "InvalidRequest"
-    NO_MATCHING_NODES = "NoMatchingNodes"
-    WORKER_TOO_LARGE = "WorkerTooLarge"
-    NOT_ENOUGH_GPUS = "NotEnoughGPUs"
-    NOT_ENOUGH_RESOURCES = "NotEnoughResources"  # CPU, memory or another resource is short
-    PARALLELISM = "ParallelismDoesNotFit"
-    REQUIRED_LEVEL = "RequiredDomainTooSmall"
-    HELD = "HeldForEarlierJob"  # the room is held for an earlier gang (queueing.py)
+    INVALID_REQUEST = Reason.INVALID_REQUEST
+    NO_MATCHING_NODES = Reason.NO_MATCHING_NODES
+    WORKER_TOO_LARGE = Reason.WORKER_TOO_LARGE
+    NOT_ENOUGH_GPUS = Reason.NOT_ENOUGH_GPUS
+    NOT_ENOUGH_RESOURCES = Reason.NOT_ENOUGH_RESOURCES  # CPU, memory or another resource is short
+    PARALLELISM = Reason.PARALLELISM_DOES_NOT_FIT
+    REQUIRED_LEVEL = Reason.REQUIRED_DOMAIN_TOO_SMALL
+    HELD = Reason.HELD_FOR_EARLIER_JOB  # the room is held for an earlier gang (queueing.py)
 
 
 @dataclass(frozen=True)

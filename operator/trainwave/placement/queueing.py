@@ -35,6 +35,7 @@ from __future__ import annotations
 from collections.abc import Iterable
 from dataclasses import dataclass
 
+from trainwave.api.reasons import Reason
 from trainwave.placement import explain
 from trainwave.placement.gang import Blocker, GangRequest, Placement, Unschedulable, place
 from trainwave.placement.sharing import (
@@ -45,8 +46,8 @@ from trainwave.placement.sharing import (
 )
 from trainwave.placement.snapshot import ClusterSnapshot
 
-HELD_FOR_EARLIER_JOB = "HeldForEarlierJob"
-NEVER_FITS = "NeverFits"
+HELD_FOR_EARLIER_JOB = Reason.HELD_FOR_EARLIER_JOB
+NEVER_FITS = Reason.NEVER_FITS
 
 
 @dataclass(frozen=True)

@@ -21,12 +21,13 @@ from dataclasses import dataclass
 from datetime import datetime
 
 from trainwave.api.network import NetworkSpec
+from trainwave.api.reasons import Reason
 from trainwave.placement.preemption import Preemption, RunningGang, plan_preemptions
 from trainwave.placement.queueing import Admit, PendingJob, QueuePolicy, Wait, schedule
 from trainwave.placement.rdma import rdma_shortfall
 from trainwave.placement.snapshot import ClusterSnapshot
 
-RDMA_UNAVAILABLE = "RDMAUnavailable"
+RDMA_UNAVAILABLE = Reason.RDMA_UNAVAILABLE
 
 
 @dataclass(frozen=True)

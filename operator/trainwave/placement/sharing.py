@@ -24,6 +24,7 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any
 
+from trainwave.api.reasons import Reason
 from trainwave.contract import NODE_LABEL_GPU_PRODUCT
 from trainwave.placement.filters import Rejection, check, describe
 from trainwave.placement.fragmentation import MILLI, FragmentationMeasure, Shape, typical_shapes
@@ -104,7 +105,7 @@ class SharedPlacement:
 NO_SHARED_GPUS = "NoSharedGPUs"
 NOT_ENOUGH_GPU_MEMORY = "NotEnoughGPUMemory"
 # More than any shared GPU of the cluster has in all: waiting cannot help.
-LARGER_THAN_ANY_GPU = "LargerThanAnyGPU"
+LARGER_THAN_ANY_GPU = Reason.LARGER_THAN_ANY_GPU
 
 
 def place_shared(

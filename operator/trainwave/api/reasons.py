@@ -1,0 +1,60 @@
+"""Every reason trainwave writes: status.reason, conditions' reasons and Event reasons.
+
+One place, so lifecycle, the placer and the tests spell them the same way, and a
+user's alert or script can rely on the list (the README's tables use these
+strings). Reasons are CamelCase single words, as Kubernetes asks of a
+condition's reason. Messages stay with the decisions that have their numbers.
+"""
+
+from enum import StrEnum
+
+
+class Reason(StrEnum):
+    # The job's life (lifecycle/decide.py).
+    CREATED = "Created"
+    CREATING_WORKERS = "CreatingWorkers"
+    PLACING = "Placing"
+    WAITING_FOR_NODES = "WaitingForNodes"
+    ALL_WORKERS_BOUND = "AllWorkersBound"
+    WORKERS_STARTING = "WorkersStarting"
+    ALL_WORKERS_RUNNING = "AllWorkersRunning"
+    SUCCEEDED = "Succeeded"
+    SUSPENDED = "Suspended"
+    RESUMED = "Resumed"
+    RESTARTING = "Restarting"
+    DEADLINE_EXCEEDED = "DeadlineExceeded"
+    INVALID_SPEC = "InvalidSpec"
+
+    # A worker in trouble and what the failure policy made of it (lifecycle/failures.py).
+    WORKER_FAILED = "WorkerFailed"
+    WORKER_DISRUPTED = "WorkerDisrupted"
+    FAILURE_IGNORED = "FailureIgnored"
+    FAILED_BY_RULE = "FailedByRule"
+    MAX_RESTARTS_EXCEEDED = "MaxRestartsExceeded"
+    MAX_DISRUPTIONS_EXCEEDED = "MaxDisruptionsExceeded"
+    MAX_IGNORED_RESTARTS_EXCEEDED = "MaxIgnoredRestartsExceeded"
+
+    # Children the API server refused (lifecycle/children.py).
+    FAILED_CREATE = "FailedCreate"
+
+    # Placement: why a gang waits or cannot run (placement/, lifecycle/placing.py).
+    INVALID_REQUEST = "InvalidRequest"
+    NO_MATCHING_NODES = "NoMatchingNodes"
+    WORKER_TOO_LARGE = "WorkerTooLarge"
+    NOT_ENOUGH_GPUS = "NotEnoughGPUs"
+    NOT_ENOUGH_RESOURCES = "NotEnoughResources"
+    PARALLELISM_DOES_NOT_FIT = "ParallelismDoesNotFit"
+    REQUIRED_DOMAIN_TOO_SMALL = "RequiredDomainTooSmall"
+    HELD_FOR_EARLIER_JOB = "HeldForEarlierJob"
+    NEVER_FITS = "NeverFits"
+    LARGER_THAN_ANY_GPU = "LargerThanAnyGPU"
+    RDMA_UNAVAILABLE = "RDMAUnavailable"
+    BIND_TIMEOUT = "BindTimeout"
+    PREEMPTING = "Preempting"
+    PREEMPTED = "Preempted"
+
+    # What the workers' own reports prove (lifecycle/reports.py).
+    GPUDIRECT_IN_USE = "GPUDirectInUse"
+    NOT_GPUDIRECT = "NotGPUDirect"
+    DOCTOR_FAILED = "DoctorFailed"
+    WAITING_FOR_PROOF = "WaitingForProof"
