@@ -8,12 +8,12 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from factories import make_job
+from factories import make_body, make_job
 
 from trainwave import contract
 from trainwave.api.trainingjob import InvalidSpec
 from trainwave.builders.pods import build_worker_pods
-from trainwave.resolving import check_template
+from trainwave.resolving import check_template, resolve
 from trainwave.runtime.install import install
 
 pytestmark = pytest.mark.timeout(30)
@@ -115,3 +115,21 @@ def test_install_copies_a_runtime_that_imports_without_the_operator(tmp_path: Pa
         capture_output=True, text=True, check=True, timeout=20,
     )  # fmt: skip
     assert result.stdout.strip().startswith(str(tmp_path / "opt"))
+
+
+def test_a_volume_of_the_wrong_type_is_refused_before_any_builder_runs() -> None:
+    # Issue 10: the runtime mutator used to raise on it, and the reconcile retried forever.
+    body = make_body(template={"spec": {"volumes": ["oops"]}}, runtime={}, command=["python"])
+    with pytest.raises(InvalidSpec) as raised:
+        resolve(body)
+    assert str(raised.value) == "spec.template.spec.volumes[0] must be an object (got 'oops')"
+
+
+def test_nulls_in_the_template_are_unset_fields_as_the_api_server_stores_them() -> None:
+    template = {"spec": {"volumes": None, "containers": [{"name": "worker", "ports": None}]}}
+    resolved = resolve(make_body(template=template, runtime={}, command=["python"]))
+    (pod,) = build_worker_pods(resolved, (0,), 0)
+    assert [v["name"] for v in pod["spec"]["volumes"]] == [
+        contract.RUNTIME_VOLUME,
+        contract.PODINFO_VOLUME,
+    ]
