@@ -12,6 +12,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from trainwave import contract
+from trainwave.api.podspec import POD_SPEC, shape_problem, without_nulls
 from trainwave.api.trainingjob import InvalidSpec, TrainingJob, parse_trainingjob
 from trainwave.placement.gang import GangRequest
 from trainwave.placement.ranks import Parallelism
@@ -33,6 +34,7 @@ def resolve(body: dict[str, Any], levels: Sequence[str] = DEFAULT_LEVELS) -> Res
 
 
 def resolve_job(job: TrainingJob, levels: Sequence[str] = DEFAULT_LEVELS) -> ResolvedJob:
+    job = _pruned(job)
     check_template(job)
     shared = None
     if job.spec.gpu_sharing is not None:
@@ -49,24 +51,39 @@ def resolve_job(job: TrainingJob, levels: Sequence[str] = DEFAULT_LEVELS) -> Res
     return ResolvedJob(job, shared, gang)
 
 
+def _pruned(job: TrainingJob) -> TrainingJob:
+    """The job with nulls dropped from its pod template, as the API server stores it
+    (a body from elsewhere, `trainwave plan`'s file, may still carry them)."""
+    spec = without_nulls(job.spec.template.spec)
+    if spec == job.spec.template.spec:
+        return job
+    template = job.spec.template.model_copy(update={"spec": spec})
+    return job.model_copy(update={"spec": job.spec.model_copy(update={"template": template})})
+
+
 # Pod fields trainwave owns; a template that sets them is refused rather than
 # silently overridden, so the user learns why their value had no effect.
 _OWNED_POD_FIELDS = {
     "hostname": "trainwave sets it to '<job>-worker-<rank>' for the rendezvous",
     "subdomain": "trainwave sets it to the job's headless Service",
 }
+_TEMPLATE = "spec.template.spec"
 
 
 def check_template(job: TrainingJob) -> None:
-    """Raise InvalidSpec for what the schema cannot see inside spec.template.spec."""
+    """Raise InvalidSpec for what the schema cannot see inside spec.template.spec:
+    a field of the wrong type (api/podspec.py), a field trainwave owns, reserved env."""
     spec = job.spec.template.spec
+    problem = shape_problem(spec, POD_SPEC, _TEMPLATE)
+    if problem:
+        raise InvalidSpec(problem)
     for key, why in _OWNED_POD_FIELDS.items():
         if key in spec:
-            raise InvalidSpec(f"spec.template.spec.{key} must not be set: {why}")
+            raise InvalidSpec(f"{_TEMPLATE}.{key} must not be set: {why}")
     policy = spec.get("restartPolicy", "Never")
     if policy != "Never":
         raise InvalidSpec(
-            f"spec.template.spec.restartPolicy is {policy!r}; accepted: 'Never' or unset "
+            f"{_TEMPLATE}.restartPolicy is {policy!r}; accepted: 'Never' or unset "
             "(trainwave restarts the whole gang itself, see runPolicy.failurePolicy)"
         )
     runtime = job.spec.runtime
@@ -74,40 +91,20 @@ def check_template(job: TrainingJob) -> None:
         raise InvalidSpec(
             "spec.command must be set when spec.runtime is enabled: the launcher wraps it"
         )
-    containers = spec.get("containers", [])
-    if not isinstance(containers, list) or not all(
-        isinstance(c, dict) and isinstance(c.get("name"), str) for c in containers
-    ):
-        raise InvalidSpec("spec.template.spec.containers must be a list of containers with names")
-    for container in containers:
-        _check_merged_fields(container)
-        where = f"spec.template.spec.containers[{container['name']}].env"
-        env = container.get("env", [])
-        if not isinstance(env, list) or not all(isinstance(e, dict) for e in env):
-            raise InvalidSpec(f"{where} must be a list of name/value pairs (got {env!r})")
-        reserved = sorted({str(e.get("name")) for e in env} & set(contract.RESERVED_ENV))
+    for index, container in enumerate(spec.get("containers", [])):
+        if not container.get("name"):
+            raise InvalidSpec(
+                f"{_TEMPLATE}.containers[{index}].name must be set: trainwave finds the "
+                f"'{contract.WORKER_CONTAINER}' container by name"
+            )
+        where = f"{_TEMPLATE}.containers[{container['name']}].env"
+        names = {e.get("name") for e in container.get("env", [])}
+        reserved = sorted(names & set(contract.RESERVED_ENV))
         if reserved:
             raise InvalidSpec(
                 f"{where} sets {', '.join(reserved)}: trainwave reserves these names for the "
                 "torch rendezvous"
             )
-
-
-def _check_merged_fields(container: dict[str, Any]) -> None:
-    """The worker container's fields trainwave merges into must have the right shape."""
-    if container["name"] != contract.WORKER_CONTAINER:
-        return
-    where = f"spec.template.spec.containers[{container['name']}]"
-    ports = container.get("ports", [])
-    if not isinstance(ports, list) or not all(isinstance(p, dict) for p in ports):
-        raise InvalidSpec(f"{where}.ports must be a list of ports (got {ports!r})")
-    resources = container.get("resources", {})
-    if not isinstance(resources, dict) or not all(
-        isinstance(resources.get(kind, {}), dict) for kind in ("requests", "limits")
-    ):
-        raise InvalidSpec(
-            f"{where}.resources must be an object with requests and limits maps (got {resources!r})"
-        )
 
 
 def gang_request(job: TrainingJob, levels: Sequence[str]) -> GangRequest:

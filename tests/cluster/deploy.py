@@ -92,8 +92,10 @@ class OperatorProcess:
     health_port: int = field(default_factory=free_port)
     extra_args: tuple[str, ...] = ()  # more `trainwave operator` flags, e.g. ("--workers", "8")
     # The pod this process stands in for: its leader identity is `<pod_name>_<random>`, and a
-    # restart keeps the name, as a container restart inside one pod does.
-    pod_name: str = "trainwave-local-0"
+    # restart keeps the name, as a container restart inside one pod does. The test process's
+    # pid in it keeps two test sessions on one cluster from taking each other's Lease as
+    # their own pod's (they would fight over it; two pods never share a name).
+    pod_name: str = field(default_factory=lambda: f"trainwave-local-{os.getpid()}")
     process: subprocess.Popen[bytes] | None = None
 
     def start(self, timeout: float = 60) -> None:

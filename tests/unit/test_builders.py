@@ -225,16 +225,38 @@ def _containers(*containers: Any) -> dict[str, Any]:
                      "containers[side].env sets MASTER_ADDR, WORLD_SIZE", id="reserved-env-side"),
         pytest.param({"spec": {"containers": {"name": "worker"}}}, "spec.template.spec.containers",
                      id="containers-not-a-list"),
-        pytest.param(_containers({"image": "x"}), "containers with names", id="container-no-name"),
-        pytest.param(_containers("worker"), "containers with names", id="container-a-string"),
+        pytest.param(_containers({"image": "x"}), "containers[0].name must be set",
+                     id="container-no-name"),
+        pytest.param(_containers("worker"),
+                     "spec.template.spec.containers[0] must be an object (got 'worker')",
+                     id="container-a-string"),
         pytest.param(_containers({"name": "worker", "env": {"A": "1"}}),
                      "containers[worker].env must be a list", id="env-a-map"),
         pytest.param(_containers({"name": "worker", "env": ["A=1"]}),
-                     "containers[worker].env must be a list", id="env-of-strings"),
+                     "containers[worker].env[0] must be an object (got 'A=1')", id="env-of-strings"),
         pytest.param(_containers({"name": "worker", "ports": None}),
                      "containers[worker].ports must be a list", id="ports-null"),
         pytest.param(_containers({"name": "worker", "resources": {"limits": ["cpu"]}}),
-                     "containers[worker].resources must be an object", id="limits-a-list"),
+                     "containers[worker].resources.limits must be a map of quantities (e.g. cpu: 500m, "
+                     "memory: 1Gi) (got ['cpu'])", id="limits-a-list"),
+        pytest.param(_containers({"name": "worker", "resources": {"limits": {"cpu": "lots"}}}),
+                     "resources.limits must be a map of quantities", id="bad-quantity"),
+        pytest.param({"spec": {"volumes": ["oops"]}},
+                     "spec.template.spec.volumes[0] must be an object (got 'oops')", id="volume-a-string"),
+        pytest.param({"spec": {"volumes": "oops"}}, "spec.template.spec.volumes must be a list (got 'oops')",
+                     id="volumes-a-string"),
+        pytest.param(_containers({"name": "side", "ports": "not-ours-to-check"}),
+                     "containers[side].ports must be a list", id="sidecar-ports-a-string"),
+        pytest.param({"spec": {"nodeSelector": {"rack": 3}}}, "spec.template.spec.nodeSelector must be a map "
+                     "of strings (got {'rack': 3})", id="node-selector-int"),
+        pytest.param({"spec": {"tolerations": [{"key": "gpu", "tolerationSeconds": True}]}},
+                     "tolerations[0].tolerationSeconds must be an integer (got True)", id="bool-is-no-int"),
+        pytest.param({"spec": {"affinity": {"nodeAffinity": {"requiredDuringSchedulingIgnoredDuringExecution":
+                     {"nodeSelectorTerms": {"matchFields": []}}}}}},
+                     "affinity.nodeAffinity.requiredDuringSchedulingIgnoredDuringExecution"
+                     ".nodeSelectorTerms must be a list", id="affinity-terms-an-object"),
+        pytest.param(_containers({"name": "worker", "securityContext": {"capabilities": {"add": "IPC_LOCK"}}}),
+                     "securityContext.capabilities.add must be a list of strings", id="capabilities-a-string"),
     ],
 )  # fmt: skip
 def test_check_template_names_the_field(template: dict[str, Any], expected: str) -> None:
@@ -250,7 +272,9 @@ def test_check_template_names_the_field(template: dict[str, Any], expected: str)
         pytest.param({}, id="empty"),
         pytest.param({"spec": {"restartPolicy": "Never"}}, id="restart-never"),
         pytest.param(TEMPLATE, id="full"),
-        pytest.param(_containers({"name": "side", "ports": "not-ours-to-check"}), id="sidecar"),
+        pytest.param(_containers({"name": "side", "image": "s", "stdin": True}), id="sidecar"),
+        # A field this Kubernetes does not know yet is the API server's to judge.
+        pytest.param({"spec": {"futureField": {"anything": [1]}}}, id="unknown-field"),
     ],
 )
 def test_check_template_accepts(template: dict[str, Any]) -> None:

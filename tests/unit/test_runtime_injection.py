@@ -8,13 +8,13 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from factories import make_job
+from factories import make_body, make_job
 
 from trainwave import contract
 from trainwave.api.trainingjob import InvalidSpec
 from trainwave.builders.pods import build_worker_pods
 from trainwave.builders.status_key import build_status_key_secret
-from trainwave.resolving import check_template
+from trainwave.resolving import check_template, resolve
 from trainwave.runtime.install import install
 
 pytestmark = pytest.mark.timeout(30)
@@ -138,3 +138,22 @@ def test_the_status_key_secret_is_owned_by_its_job_and_never_changes() -> None:
     assert secret["metadata"]["ownerReferences"][0]["uid"] == job.metadata.uid
     assert secret["immutable"] is True
     assert secret["stringData"] == {contract.STATUS_KEY_FILE: (b"k" * 32).hex()}
+
+
+def test_a_volume_of_the_wrong_type_is_refused_before_any_builder_runs() -> None:
+    # Issue 10: the runtime mutator used to raise on it, and the reconcile retried forever.
+    body = make_body(template={"spec": {"volumes": ["oops"]}}, runtime={}, command=["python"])
+    with pytest.raises(InvalidSpec) as raised:
+        resolve(body)
+    assert str(raised.value) == "spec.template.spec.volumes[0] must be an object (got 'oops')"
+
+
+def test_nulls_in_the_template_are_unset_fields_as_the_api_server_stores_them() -> None:
+    template = {"spec": {"volumes": None, "containers": [{"name": "worker", "ports": None}]}}
+    resolved = resolve(make_body(template=template, runtime={}, command=["python"]))
+    (pod,) = build_worker_pods(resolved, (0,), 0)
+    assert [v["name"] for v in pod["spec"]["volumes"]] == [
+        contract.RUNTIME_VOLUME,
+        contract.PODINFO_VOLUME,
+        contract.STATUS_KEY_VOLUME,
+    ]

@@ -12,13 +12,14 @@ from pydantic.alias_generators import to_camel
 
 # Kubernetes resource quantities ("8", "16Gi", 4): the API server checks the
 # syntax on the pod; here they are kept verbatim.
+QUANTITY_PATTERN = r"^(\+|-)?(([0-9]+(\.[0-9]*)?)|(\.[0-9]+))(([KMGTPE]i)|[numkMGTPE]|([eE](\+|-)?(([0-9]+(\.[0-9]*)?)|(\.[0-9]+))))?$"  # noqa: E501
 Quantity = Annotated[
     int | str,
     WithJsonSchema(
         {
             "anyOf": [{"type": "integer"}, {"type": "string"}],
             "x-kubernetes-int-or-string": True,
-            "pattern": r"^(\+|-)?(([0-9]+(\.[0-9]*)?)|(\.[0-9]+))(([KMGTPE]i)|[numkMGTPE]|([eE](\+|-)?(([0-9]+(\.[0-9]*)?)|(\.[0-9]+))))?$",  # noqa: E501
+            "pattern": QUANTITY_PATTERN,
         }
     ),
 ]

@@ -34,8 +34,11 @@ class Reason(StrEnum):
     MAX_DISRUPTIONS_EXCEEDED = "MaxDisruptionsExceeded"
     MAX_IGNORED_RESTARTS_EXCEEDED = "MaxIgnoredRestartsExceeded"
 
-    # Children the API server refused (lifecycle/children.py).
+    # Children the API server refused (lifecycle/children.py), and the net under every
+    # error nobody planned for (lifecycle/errors.py).
     FAILED_CREATE = "FailedCreate"
+    RECONCILE_ERROR = "ReconcileError"
+    RECONCILED = "Reconciled"
 
     # Placement: why a gang waits or cannot run (placement/, lifecycle/placing.py).
     INVALID_REQUEST = "InvalidRequest"

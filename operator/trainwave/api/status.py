@@ -45,6 +45,7 @@ class ConditionType(StrEnum):
     RDMA_VERIFIED = "RDMAVerified"
     PREEMPTED = "Preempted"
     REPLICA_FAILURE = "ReplicaFailure"  # the API server refused a worker pod or the Service
+    RECONCILE_ERROR = "ReconcileError"  # an unexpected error in the operator; retried with backoff
 
 
 class Condition(ApiModel):

@@ -18,10 +18,11 @@ from typing import Any
 
 from kubernetes import client, config
 from kubernetes.client.exceptions import ApiException
+from urllib3.exceptions import HTTPError
 
 from trainwave import contract, signatures
 from trainwave.controller.leadership import Conflict as LeaseConflict
-from trainwave.controller.leadership import LeaseRecord
+from trainwave.controller.leadership import LeaseRecord, NotLeading
 from trainwave.lifecycle.decide import JobEvent
 
 logger = logging.getLogger(__name__)
@@ -265,7 +266,7 @@ class KubeClient:
             )
             _release(response)
         except ApiException as error:
-            if error.status == 422:
+            if error.status == 422 or malformed(error):
                 raise Rejected(_status_message(error)) from None
             if error.status in (400, 403, 404):  # quota, RBAC, a webhook, a missing namespace
                 kind = "service" if "service" in getattr(patch, "__name__", "") else "pod"
@@ -297,6 +298,29 @@ def _items(response: Any) -> list[dict[str, Any]]:
     finally:
         response.release_conn()
     return items
+
+
+# Server-side apply answers an object that does not fit its type's schema (a field
+# not declared, a wrong type, a duplicate list key, a quantity that does not parse)
+# with HTTP 500, not 4xx (kubernetes/kubernetes#139253, #122480). These messages
+# say so: the same object can never be applied, unlike after a real server fault.
+_MALFORMED = ("failed to create typed patch object", "failed to convert new object")
+
+
+def malformed(error: ApiException) -> bool:
+    """The API server could not read the object we applied as its type: never retry it."""
+    return error.status in (400, 500) and _status_message(error).startswith(_MALFORMED)
+
+
+def transient(error: BaseException) -> bool:
+    """An error that says nothing about the job: the API server busy, restarting, slow or
+    out of reach. Retried with backoff and logged; never written on the job as its fault."""
+    if isinstance(error, ApiException):
+        status = error.status or 0  # 0: no answer at all
+        return status in (0, 408, 409, 429) or status >= 500
+    # A write refused because this replica lost the Lease is the operator's state, not the
+    # job's fault (the process is on its way out; leadership.py).
+    return isinstance(error, OSError | HTTPError | NotLeading)  # Timeout/ConnectionError too
 
 
 def _status_message(error: ApiException) -> str:

@@ -33,11 +33,12 @@ from trainwave.builders.service import build_service
 from trainwave.builders.status_key import build_status_key_secret
 from trainwave.controller import metrics
 from trainwave.controller.departures import Departures
-from trainwave.controller.kube import Conflict, KubeClient, Refused, Rejected
+from trainwave.controller.kube import Conflict, KubeClient, Refused, Rejected, transient
 from trainwave.controller.placer import Placer, Ticket
 from trainwave.controller.reporting import StatusPoller, Targets
 from trainwave.lifecycle.children import creating_failed
 from trainwave.lifecycle.decide import Decision, JobEvent, decide, decide_invalid
+from trainwave.lifecycle.errors import reconcile_failed, reconciled
 from trainwave.lifecycle.observed import NodeHealth, PodPhase, WorkerPod
 from trainwave.resolving import ResolvedJob, resolve
 from trainwave.signatures import job_key
@@ -90,11 +91,30 @@ class Reconciler:
         started = time.perf_counter()
         try:
             return await self.reconcile(key)
-        except Exception:
+        except Exception as error:
             metrics.RECONCILE_ERRORS.inc()
-            raise
+            if not transient(error):
+                await self._unexpected(key, error)
+            raise  # the work queue logs it and retries with backoff
         finally:
             metrics.RECONCILE_SECONDS.observe(time.perf_counter() - started)
+
+    async def _unexpected(self, key: JobKey, error: Exception) -> None:
+        """An error no decision foresaw: a ReconcileError condition and an Event on the job,
+        so it never sits in a retry loop without a visible reason. Best effort: if the
+        job cannot be written either, the log still has it."""
+        body = self._fresher(key, self._job_body(key))
+        if body is None or body["metadata"].get("deletionTimestamp"):
+            return
+        meta = parse_metadata(body)
+        failed = reconcile_failed(
+            meta, parse_status(body), f"{type(error).__name__}: {error}", self._clock()
+        )
+        try:
+            body = await self._write_status(body, meta, failed)
+            await self._act(body, meta, failed, None)
+        except Exception as writing:
+            logger.warning("%s/%s: could not record the error: %s", *key, writing)
 
     async def reconcile(self, key: JobKey) -> float | None:
         namespace, name = key
@@ -135,6 +155,10 @@ class Reconciler:
             await self._act(body, meta, invalid, None)
             return decision.requeue_after
         self._refusals.pop(key, None)
+        recovered = reconciled(meta, parse_status(body), self._clock())
+        if recovered is not None:
+            body = await self._write_status(body, parse_metadata(body), recovered)
+            await self._act(body, meta, recovered, None)
         return decision.requeue_after
 
     async def _refused(

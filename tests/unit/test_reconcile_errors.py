@@ -1,0 +1,137 @@
+"""The reconciler's net for errors nobody planned for: a condition and an Event on the job,
+the error handed on to the work queue's backoff, and transient API trouble left to it alone.
+
+The API client here is a stand-in that stores the status it is sent: what is tested is
+the reconciler's own handling, not the API server (the integration tests do that).
+"""
+
+from __future__ import annotations
+
+import asyncio
+from types import SimpleNamespace
+from typing import Any
+
+import pytest
+from factories import NOW, make_body
+from kubernetes.client.exceptions import ApiException
+
+from trainwave.controller.reconciler import Reconciler
+from trainwave.lifecycle.decide import JobEvent
+
+pytestmark = pytest.mark.timeout(10)
+KEY = ("team-a", "demo")
+
+
+class StatusStore:
+    """Takes status merge patches into one job body; `fail` makes the next patch raise."""
+
+    def __init__(self, body: dict[str, Any]):
+        self.body = body
+        self.patches = 0
+        self.fail: Exception | None = None
+
+    def patch_job_status(self, _ns: str, _name: str, version: str, status: dict[str, Any]):
+        if self.fail is not None:
+            raise self.fail
+        assert version == self.body["metadata"]["resourceVersion"]
+        self.patches += 1
+        self.body = {**self.body, "status": status}
+        self.body["metadata"] = {
+            **self.body["metadata"],
+            "resourceVersion": str(100 + self.patches),
+        }
+        return self.body
+
+    def apply_pod(self, _pod: dict[str, Any]) -> None:
+        pass
+
+    def apply_service(self, _service: dict[str, Any]) -> None:
+        pass
+
+
+def reconciler(store: StatusStore, pods: Any) -> tuple[Reconciler, list[JobEvent]]:
+    events: list[JobEvent] = []
+    placer = SimpleNamespace(withdraw=lambda _k: None, submit=lambda _k, _t: None,
+                             waiting=lambda _k: None)  # fmt: skip
+    made = Reconciler(
+        store,  # type: ignore[arg-type]
+        job_body=lambda _key: store.body,
+        worker_pods=pods,
+        has_service=lambda _key: True,
+        placer=placer,  # type: ignore[arg-type]
+        levels=(),
+        record_event=lambda _body, event: events.append(event),
+        clock=lambda: NOW,
+    )
+    return made, events
+
+
+def condition(body: dict[str, Any]) -> dict[str, Any] | None:
+    found = [c for c in body["status"].get("conditions", []) if c["type"] == "ReconcileError"]
+    return found[0] if found else None
+
+
+def test_an_unexpected_error_is_written_on_the_job_and_retried_with_backoff() -> None:
+    store = StatusStore(make_body())
+    broken = True
+
+    def pods(_key: Any) -> list[Any]:
+        if broken:
+            raise KeyError("containers")
+        return []
+
+    reconcile, events = reconciler(store, pods)
+    for _ in range(2):  # the second failure says nothing new: no second Event
+        with pytest.raises(KeyError):  # handed on: the work queue backs off and logs it
+            asyncio.run(reconcile(KEY))
+    found = condition(store.body)
+    assert found is not None
+    assert found["status"] == "True"
+    assert found["reason"] == "ReconcileError"
+    assert found["message"] == "reconcile failed, retrying with backoff: KeyError: 'containers'"
+    assert store.body["status"]["reason"] == "ReconcileError"
+    assert [(e.type, e.reason) for e in events] == [("Warning", "ReconcileError")]
+
+    broken = False
+    asyncio.run(reconcile(KEY))
+    cleared = condition(store.body)
+    assert cleared is not None
+    assert (cleared["status"], cleared["reason"]) == ("False", "Reconciled")
+    assert store.body["status"]["phase"] == "Pending"
+    assert events[-1].reason == "Reconciled"
+
+
+@pytest.mark.parametrize(
+    "error",
+    [
+        pytest.param(ApiException(status=503, reason="Service Unavailable"), id="503"),
+        pytest.param(ApiException(status=500, reason="etcdserver: leader changed"), id="500"),
+        pytest.param(ApiException(status=429, reason="Too Many Requests"), id="429"),
+        pytest.param(ApiException(status=409, reason="Conflict"), id="409"),
+        pytest.param(TimeoutError("read timed out"), id="timeout"),
+        pytest.param(ConnectionRefusedError("refused"), id="refused"),
+    ],
+)
+def test_transient_api_errors_are_only_retried_never_written_as_the_jobs_fault(error) -> None:
+    store = StatusStore(make_body())
+
+    def pods(_key: Any) -> list[Any]:
+        raise error
+
+    reconcile, events = reconciler(store, pods)
+    with pytest.raises(type(error)):
+        asyncio.run(reconcile(KEY))
+    assert store.patches == 0
+    assert events == []
+
+
+def test_when_the_error_cannot_be_written_either_the_original_is_handed_on() -> None:
+    store = StatusStore(make_body())
+    store.fail = ApiException(status=403, reason="Forbidden")
+
+    def pods(_key: Any) -> list[Any]:
+        raise ValueError("a bug")
+
+    reconcile, _ = reconciler(store, pods)
+    with pytest.raises(ValueError, match="a bug"):
+        asyncio.run(reconcile(KEY))
