@@ -53,6 +53,14 @@ def main(argv: list[str] | None = None) -> int:
         help="image of the runtime init container for jobs with spec.runtime",
     )
     operator.add_argument(
+        "--arbiter-dir",
+        default="",
+        metavar="PATH",
+        help="host directory of the node-local GPU-memory arbiter's sockets (the agent "
+        "DaemonSet's arbiter container); shared workers with the runtime mount it. "
+        "Default: none (no arbiter)",
+    )
+    operator.add_argument(
         "--status-networks",
         default="",
         metavar="CIDRS",
@@ -364,6 +372,11 @@ def run_operator(options: argparse.Namespace) -> int:
     handlers.OPTIONS.metrics_port = options.metrics_port
     handlers.OPTIONS.workers = options.workers
     handlers.OPTIONS.runtime_image = options.runtime_image
+    if options.arbiter_dir and not options.arbiter_dir.startswith("/"):
+        print(f"trainwave operator: --arbiter-dir {options.arbiter_dir!r}: expected an "
+              "absolute path", file=sys.stderr)  # fmt: skip
+        return 2
+    handlers.OPTIONS.arbiter_dir = options.arbiter_dir or None
     from trainwave.controller.reporting import parse_networks
 
     try:

@@ -148,12 +148,14 @@ def place_shared(
         )
         choice = _choose_fitting(policy, open_states, by_name, task, memory_mib)
         if choice is None:
-            most = max(g.free_mib for n in by_name.values() for g in n.gpus)
+            most, fullest, holder = max(
+                (g.free_mib, g.uuid, n.name) for n in by_name.values() for g in n.gpus
+            )
             placed = f"; {len(pins)} of {workers} workers would fit" if workers > 1 else ""
             return SharedRefusal(
                 NOT_ENOUGH_GPU_MEMORY,
                 f"needs {memory_mib} MiB on one GPU per worker; the most free on any shared "
-                f"GPU is {most} MiB{placed}",
+                f"GPU is {most} MiB (GPU {fullest} on node {holder}){placed}",
             )
         node_name, gpu_index = choice
         node = by_name[node_name]
