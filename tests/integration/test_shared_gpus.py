@@ -60,8 +60,8 @@ def test_shared_jobs_are_pinned_to_gpus_whose_budgets_add_up(cluster, namespace,
                 for e in worker["env"]
                 if "valueFrom" in e
             }
-            for name in ("NVIDIA_VISIBLE_DEVICES", "CUDA_VISIBLE_DEVICES"):
-                assert pinned[name] == "metadata.annotations['trainwave.io/gpu-uuid']"
+            for variable in ("NVIDIA_VISIBLE_DEVICES", "CUDA_VISIBLE_DEVICES"):
+                assert pinned[variable] == "metadata.annotations['trainwave.io/gpu-uuid']"
             assert worker["resources"]["limits"] == {"trainwave.io/gpu-memory": str(MIB)}
             budgets[uuid] = budgets.get(uuid, 0) + MIB
         assert sorted(budgets.values()) == [2 * MIB, 2 * MIB], "two per GPU, both GPUs used"
