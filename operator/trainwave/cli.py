@@ -113,6 +113,13 @@ def main(argv: list[str] | None = None) -> int:
         default="none",
         help="GPUs offered for sharing: none, all, or indexes such as 0,1 (default none)",
     )
+    agent.add_argument(
+        "--arbiter-dir",
+        type=Path,
+        metavar="DIR",
+        help=f"write the shared GPUs and their bytes to DIR/{contract.ARBITER_GPUS_FILE} for "
+        "the node-local arbiter (default: no arbiter)",
+    )
     agent.add_argument("--log-level", choices=LOG_LEVELS, default="info")
     doctor = commands.add_parser("doctor", help="check this worker's GPUDirect RDMA setup")
     doctor.add_argument("--root", default="/", help="read /sys, /proc and /dev under this root")
@@ -233,7 +240,13 @@ def run_agent(options: argparse.Namespace) -> int:
         print(f"trainwave agent: {error}", file=sys.stderr)
         return 1
     agent = Agent(
-        AgentOptions(options.node_name, options.root, options.shared_gpus, options.fake_gpus),
+        AgentOptions(
+            options.node_name,
+            options.root,
+            options.shared_gpus,
+            options.fake_gpus,
+            arbiter_dir=options.arbiter_dir,
+        ),
         publisher.publish,
         publish_errors=(PublishError,),
     )
