@@ -53,6 +53,14 @@ def main(argv: list[str] | None = None) -> int:
         help="image of the runtime init container for jobs with spec.runtime",
     )
     operator.add_argument(
+        "--arbiter-dir",
+        default="",
+        metavar="PATH",
+        help="host directory of the node-local GPU-memory arbiter's sockets (the agent "
+        "DaemonSet's arbiter container); shared workers with the runtime mount it. "
+        "Default: none (no arbiter)",
+    )
+    operator.add_argument(
         "--status-networks",
         default="",
         metavar="CIDRS",
@@ -104,6 +112,13 @@ def main(argv: list[str] | None = None) -> int:
         type=_shared_gpus,
         default="none",
         help="GPUs offered for sharing: none, all, or indexes such as 0,1 (default none)",
+    )
+    agent.add_argument(
+        "--arbiter-dir",
+        type=Path,
+        metavar="DIR",
+        help=f"write the shared GPUs and their bytes to DIR/{contract.ARBITER_GPUS_FILE} for "
+        "the node-local arbiter (default: no arbiter)",
     )
     agent.add_argument("--log-level", choices=LOG_LEVELS, default="info")
     doctor = commands.add_parser("doctor", help="check this worker's GPUDirect RDMA setup")
@@ -225,7 +240,13 @@ def run_agent(options: argparse.Namespace) -> int:
         print(f"trainwave agent: {error}", file=sys.stderr)
         return 1
     agent = Agent(
-        AgentOptions(options.node_name, options.root, options.shared_gpus, options.fake_gpus),
+        AgentOptions(
+            options.node_name,
+            options.root,
+            options.shared_gpus,
+            options.fake_gpus,
+            arbiter_dir=options.arbiter_dir,
+        ),
         publisher.publish,
         publish_errors=(PublishError,),
     )
@@ -364,6 +385,11 @@ def run_operator(options: argparse.Namespace) -> int:
     handlers.OPTIONS.metrics_port = options.metrics_port
     handlers.OPTIONS.workers = options.workers
     handlers.OPTIONS.runtime_image = options.runtime_image
+    if options.arbiter_dir and not options.arbiter_dir.startswith("/"):
+        print(f"trainwave operator: --arbiter-dir {options.arbiter_dir!r}: expected an "
+              "absolute path", file=sys.stderr)  # fmt: skip
+        return 2
+    handlers.OPTIONS.arbiter_dir = options.arbiter_dir or None
     from trainwave.controller.reporting import parse_networks
 
     try:

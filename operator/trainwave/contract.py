@@ -199,6 +199,27 @@ ENV_INTRA_NODE_GBPS: Final = "TRAINWAVE_INTRA_NODE_GBPS"
 # Shared GPUs: this worker's device-memory budget and the node-local arbiter.
 ENV_GPU_MEMORY_BUDGET: Final = "TRAINWAVE_GPU_MEMORY_BUDGET_BYTES"
 ENV_ARBITER_SOCKET: Final = "TRAINWAVE_ARBITER_SOCKET"
+# The UUID of the GPU a shared worker was placed on, read by the kubelet from the
+# ANNOTATION_GPU_UUID annotation (downward API) when the container starts.
+ENV_GPU_UUID: Final = "TRAINWAVE_GPU_UUID"
+# What the NVIDIA container runtime (NVIDIA_VISIBLE_DEVICES: which device nodes the
+# container gets) and CUDA (CUDA_VISIBLE_DEVICES: which of those it enumerates) read.
+ENV_NVIDIA_VISIBLE_DEVICES: Final = "NVIDIA_VISIBLE_DEVICES"
+ENV_CUDA_VISIBLE_DEVICES: Final = "CUDA_VISIBLE_DEVICES"
+# Names a shared worker may not set: the operator pins and budgets it with them.
+SHARED_GPU_ENV: Final = (
+    ENV_GPU_MEMORY_BUDGET,
+    ENV_ARBITER_SOCKET,
+    ENV_GPU_UUID,
+    ENV_NVIDIA_VISIBLE_DEVICES,
+    ENV_CUDA_VISIBLE_DEVICES,
+)
+# The node-local arbiter (one unix socket per shared GPU, `<uuid>.sock`) lives in
+# this host directory; the agent writes the shared GPUs and their bytes into
+# ARBITER_GPUS_FILE there, and the arbiter container serves one socket per entry.
+DEFAULT_ARBITER_DIR: Final = "/run/trainwave/arbiter"
+ARBITER_GPUS_FILE: Final = "gpus.json"
+ARBITER_VOLUME: Final = "trainwave-arbiter"
 # Where the runtime writes its reports (doctor, telemetry) as JSON files.
 ENV_REPORT_DIR: Final = "TRAINWAVE_REPORT_DIR"
 # Each worker's runtime serves GET /status (JSON: doctor report, progress)

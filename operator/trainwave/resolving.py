@@ -13,6 +13,7 @@ from typing import Any
 
 from trainwave import contract
 from trainwave.api.podspec import POD_SPEC, shape_problem, without_nulls
+from trainwave.api.sharing import SharedSetup, shared_setup
 from trainwave.api.trainingjob import InvalidSpec, TrainingJob, parse_trainingjob
 from trainwave.placement.gang import GangRequest
 from trainwave.placement.ranks import Parallelism
@@ -26,14 +27,29 @@ class ResolvedJob:
     job: TrainingJob
     shared: SharedMemory | None  # gpuSharing's request per worker; None for whole GPUs
     gang: GangRequest  # what placement is asked; the stored pods add their own needs
+    # What a shared worker gets (pinning, budget, allocator, arbiter); None for whole GPUs.
+    setup: SharedSetup | None = None
 
 
-def resolve(body: dict[str, Any], levels: Sequence[str] = DEFAULT_LEVELS) -> ResolvedJob:
-    """Raises InvalidSpec naming the field for what cannot run as written."""
-    return resolve_job(parse_trainingjob(body), levels)
+def resolve(
+    body: dict[str, Any],
+    levels: Sequence[str] = DEFAULT_LEVELS,
+    *,
+    arbiter_dir: str | None = None,
+) -> ResolvedJob:
+    """Raises InvalidSpec naming the field for what cannot run as written.
+
+    `arbiter_dir`: the host directory of the node-local arbiter's sockets when the
+    operator runs one (Helm value agent.arbiter.enabled), else None."""
+    return resolve_job(parse_trainingjob(body), levels, arbiter_dir=arbiter_dir)
 
 
-def resolve_job(job: TrainingJob, levels: Sequence[str] = DEFAULT_LEVELS) -> ResolvedJob:
+def resolve_job(
+    job: TrainingJob,
+    levels: Sequence[str] = DEFAULT_LEVELS,
+    *,
+    arbiter_dir: str | None = None,
+) -> ResolvedJob:
     job = _pruned(job)
     check_template(job)
     shared = None
@@ -48,7 +64,27 @@ def resolve_job(job: TrainingJob, levels: Sequence[str] = DEFAULT_LEVELS) -> Res
             gang.name, gang.workers, 0, gang.required_level, gang.preferred_level,
             gang.parallelism, gang.node_selector, shared_mib=shared.mib,
         )  # fmt: skip
-    return ResolvedJob(job, shared, gang)
+    setup = None
+    if shared is not None:
+        check_shared_env(job)
+        setup = shared_setup(shared.mib, shared.bytes, job.spec.runtime, arbiter_dir)
+    return ResolvedJob(job, shared, gang, setup)
+
+
+def check_shared_env(job: TrainingJob) -> None:
+    """A shared worker is pinned and budgeted by the operator; a user value for one of
+    those names would silently unpin it, so it is refused instead."""
+    sources = [("spec.env", [e.name for e in job.spec.env])]
+    for container in job.spec.template.spec.get("containers", []):
+        where = f"spec.template.spec.containers[{container['name']}].env"
+        sources.append((where, [str(e.get("name")) for e in container.get("env", [])]))
+    for where, names in sources:
+        owned = sorted(set(names) & set(contract.SHARED_GPU_ENV))
+        if owned:
+            raise InvalidSpec(
+                f"{where} sets {', '.join(owned)}: with spec.gpuSharing trainwave sets these "
+                "to pin the worker to its placed GPU and hold it to its budget; remove them"
+            )
 
 
 def _pruned(job: TrainingJob) -> TrainingJob:

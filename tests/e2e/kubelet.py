@@ -29,8 +29,9 @@ from typing import Any
 
 from kubernetes import client, config, watch
 
+from cluster.topology import NodeShape
 from e2e.formats import hosts_file
-from e2e.nodes import KUBELET_LABEL, build_kubelet_node, delete_node, heartbeat
+from e2e.nodes import KUBELET_LABEL, SHAPE, build_kubelet_node, delete_node, heartbeat
 from e2e.podrun import Host, PodRun, force_delete
 from e2e.volumes import MountPoints
 
@@ -73,8 +74,10 @@ class TestKubelet:
         venv: Path,
         nodes: int = 2,
         image_env: Mapping[str, str] | None = None,
+        shape: NodeShape = SHAPE,
     ) -> None:
         self.id = f"k{uuid.uuid4().hex[:6]}"
+        self.shape = shape
         self.node_names = [f"{self.id}-n{index}" for index in range(nodes)]
         api = config.new_client_from_config(config_file=str(kubeconfig))  # type: ignore[no-untyped-call]
         self.core = client.CoreV1Api(api)
@@ -102,7 +105,7 @@ class TestKubelet:
     def start(self) -> None:
         rack = f"{self.id}-rack"
         for position, name in enumerate(self.node_names):
-            node = build_kubelet_node(name, self.id, rack=rack, position=position)
+            node = build_kubelet_node(name, self.id, rack=rack, position=position, shape=self.shape)
             self.core.create_node(node, _preload_content=False)
         for name in self.node_names:
             heartbeat(self.core, self.leases, name)

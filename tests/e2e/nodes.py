@@ -44,9 +44,11 @@ def now_micro() -> str:
     return datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
 
 
-def build_kubelet_node(name: str, kubelet_id: str, *, rack: str, position: int) -> dict[str, Any]:
+def build_kubelet_node(
+    name: str, kubelet_id: str, *, rack: str, position: int, shape: NodeShape = SHAPE
+) -> dict[str, Any]:
     node = build_node(
-        kubelet_id, name, spine=f"{kubelet_id}-spine", rack=rack, position=position, shape=SHAPE
+        kubelet_id, name, spine=f"{kubelet_id}-spine", rack=rack, position=position, shape=shape
     )
     node["metadata"]["annotations"].pop(KWOK_NODE_ANNOTATION)
     node["metadata"]["labels"].pop(KWOK_NODE_TYPE_LABEL)

@@ -53,12 +53,23 @@ def test_shared_jobs_are_pinned_to_gpus_whose_budgets_add_up(cluster, namespace,
             env = json.loads(pod["metadata"]["annotations"]["trainwave.io/worker-env"])
             assert env == {"CUDA_VISIBLE_DEVICES": uuid}
             worker = next(c for c in pod["spec"]["containers"] if c["name"] == "worker")
+            # Pinned in the pod itself (no runtime here): the kubelet resolves these
+            # from the annotation above when it starts the container.
+            pinned = {
+                e["name"]: e["valueFrom"]["fieldRef"]["fieldPath"]
+                for e in worker["env"]
+                if "valueFrom" in e
+            }
+            for variable in ("NVIDIA_VISIBLE_DEVICES", "CUDA_VISIBLE_DEVICES"):
+                assert pinned[variable] == "metadata.annotations['trainwave.io/gpu-uuid']"
             assert worker["resources"]["limits"] == {"trainwave.io/gpu-memory": str(MIB)}
             budgets[uuid] = budgets.get(uuid, 0) + MIB
         assert sorted(budgets.values()) == [2 * MIB, 2 * MIB], "two per GPU, both GPUs used"
         assert all(budgets[u] <= sizes[u] for u in budgets)
         status = job(cluster, namespace, names[0])["status"]
-        assert status["isolation"].startswith("soft: pinned to one GPU")
+        assert status["isolation"].startswith("soft; GPU: pinned by env")
+        assert "not enforced: enable spec.runtime" in status["isolation"]
+        assert "no arbiter between" in status["isolation"]
 
         # A fifth would fit the node's total (kube-scheduler's view) but no single GPU.
         apply(cluster, namespace, shared_job("fifth", pool))
@@ -68,6 +79,8 @@ def test_shared_jobs_are_pinned_to_gpus_whose_budgets_add_up(cluster, namespace,
             30, "fifth to wait for GPU memory",
         )  # fmt: skip
         assert "needs 30720 MiB on one GPU per worker" in why["message"]
+        assert f"on node {node_name})" in why["message"], "the reason names the GPU"
+        assert any(f"(GPU {u} on node" in why["message"] for u in sizes)
         [pod] = worker_pods(cluster, namespace, "fifth")
         assert pod["spec"]["schedulingGates"], "it waits behind the gate"
 
@@ -112,3 +125,26 @@ def test_a_model_larger_than_any_shared_gpu_fails_with_the_estimate(
         assert message.startswith("spec.gpuSharing: asks ")
         assert "the largest shared GPU has 81559 MiB" in message
         assert "estimated from spec.gpuSharing.model (weights " in message
+
+
+def test_isolation_of_a_budgeted_job_says_what_the_runtime_enforces(
+    cluster, namespace, running_operator
+):
+    with node_pool(cluster, rack_sizes=(1,), shape=SHARED_NODE) as pool:
+        manifest = shared_job("held", pool)
+        manifest["spec"]["command"] = ["python", "train.py"]
+        manifest["spec"]["runtime"] = {}  # features.submodel defaults to auto
+        apply(cluster, namespace, manifest)
+        text = wait_until(
+            lambda: job(cluster, namespace, "held").get("status", {}).get("isolation"),
+            30, "status.isolation of a budgeted job",
+        )  # fmt: skip
+        assert "the runtime's prepare() holds the job to 30720 MiB" in text
+        assert "when the model's measured peak exceeds it" in text
+        # This operator runs without --arbiter-dir: no arbiter is claimed, none mounted.
+        assert "no arbiter between" in text
+        [pod] = worker_pods(cluster, namespace, "held")
+        worker = next(c for c in pod["spec"]["containers"] if c["name"] == "worker")
+        assert "TRAINWAVE_ARBITER_SOCKET" not in {e["name"] for e in worker["env"]}
+        env = {e["name"]: e.get("value") for e in worker["env"]}
+        assert env["TRAINWAVE_FEATURE_SUBMODEL"] == "auto"

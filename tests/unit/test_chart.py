@@ -254,6 +254,8 @@ DEFAULT_ARGS = [
     "--runtime-image", "trainwave/runtime:0.1.0",
     "--status-key-secret", f"{NAMESPACE}/{RELEASE}-trainwave-status-key",
 ]  # fmt: skip
+# The agent's arbiter is on by default: shared workers mount its sockets.
+ARBITER_ARGS = ["--arbiter-dir", "/run/trainwave/arbiter"]
 LEADER_ARGS = [
     "--leader-elect-resource-name", "tw-trainwave-leader",
     "--leader-elect-lease-duration", "15",
@@ -292,7 +294,7 @@ LEADER_ARGS = [
     ],
 )  # fmt: skip
 def test_operator_args(args: tuple[str, ...], expected: list[str]) -> None:
-    assert container(render(*args))["args"] == [*expected, *LEADER_ARGS]
+    assert container(render(*args))["args"] == [*expected, *LEADER_ARGS, *ARBITER_ARGS]
 
 
 @pytest.mark.parametrize(
@@ -313,7 +315,7 @@ def test_operator_args(args: tuple[str, ...], expected: list[str]) -> None:
     ],
 )  # fmt: skip
 def test_leader_election_args(args: tuple[str, ...], expected: list[str]) -> None:
-    assert container(render(*args))["args"] == [*DEFAULT_ARGS, *expected]
+    assert container(render(*args))["args"] == [*DEFAULT_ARGS, *expected, *ARBITER_ARGS]
 
 
 def test_two_replicas_roll_one_at_a_time() -> None:

@@ -28,7 +28,7 @@ def agent_pod(*args: str) -> dict[str, Any]:
 
 def agent_container(*args: str) -> dict[str, Any]:
     container: dict[str, Any]
-    (container,) = agent_pod(*args)["containers"]
+    (container,) = (c for c in agent_pod(*args)["containers"] if c["name"] == "agent")
     return container
 
 
@@ -47,8 +47,39 @@ def test_agent_is_on_by_default_and_off_when_disabled() -> None:
 
 
 def test_disabling_the_agent_leaves_the_operator_alone() -> None:
-    on, off = render(), render("--set", "agent.enabled=false")
+    """But for the arbiter's sockets, which only the agent's pods serve."""
+    on = render("--set", "agent.arbiter.enabled=false")
+    off = render("--set", "agent.enabled=false")
     assert [d for d in on if not find([d], d["kind"], agent=True)] == off
+
+
+ARBITER_DIR = "/run/trainwave/arbiter"
+
+
+def test_the_arbiter_runs_beside_the_agent_and_the_operator_mounts_its_sockets() -> None:
+    manifests = render()
+    pod = agent_pod()
+    arbiter = next(c for c in pod["containers"] if c["name"] == "arbiter")
+    assert arbiter["command"][-2:] == ["--directory", ARBITER_DIR]
+    assert {m["mountPath"] for m in arbiter["volumeMounts"]} == {ARBITER_DIR}
+    assert flag(agent_container(), "--arbiter-dir") == ARBITER_DIR
+    (init,) = pod["initContainers"]
+    assert init["securityContext"]["capabilities"] == {"drop": ["ALL"], "add": ["CHOWN"]}
+    assert init["command"][-3:] == [ARBITER_DIR, "65532", "65532"]
+    volume = next(v for v in pod["volumes"] if v["name"] == "arbiter")
+    assert volume["hostPath"] == {"path": ARBITER_DIR, "type": "DirectoryOrCreate"}
+    operator = one(manifests, "Deployment")["spec"]["template"]["spec"]["containers"][0]
+    assert operator["args"][operator["args"].index("--arbiter-dir") + 1] == ARBITER_DIR
+
+
+@pytest.mark.parametrize(
+    "args",
+    [("--set", "agent.arbiter.enabled=false"), ("--set", "agent.enabled=false")],
+    ids=["arbiter-off", "agent-off"],
+)
+def test_without_the_arbiter_the_operator_mounts_no_sockets(args: tuple[str, ...]) -> None:
+    operator = one(render(*args), "Deployment")["spec"]["template"]["spec"]["containers"][0]
+    assert "--arbiter-dir" not in operator["args"]
 
 
 @pytest.mark.parametrize(

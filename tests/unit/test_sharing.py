@@ -26,6 +26,7 @@ from trainwave.placement.sharing import (
     build_shared_nodes,
     place_shared,
 )
+from trainwave.resolving import resolve_job
 from trainwave.sizing.memory import estimate_memory
 from trainwave.sizing.recommend import recommend
 from trainwave.sizing.requests import shared_memory
@@ -71,30 +72,85 @@ def test_a_shared_worker_asks_for_gpu_memory_not_gpus() -> None:
     worker = next(c for c in pod["spec"]["containers"] if c["name"] == "worker")
     limits = worker["resources"]["limits"]
     assert limits == {contract.SHARED_GPU_MEMORY_RESOURCE: 20480}
-    env = {e["name"]: e["value"] for e in worker["env"]}
+    env = {e["name"]: e.get("value", e.get("valueFrom")) for e in worker["env"]}
     assert env[contract.ENV_GPU_MEMORY_BUDGET] == str(20 * 2**30)
-    assert env["NVIDIA_VISIBLE_DEVICES"] == "all"
+
+
+def test_a_shared_worker_is_pinned_by_env_the_kubelet_reads_from_the_placement() -> None:
+    """No runtime: the pod itself carries the pin, resolved from the annotation the
+    placer's release patch writes before the container can start."""
+    job = make_job(workers=1, gpuSharing={"memory": "20Gi"})
+    [pod] = build_worker_pods(job, (0,), attempt=0)
+    worker = next(c for c in pod["spec"]["containers"] if c["name"] == "worker")
+    sources = {e["name"]: e.get("valueFrom") for e in worker["env"]}
+    annotation = {"fieldRef": {"fieldPath": "metadata.annotations['trainwave.io/gpu-uuid']"}}
+    for name in ("NVIDIA_VISIBLE_DEVICES", "CUDA_VISIBLE_DEVICES", contract.ENV_GPU_UUID):
+        assert sources[name] == annotation, name
+    assert "initContainers" not in pod["spec"], "pinned without the runtime"
 
 
 @pytest.mark.parametrize(
-    ("runtime", "words"),
+    "where",
     [
-        (None, "not enforced"),
-        (
-            {"features": {"submodel": "on"}},
-            "submodel allocator keeps device memory within 20480 MiB",
-        ),
+        {"env": (("CUDA_VISIBLE_DEVICES", "0"),)},
+        {"template": {"spec": {"containers": [
+            {"name": "worker", "env": [{"name": "NVIDIA_VISIBLE_DEVICES", "value": "all"}]}
+        ]}}},
     ],
-    ids=["advertised-only", "enforced-by-the-allocator"],
-)
-def test_isolation_says_what_the_job_really_gets(runtime: Any, words: str) -> None:
+    ids=["spec.env", "template"],
+)  # fmt: skip
+def test_a_shared_worker_may_not_unpin_itself(where: dict[str, Any]) -> None:
+    job = make_job(workers=1, gpuSharing={"memory": "20Gi"}, **where)
+    with pytest.raises(InvalidSpec, match=r"VISIBLE_DEVICES: with spec.gpuSharing trainwave"):
+        resolve_job(job)
+
+
+ARBITER = "/run/trainwave/arbiter"
+
+
+@pytest.mark.parametrize(
+    ("runtime", "arbiter", "memory_words", "turns"),
+    [
+        (None, ARBITER, "advertised (TRAINWAVE_GPU_MEMORY_BUDGET_BYTES), not enforced", False),
+        ({"enabled": False}, ARBITER, "not enforced", False),
+        ({"features": {"submodel": "off"}}, ARBITER, "not enforced", False),
+        ({}, None, "when the model's measured peak exceeds it", False),
+        ({}, ARBITER, "when the model's measured peak exceeds it", True),
+        ({"features": {"submodel": "on"}}, ARBITER, "always trains through", True),
+    ],
+    ids=["no-runtime", "runtime-disabled", "submodel-off", "auto-no-arbiter", "auto-arbiter",
+         "on-arbiter"],
+)  # fmt: skip
+def test_isolation_says_what_the_pod_is_given_and_nothing_more(
+    runtime: Any, arbiter: str | None, memory_words: str, turns: bool
+) -> None:
     job = make_job(
         workers=1, gpuSharing={"memory": "20Gi"}, runtime=runtime, command=["python", "t.py"]
     )
-    text = isolation(job.spec.gpu_sharing, job.spec.runtime, 20480)
-    assert text.startswith("soft: pinned to one GPU by CUDA_VISIBLE_DEVICES")
-    assert words in text
+    resolved = resolve_job(job, arbiter_dir=arbiter)
+    text = isolation(resolved.setup)
+    [pod] = build_worker_pods(resolved, (0,), attempt=0)
+    worker = next(c for c in pod["spec"]["containers"] if c["name"] == "worker")
+    env = {e["name"]: e.get("value") for e in worker["env"]}
+    mounted = {m["mountPath"] for m in worker.get("volumeMounts", [])}
+
+    assert text.startswith("soft; GPU: pinned by env (NVIDIA_VISIBLE_DEVICES and CUDA_")
+    assert {"NVIDIA_VISIBLE_DEVICES", "CUDA_VISIBLE_DEVICES"} <= set(env)
+    assert "no per-GPU device allocation" in text
+    assert memory_words in text
     assert "not MIG, not MPS" in text
+    # The arbiter is claimed exactly when the worker can reach it.
+    assert ("the node's arbiter grants" in text) is turns
+    assert ("no arbiter between" in text) is not turns
+    assert (ARBITER in mounted) is turns
+    if turns:
+        assert env[contract.ENV_ARBITER_SOCKET] == f"{ARBITER}/$(TRAINWAVE_GPU_UUID).sock"
+    else:
+        assert contract.ENV_ARBITER_SOCKET not in env
+
+
+def test_whole_gpu_jobs_claim_no_isolation() -> None:
+    assert isolation(resolve_job(make_job(workers=1)).setup) == ""
 
 
 # --- placement ---------------------------------------------------------------------------------

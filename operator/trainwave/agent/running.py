@@ -10,7 +10,9 @@ labels.
 
 from __future__ import annotations
 
+import json
 import logging
+import os
 import threading
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
@@ -20,7 +22,7 @@ from pathlib import Path
 from trainwave.agent.changes import Change, DesiredNode
 from trainwave.agent.discovery import discover
 from trainwave.agent.fake_gpus import FakeGpusError, load_fake_gpus
-from trainwave.agent.inventory import NodeInventory
+from trainwave.agent.inventory import GpuInfo, NodeInventory
 from trainwave.agent.labels import build_annotations, build_labels
 from trainwave.agent.nvml import GpuBackend, GpuBackendError, NvmlBackend
 from trainwave.agent.sharing import (
@@ -29,9 +31,10 @@ from trainwave.agent.sharing import (
     shared_gpus,
     shared_memory_mib,
 )
-from trainwave.contract import SHARED_GPU_MEMORY_RESOURCE
+from trainwave.contract import ARBITER_GPUS_FILE, SHARED_GPU_MEMORY_RESOURCE
 
 logger = logging.getLogger(__name__)
+MIB = 1 << 20
 
 Publish = Callable[[DesiredNode], Sequence[Change]]
 
@@ -51,6 +54,7 @@ class AgentOptions:
     root: Path = Path("/")
     shared: SharedSelection = field(default_factory=SharedSelection)
     fake_gpus: Path | None = None  # a JSON file instead of NVML (fake_gpus.py)
+    arbiter_dir: Path | None = None  # where the arbiter container reads the shared GPUs
 
 
 def desired_node(
@@ -79,6 +83,25 @@ def open_backend(options: AgentOptions) -> Iterator[GpuBackend]:
         yield backend
 
 
+def write_arbiter_gpus(directory: Path, gpus: Sequence[GpuInfo]) -> bool:
+    """The shared GPUs and their bytes for the node's arbiter (runtime/submodel/
+    arbiter.py serves one socket per entry); rewritten only when it changes, and
+    atomically, so the arbiter never reads half a file. True when written."""
+    path = directory / ARBITER_GPUS_FILE
+    content = json.dumps({gpu.uuid: gpu.memory_mib * MIB for gpu in gpus}, sort_keys=True)
+    try:
+        if path.read_text() == content:
+            return False
+    except FileNotFoundError:
+        pass
+    directory.mkdir(parents=True, exist_ok=True)
+    staged = path.with_name(f".{path.name}.tmp")
+    staged.write_text(content)
+    os.replace(staged, path)
+    logger.info("arbiter: %d shared GPU(s) written to %s", len(gpus), path)
+    return True
+
+
 class Agent:
     def __init__(
         self,
@@ -99,6 +122,12 @@ class Agent:
                 inventory = discover(backend, self.options.root)
             desired = desired_node(inventory, self.options.node_name, self.options.shared)
             self._report_problems(inventory.problems)
+            if self.options.arbiter_dir is not None:
+                shared = shared_gpus(self.options.shared, inventory.gpus)
+                try:
+                    write_arbiter_gpus(self.options.arbiter_dir, shared)
+                except OSError as error:
+                    raise PassError(f"arbiter directory: {error}") from error
             return tuple(self.publish(desired))
         except (*RECOVERABLE, *self.publish_errors) as error:
             raise PassError(str(error)) from error

@@ -49,7 +49,11 @@ class Features(ApiModel):
     cuda_graphs: Mode = Field(default="off", description="cudaGraphs: capture CUDA graphs.")
     compile: Mode = Field(default="off", description="compile: torch.compile the model.")
     submodel: Mode = Field(
-        default="off", description="submodel: the submodel allocator for shared GPUs."
+        default="auto",
+        description="submodel: hold a shared-GPU worker to its memory budget in prepare(): "
+        "cap the caching allocator and train through the submodel allocator when the model's "
+        "measured peak exceeds the budget (auto), always (on), or not at all (off). Without a "
+        "budget (whole GPUs) it does nothing.",
     )
 
 

@@ -1,6 +1,7 @@
 """The `gpuSharing` block of a TrainingJob: part of one shared GPU per worker. Pure."""
 
 import re
+from dataclasses import dataclass
 from typing import Literal
 
 from pydantic import ConfigDict, Field, field_validator, model_validator
@@ -105,22 +106,73 @@ class GpuSharingSpec(ApiModel):
         return self
 
 
-def isolation(sharing: GpuSharingSpec | None, runtime: RuntimeSpec | None, memory_mib: int) -> str:
-    """What keeps a shared-GPU job apart from its neighbours, said plainly."""
-    if sharing is None:
+@dataclass(frozen=True)
+class SharedSetup:
+    """What the operator configures for one shared worker. The pod is built from it
+    (builders/sharing.py) and status.isolation is written from it, so the status can
+    claim nothing the pod does not carry."""
+
+    memory_mib: int
+    budget_bytes: int
+    # The runtime's submodel mode when the runtime is injected, else "off": with
+    # "auto" or "on", prepare() caps the allocator and may train through the
+    # submodel executor; without the runtime nothing reads the budget.
+    allocator: str
+    # Host directory of the node-local arbiter's sockets, mounted into the worker;
+    # None when the operator runs no arbiter or nothing in the worker would use it.
+    arbiter_dir: str | None = None
+
+
+def shared_setup(
+    memory_mib: int, budget_bytes: int, runtime: RuntimeSpec | None, arbiter_dir: str | None
+) -> SharedSetup:
+    allocator = "off"
+    if runtime is not None and runtime.enabled:
+        allocator = runtime.features.submodel
+    return SharedSetup(
+        memory_mib=memory_mib,
+        budget_bytes=budget_bytes,
+        allocator=allocator,
+        arbiter_dir=arbiter_dir if allocator != "off" else None,
+    )
+
+
+def isolation(setup: SharedSetup | None) -> str:
+    """What keeps a shared-GPU job apart from its neighbours: what is configured, no more."""
+    if setup is None:
         return ""
-    enforced = (
-        runtime is not None and runtime.enabled and runtime.features.submodel in ("on", "auto")
+    budget = f"{setup.memory_mib} MiB"
+    parts = [
+        # Env pinning is always configured for a shared worker (builders/sharing.py).
+        "GPU: pinned by env (NVIDIA_VISIBLE_DEVICES and CUDA_VISIBLE_DEVICES = the placed GPU's "
+        "UUID, from the pod's trainwave.io/gpu-uuid annotation); the container sees one GPU "
+        "where the NVIDIA container runtime honours NVIDIA_VISIBLE_DEVICES; no per-GPU device "
+        "allocation: Kubernetes accounts trainwave.io/gpu-memory per node",
+    ]
+    if setup.allocator == "off":
+        parts.append(
+            f"memory: the {budget} budget is advertised (TRAINWAVE_GPU_MEMORY_BUDGET_BYTES), "
+            "not enforced: enable spec.runtime with features.submodel auto or on to enforce it"
+        )
+    else:
+        through = (
+            "always trains through the submodel allocator"
+            if setup.allocator == "on"
+            else "trains through the submodel allocator when the model's measured peak exceeds it"
+        )
+        parts.append(
+            f"memory: the runtime's prepare() holds the job to {budget} (caps the CUDA caching "
+            f"allocator, {through}; scripts that do not call prepare() are not held)"
+        )
+    if setup.arbiter_dir is not None:
+        parts.append(
+            "turns: the node's arbiter grants GPU memory between the jobs on this GPU and "
+            "reclaims a dead worker's grant"
+        )
+    else:
+        parts.append("turns: no arbiter between the jobs on this GPU")
+    parts.append(
+        "no hardware partition (not MIG, not MPS): a GPU fault or a kernel that hogs the GPU "
+        "affects every job on it"
     )
-    budget = f"{memory_mib} MiB"
-    memory = (
-        f"the runtime's submodel allocator keeps device memory within {budget}"
-        if enforced
-        else f"the {budget} budget is advertised to the worker (TRAINWAVE_GPU_MEMORY_BUDGET_BYTES) "
-        "but not enforced: enable spec.runtime with features.submodel to enforce it"
-    )
-    return (
-        "soft: pinned to one GPU by CUDA_VISIBLE_DEVICES; "
-        f"{memory}; no hardware partition (not MIG, not MPS): a GPU fault or a kernel that "
-        "hogs the GPU affects every job on it"
-    )
+    return "soft; " + "; ".join(parts)

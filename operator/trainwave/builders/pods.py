@@ -39,7 +39,13 @@ def build_worker_pods(
     resolved = job if isinstance(job, ResolvedJob) else resolve_job(job)
     return [
         build_worker_pod(
-            Worker(resolved.job, rank, attempt, runtime_image=runtime_image, shared=resolved.shared)
+            Worker(
+                resolved.job,
+                rank,
+                attempt,
+                runtime_image=runtime_image,
+                setup=resolved.setup,
+            )
         )
         for rank in ranks
     ]

@@ -5,8 +5,8 @@ from dataclasses import dataclass
 from typing import Any
 
 from trainwave import contract
+from trainwave.api.sharing import SharedSetup
 from trainwave.api.trainingjob import TrainingJob
-from trainwave.sizing.requests import SharedMemory
 
 
 @dataclass(frozen=True)
@@ -16,7 +16,7 @@ class Worker:
     attempt: int
     # The operator's default runtime image (Helm value runtime.image).
     runtime_image: str = contract.DEFAULT_RUNTIME_IMAGE
-    shared: SharedMemory | None = None  # the resolved gpuSharing request (resolving.py)
+    setup: SharedSetup | None = None  # what a shared worker is given (resolving.py)
 
 
 Mutator = Callable[[dict[str, Any], Worker], None]

@@ -50,6 +50,7 @@ class Options:
     resync_seconds: float = 300.0
     topology_levels: tuple[str, ...] = DEFAULT_LEVELS
     runtime_image: str = contract.DEFAULT_RUNTIME_IMAGE
+    arbiter_dir: str | None = None  # the node-local arbiter's socket directory, if it runs
     status_networks: tuple[Network, ...] = ANY_NETWORK
     namespaces: tuple[str, ...] = ()  # names or patterns; empty: every namespace
     status_key_secret: tuple[str, str] = ("trainwave-system", contract.DEFAULT_STATUS_KEY_SECRET)
@@ -120,6 +121,7 @@ async def start(*, settings: kopf.OperatorSettings, memo: Any, **_: Any) -> None
         placer=placer,
         levels=OPTIONS.topology_levels,
         runtime_image=OPTIONS.runtime_image,
+        arbiter_dir=OPTIONS.arbiter_dir,
         poller=poller,
         master_key=master_key,
         departures=_DEPARTURES,

@@ -64,6 +64,7 @@ class Reconciler:
         levels: tuple[str, ...],
         record_event: Callable[[dict[str, Any], JobEvent], None],
         runtime_image: str = contract.DEFAULT_RUNTIME_IMAGE,
+        arbiter_dir: str | None = None,
         poller: StatusPoller | None = None,
         master_key: bytes = b"",
         departures: Departures | None = None,
@@ -75,6 +76,7 @@ class Reconciler:
         self._placer = placer
         self._levels = levels
         self._runtime_image = runtime_image
+        self._arbiter_dir = arbiter_dir
         self._poller = poller
         self._master_key = master_key  # each job's status key is derived from it
         self._job_body = job_body
@@ -201,7 +203,9 @@ class Reconciler:
     ) -> tuple[Decision, ResolvedJob | None]:
         now = self._clock()
         try:
-            resolved = resolve(body, self._levels)  # the one parse of this reconcile
+            resolved = resolve(
+                body, self._levels, arbiter_dir=self._arbiter_dir
+            )  # the one parse of this reconcile
         except InvalidSpec as invalid:
             return decide_invalid(meta, parse_status(body), pods, str(invalid), now), None
         attempt = resolved.job.status.attempt

@@ -354,10 +354,8 @@ def _reported(draft: Draft, job: TrainingJob, reports: Mapping[int, WorkerReport
 
 
 def _isolation(resolved: ResolvedJob) -> str:
-    sharing, shared = resolved.job.spec.gpu_sharing, resolved.shared
-    if sharing is None or shared is None:
-        return ""
-    return isolation(sharing, resolved.job.spec.runtime, shared.mib)
+    # From the same resolved setup the pods are built from (builders/sharing.py).
+    return isolation(resolved.setup)
 
 
 def _clear_stale(draft: Draft, stale: list[WorkerPod]) -> None:

@@ -149,12 +149,11 @@ def place_shared(
         )
         choice = _choose_fitting(policy, open_states, by_name, task, memory_mib)
         if choice is None:
-            most = max(g.free_mib for n in by_name.values() for g in n.gpus)
             placed = f"; {len(pins)} of {workers} workers would fit" if workers > 1 else ""
             return SharedRefusal(
                 NOT_ENOUGH_GPU_MEMORY,
-                f"needs {memory_mib} MiB on one GPU per worker; the most free on any shared "
-                f"GPU is {most} MiB{placed}",
+                f"needs {memory_mib} MiB on one GPU per worker; {most_free(by_name.values())}"
+                f"{placed}",
             )
         node_name, gpu_index = choice
         node = by_name[node_name]
@@ -282,7 +281,11 @@ def place_shared_gang(
     if not room:
         why = [(_closed_reason(n) or check(request.needs, n)) for n in offered]
         nodes = describe(len(offered), why, "a worker (of the nodes with shared GPUs)")
-        return SharedRefusal(NOT_ENOUGH_GPU_MEMORY, f"no node can take a worker now: {nodes}")
+        names = {n.name for n in offered}
+        gpus = most_free(n for n in shared_nodes(snapshot) if n.name in names)
+        return SharedRefusal(
+            NOT_ENOUGH_GPU_MEMORY, f"no node can take a worker now: {nodes}; {gpus}"
+        )
     candidates = [n for n in shared_nodes(snapshot) if n.name in room]
     result = place_shared(candidates, request.workers, mib, None, active_requests, slots=room)
     if isinstance(result, SharedRefusal):
@@ -290,6 +293,15 @@ def place_shared_gang(
             return SharedRefusal(NOT_ENOUGH_GPU_MEMORY, result.reason)
         return result
     return SharedPlacement(request.name, result)
+
+
+def most_free(nodes: Iterable[SharedNode]) -> str:
+    """Which shared GPU has the most room, so a wait names the GPU that decides it."""
+    found = [(g.free_mib, g.uuid, n.name) for n in nodes for g in n.gpus]
+    if not found:
+        return "no shared GPU is known"
+    most, gpu, node = max(found)
+    return f"the most free on any shared GPU is {most} MiB (GPU {gpu} on node {node})"
 
 
 def _closed_reason(node: NodeInfo) -> tuple[Rejection, ...]:

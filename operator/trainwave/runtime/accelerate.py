@@ -27,12 +27,14 @@ from pathlib import Path
 from typing import Any
 
 import torch
+import torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel
 from torch.optim import Optimizer
 
 from trainwave import contract
 from trainwave.runtime import features
 from trainwave.runtime.autocomm import MeasuredComm
+from trainwave.runtime.budget import Held, LossFn, first_batch, hold_to_budget
 from trainwave.runtime.checkpoint import Checkpointer
 from trainwave.runtime.comm import PowerSGDOptions, RegisteredHook
 from trainwave.runtime.distributing import Distributor, env_int
@@ -53,6 +55,7 @@ DEFAULT_MODES: Mapping[str, str] = {
     "compile": "off",
     "cuda_graphs": "off",
     "checkpoint": "auto",  # on when a checkpoint directory is configured
+    "submodel": "auto",  # acts only with a device-memory budget (shared GPUs): budget.py
 }
 
 
@@ -120,7 +123,10 @@ class Accelerator:
         self._settings = settings  # set: prepare() joins the job's process group from env
         self._model: Any = None
         self._optimizer: Optimizer | None = None
+        self._prepared: PreparedOptimizer | None = None
         self._loader: Any = None
+        self._loss_fn: LossFn | None = None
+        self.held = Held()  # what the device-memory budget made of this job (budget.py)
 
     @classmethod
     def from_settings(cls, settings: Settings, **options: Any) -> Accelerator:
@@ -141,13 +147,42 @@ class Accelerator:
 
     # -- prepare ---------------------------------------------------------------
     def prepare(
-        self, model: torch.nn.Module, optimizer: Optimizer, loader: Any = None
+        self,
+        model: torch.nn.Module,
+        optimizer: Optimizer,
+        loader: Any = None,
+        *,
+        loss_fn: LossFn | None = None,
+        sample: tuple[torch.Tensor, torch.Tensor] | None = None,
     ) -> tuple[Any, PreparedOptimizer, Any]:
+        """`loss_fn` and `sample` (default: the loader's first batch) let a shared-GPU
+        worker train through the submodel allocator; use train_step(inputs, targets)."""
         if self._settings is not None:
             joined = join_from_env(self._settings, self.device)
             if joined:
                 self.report["process_group"] = joined
         self.report["checkpoint"] = self._checkpoint_state()
+        self._loss_fn = loss_fn
+        # Before the model moves: the executor keeps it in host memory, group by group.
+        self.held = hold_to_budget(
+            model,
+            optimizer,
+            self._settings or load_settings(os.environ),
+            self.modes["submodel"],
+            loss_fn=_scaled(loss_fn, self.accumulation_steps),
+            sample=sample if sample is not None else first_batch(loader),
+            world_size=dist.get_world_size()
+            if dist.is_available() and dist.is_initialized()
+            else 1,
+        )
+        self.report.update(self.held.report)
+        if self.held.executor is not None:
+            why = "skipped: the submodel executor trains this model (one optimizer per group)"
+            for name in ("amp", "fused_optimizer", "compile", "cuda_graphs"):
+                self.report[name] = why if self.modes[name] != "off" else "off"
+            self._model, self._optimizer, self._loader = model, optimizer, loader
+            self._prepared = PreparedOptimizer(optimizer, self)
+            return model, self._prepared, loader
         model.to(self.device)
         amp, needs_scaler, self.report["amp"] = features.choose_amp(
             self.modes["amp"], self.device, self.amp_dtype
@@ -165,7 +200,29 @@ class Accelerator:
         )
         self.report.update(compiled)
         self._model, self._optimizer, self._loader = wrapped, optimizer, loader
-        return wrapped, PreparedOptimizer(optimizer, self), loader
+        self._prepared = PreparedOptimizer(optimizer, self)
+        return wrapped, self._prepared, loader
+
+    def train_step(self, inputs: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+        """One micro-batch: forward, loss_fn, backward, and at the end of the accumulation
+        window the optimizer step; through the submodel executor when prepare() chose it.
+        Returns the loss (detached; under accumulation, divided by the window on the
+        executor's path, as backward() divides it on the plain one)."""
+        if self._loss_fn is None or self._prepared is None:
+            raise RuntimeError("train_step() needs prepare(model, optimizer, loader, loss_fn=...)")
+        executor = self.held.executor
+        with self.accumulate():
+            if executor is not None:
+                loss = executor.step(inputs, targets, apply=self.sync_gradients)
+                if self.sync_gradients:
+                    self.optimizer_steps += 1
+                return loss
+            out = self._model(inputs.to(self.device))
+            loss = self._loss_fn(out, targets.to(self.device))
+            self.backward(loss)
+            self._prepared.step()
+            self._prepared.zero_grad()
+        return loss.detach()
 
     # -- checkpoints ---------------------------------------------------------------
     def save_checkpoint(
@@ -247,12 +304,20 @@ class Accelerator:
         return self.distributor.comm_choice
 
     def close(self) -> None:
-        """Stop the comm hooks' worker threads (hierarchical, PowerSGD on gloo); optional."""
+        """Stop the comm hooks' worker threads (hierarchical, PowerSGD on gloo) and give
+        back an arbiter grant; optional (a process that exits gives both back)."""
         self.distributor.close()
+        self.held.close()
 
     # -- the training loop -------------------------------------------------------
     def backward(self, loss: torch.Tensor) -> None:
         """loss.backward(), averaged over the accumulation window and scaled for fp16."""
+        if self.held.executor is not None:
+            raise RuntimeError(
+                "this job trains through the submodel allocator (report['submodel']): its "
+                "executor runs forward and backward group by group; call "
+                "train_step(inputs, targets) instead of model(...) and backward(loss)"
+            )
         if self.accumulation_steps > 1:
             loss = loss / self.accumulation_steps
         if self.scaler is not None:
@@ -282,7 +347,8 @@ class PreparedOptimizer:
         self._acc = accelerator
 
     def step(self, closure: Any = None) -> Any:
-        if not self._acc.sync_gradients:
+        if not self._acc.sync_gradients or self._acc.held.executor is not None:
+            # The executor stepped each group's own optimizer while it was resident.
             return None
         scaler = self._acc.scaler
         if scaler is not None:
@@ -312,6 +378,13 @@ def _stateful_sampler(loader: Any) -> object | None:
     return None
 
 
+def _scaled(loss_fn: LossFn | None, steps: int) -> LossFn | None:
+    """The executor runs backward itself: averaging over the window goes into its loss."""
+    if loss_fn is None or steps == 1:
+        return loss_fn
+    return lambda out, target: loss_fn(out, target) / steps
+
+
 def _default_device() -> torch.device:
     if torch.cuda.is_available():
         return torch.device("cuda", env_int(contract.ENV_LOCAL_RANK) or 0)
@@ -323,15 +396,26 @@ _current: dict[str, Accelerator] = {}  # "this process" -> its accelerator
 
 
 def prepare(
-    model: torch.nn.Module, optimizer: Optimizer, loader: Any = None, **options: Any
+    model: torch.nn.Module,
+    optimizer: Optimizer,
+    loader: Any = None,
+    *,
+    loss_fn: LossFn | None = None,
+    sample: tuple[torch.Tensor, torch.Tensor] | None = None,
+    **options: Any,
 ) -> tuple[Any, PreparedOptimizer, Any]:
     """This process's Accelerator from the worker's environment (`options` win); prepare all three.
 
-    See Accelerator.from_settings for what the environment sets.
+    See Accelerator.from_settings for what the environment sets, Accelerator.prepare for
+    `loss_fn` and `sample`.
     """
     acc = Accelerator.from_settings(load_settings(os.environ), **options)
     _current["process"] = acc
-    return acc.prepare(model, optimizer, loader)
+    return acc.prepare(model, optimizer, loader, loss_fn=loss_fn, sample=sample)
+
+
+def train_step(inputs: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+    return current().train_step(inputs, targets)
 
 
 def current() -> Accelerator:
@@ -367,4 +451,5 @@ __all__ = [
     "prepare",
     "resume",
     "save_checkpoint",
+    "train_step",
 ]

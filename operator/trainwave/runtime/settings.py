@@ -105,6 +105,7 @@ class Settings:
             "podinfo_dir": _str_or_none(self.podinfo_dir),
             "topology": {"inter_node_gbps": self.inter_node_gbps},
             "gpu_memory_budget_bytes": self.gpu_memory_budget_bytes,
+            "arbiter_socket": self.arbiter_socket,
             "loader": vars(self.loader),
             "total_steps": self.total_steps,
         }

@@ -11,6 +11,11 @@ starved by a stream of small ones. {"op": "release"} returns the job's grant
 ({"released": n}). {"op": "status"} replies with capacity, used and holders.
 A job holds at most one grant (the executor keeps one group resident).
 
+In the agent's DaemonSet the arbiter serves a directory (`--directory`): the
+agent writes the node's shared GPUs and their bytes into `gpus.json` there,
+and the arbiter serves one socket per GPU, `<uuid>.sock`, which the operator
+mounts into the shared workers placed on that GPU.
+
 When a job's connection closes for any reason (exit, crash, SIGKILL: the
 kernel closes its sockets), its grant and its place in the queue are reclaimed
 at once and the next waiting job is granted, so the others continue.
@@ -28,6 +33,7 @@ import socket
 import sys
 from collections import deque
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 from trainwave import contract
@@ -156,11 +162,49 @@ async def serve(path: str, capacity: int, ready: asyncio.Event | None = None) ->
         await serve_connection(arbiter, reader, writer)
 
     server = await asyncio.start_unix_server(handle, path=path)
+    # Workers run as any user; connecting to a unix socket needs write permission on
+    # it. Who can reach the directory is the boundary: only shared workers mount it.
+    os.chmod(path, 0o666)
     log.info("arbiter on %s, capacity %d B", path, capacity)
     if ready is not None:
         ready.set()
     async with server:
         await server.serve_forever()
+
+
+def read_gpus(directory: Path) -> dict[str, int]:
+    """The agent's gpus.json: {uuid: bytes}; {} while it has not written one yet."""
+    path = directory / contract.ARBITER_GPUS_FILE
+    try:
+        found = json.loads(path.read_text())
+    except FileNotFoundError:
+        return {}
+    if not isinstance(found, dict) or not all(
+        isinstance(k, str) and isinstance(v, int) and v > 0 for k, v in found.items()
+    ):
+        raise ValueError(f"{path}: got {found!r}; expected an object of GPU UUID -> bytes > 0")
+    return found
+
+
+async def serve_directory(directory: Path, poll_seconds: float = 5.0) -> None:
+    """One server per GPU the agent lists, started as it lists them. A GPU whose
+    capacity changes is served anew (its holders reconnect on their next group)."""
+    running: dict[str, tuple[int, asyncio.Task[None]]] = {}
+    while True:
+        try:
+            wanted = read_gpus(directory)
+        except (ValueError, OSError) as invalid:
+            log.error("%s", invalid)  # keep serving what runs; the agent rewrites the file
+            wanted = {uuid: capacity for uuid, (capacity, _) in running.items()}
+        for uuid, (capacity, task) in list(running.items()):
+            if wanted.get(uuid) != capacity:
+                task.cancel()
+                del running[uuid]
+        for uuid, capacity in wanted.items():
+            if uuid not in running:
+                socket_path = str(directory / f"{uuid}.sock")
+                running[uuid] = (capacity, asyncio.create_task(serve(socket_path, capacity)))
+        await asyncio.sleep(poll_seconds)
 
 
 class ArbiterClient:
@@ -202,13 +246,24 @@ class ArbiterClient:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description="trainwave node-local GPU-memory arbiter")
     parser.add_argument("--socket", default=os.environ.get(contract.ENV_ARBITER_SOCKET, ""))
-    parser.add_argument("--capacity", type=int, required=True, help="bytes of GPU memory to share")
+    parser.add_argument("--capacity", type=int, help="bytes of GPU memory to share")
+    parser.add_argument(
+        "--directory",
+        type=Path,
+        help=f"serve every GPU the agent lists in DIRECTORY/{contract.ARBITER_GPUS_FILE}, "
+        "one socket each (<uuid>.sock)",
+    )
     options = parser.parse_args(argv)
-    if not options.socket:
-        parser.error(f"--socket or {contract.ENV_ARBITER_SOCKET} is required")
+    if options.directory is None and not (options.socket and options.capacity):
+        parser.error(
+            f"give --directory, or --capacity with --socket or {contract.ENV_ARBITER_SOCKET}"
+        )
     logging.basicConfig(level="INFO", format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     with contextlib.suppress(KeyboardInterrupt):
-        asyncio.run(serve(options.socket, options.capacity))
+        if options.directory is not None:
+            asyncio.run(serve_directory(options.directory))
+        else:
+            asyncio.run(serve(options.socket, options.capacity))
     return 0
 
 

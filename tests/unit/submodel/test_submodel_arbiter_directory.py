@@ -1,0 +1,67 @@
+"""The arbiter as the agent's DaemonSet runs it: one socket per shared GPU the agent lists."""
+
+from __future__ import annotations
+
+import json
+import stat
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from trainwave.agent.inventory import GpuInfo
+from trainwave.agent.running import write_arbiter_gpus
+from trainwave.runtime.submodel.arbiter import ArbiterClient, read_gpus
+
+pytestmark = pytest.mark.timeout(60)
+OPERATOR = Path(__file__).parents[3] / "operator"
+
+
+def gpu(index: int, mib: int) -> GpuInfo:
+    return GpuInfo(index, f"GPU-{index}", "H100", mib, f"0000:1{index}:00.0", None)
+
+
+def wait_for(path: Path, seconds: float = 15.0) -> None:
+    deadline = time.monotonic() + seconds
+    while not path.exists():
+        assert time.monotonic() < deadline, f"{path} never appeared"
+        time.sleep(0.05)
+
+
+def test_the_agent_writes_the_shared_gpus_once_and_atomically(tmp_path: Path) -> None:
+    gpus = [gpu(0, 1024), gpu(1, 2048)]
+    assert write_arbiter_gpus(tmp_path, gpus)
+    assert not write_arbiter_gpus(tmp_path, gpus), "unchanged: not rewritten"
+    assert read_gpus(tmp_path) == {"GPU-0": 1024 << 20, "GPU-1": 2048 << 20}
+    assert [p.name for p in tmp_path.iterdir()] == ["gpus.json"]
+
+
+def test_a_bad_gpus_file_names_the_file_and_what_is_accepted(tmp_path: Path) -> None:
+    (tmp_path / "gpus.json").write_text(json.dumps({"GPU-0": -1}))
+    with pytest.raises(ValueError, match=r"gpus.json: got .*expected an object of GPU UUID"):
+        read_gpus(tmp_path)
+
+
+def test_the_arbiter_serves_a_socket_per_listed_gpu_that_any_user_can_reach(
+    tmp_path: Path,
+) -> None:
+    write_arbiter_gpus(tmp_path, [gpu(0, 1)])
+    server = subprocess.Popen(
+        [sys.executable, "-m", "trainwave.runtime.submodel.arbiter", "--directory", str(tmp_path)],
+        env={"PYTHONPATH": str(OPERATOR)},
+        stderr=subprocess.DEVNULL,
+    )
+    try:
+        socket = tmp_path / "GPU-0.sock"
+        wait_for(socket)
+        assert stat.S_IMODE(socket.stat().st_mode) == 0o666
+        client = ArbiterClient(str(socket), job="probe")
+        assert client.status()["capacity"] == 1 << 20
+        client.close()
+        write_arbiter_gpus(tmp_path, [gpu(0, 1), gpu(1, 2)])  # a GPU offered later
+        wait_for(tmp_path / "GPU-1.sock")
+    finally:
+        server.kill()
+        server.wait()
