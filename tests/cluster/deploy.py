@@ -55,11 +55,16 @@ def service_account_kubeconfig(
     *,
     account: str = SERVICE_ACCOUNT,
     namespace: str = NAMESPACE,
+    bound_pod: str | None = None,
 ) -> Path:
     """A kubeconfig that authenticates as a ServiceAccount (TokenRequest); the operator's
-    by default, the agent's (`<release>-agent`) or any other by name."""
+    by default, the agent's (`<release>-agent`) or any other by name. With `bound_pod`
+    the token is bound to that pod of `namespace`, as the kubelet's projected tokens are:
+    it dies with the pod and carries the pod's node (`authentication.kubernetes.io/
+    node-name` in the user's extra), which the agent's admission policy checks."""
+    binding = ("--bound-object-kind", "Pod", "--bound-object-name", bound_pod) if bound_pod else ()
     token = cluster.kubectl(
-        "create", "token", account, "-n", namespace, f"--duration={hours}h"
+        "create", "token", account, "-n", namespace, f"--duration={hours}h", *binding
     ).stdout.strip()
     admin = yaml.safe_load(cluster.kubeconfig.read_text())
     cluster_entry = admin["clusters"][0]

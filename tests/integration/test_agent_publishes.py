@@ -25,8 +25,9 @@ import yaml
 
 import trainwave
 from cluster.controlplane import Cluster, tool
-from cluster.deploy import RELEASE, service_account_kubeconfig
+from cluster.deploy import service_account_kubeconfig
 from cluster.topology import KWOK_NODE_ANNOTATION, KWOK_NODE_VALUE
+from integration.agent_pods import AGENT_ACCOUNT, agent_kubeconfig_on, delete_pod
 from integration.trainwave_fixtures import wait_until
 from trainwave import contract
 from trainwave.agent.changes import quantity_value
@@ -35,7 +36,6 @@ from unit.agent_trees import GPU_MEMORY_MIB, make_backend, make_node
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(180)]
 
-AGENT_ACCOUNT = f"{RELEASE}-agent"
 SOURCE_ROOT = Path(trainwave.__file__).resolve().parents[1]  # this checkout's operator/
 FOREIGN = {"team.example.com/pool": "research", "nvidia.com/gpu.family": "hopper"}
 TEST_TAINT = {"key": "trainwave.io/agent-test", "effect": "NoSchedule"}
@@ -82,6 +82,17 @@ def node_name(cluster: Cluster) -> Iterator[str]:
     name = f"agent-it-{uuid.uuid4().hex[:8]}"
     yield name
     cluster.kubectl("delete", "node", name, "--ignore-not-found", "--wait=false", check=False)
+
+
+@pytest.fixture
+def bound_kubeconfig(
+    trainwave_installed: Cluster, node_name: str, tmp_path: Path
+) -> Iterator[Path]:
+    """The agent's token as the kubelet mounts it: bound to its pod on `node_name`. The
+    chart's admission policy (agent-node-policy.yaml) lets only such a token change the Node."""
+    path, pod = agent_kubeconfig_on(trainwave_installed, node_name, tmp_path / "bound-kubeconfig")
+    yield path
+    delete_pod(trainwave_installed, pod)
 
 
 def agent_argv(node: str, root: Path, gpus: Path, *extra: str) -> list[str]:
@@ -139,12 +150,12 @@ def agent_fields(node: dict[str, Any]) -> list[dict[str, Any]]:
 
 
 def test_agent_publishes_then_updates_its_node(
-    cluster: Cluster, agent_kubeconfig: Path, node_name: str, tmp_path: Path
+    cluster: Cluster, bound_kubeconfig: Path, node_name: str, tmp_path: Path
 ) -> None:
     create_node(cluster, node_name)
     root, gpus = write_inputs(tmp_path / "first")
 
-    first = run_agent(agent_kubeconfig, node_name, root, gpus, "--shared-gpus", "0,1")
+    first = run_agent(bound_kubeconfig, node_name, root, gpus, "--shared-gpus", "0,1")
 
     assert first.returncode == 0, first.stderr
     assert "change=label-added key=nvidia.com/gpu.count new='8'" in first.stderr
@@ -163,7 +174,7 @@ def test_agent_publishes_then_updates_its_node(
     # The same inputs again: nothing to send, so the agent's managed fields keep
     # their timestamps (second resolution, hence the pause).
     time.sleep(1.1)
-    again = run_agent(agent_kubeconfig, node_name, root, gpus, "--shared-gpus", "0,1")
+    again = run_agent(bound_kubeconfig, node_name, root, gpus, "--shared-gpus", "0,1")
     assert again.returncode == 0, again.stderr
     assert "change=" not in again.stderr
     assert agent_fields(get_node(cluster, node_name)) == agent_fields(node)
@@ -171,7 +182,7 @@ def test_agent_publishes_then_updates_its_node(
     # The NICs are gone and sharing is off: the RDMA labels and the resource go,
     # the GPU labels and everybody else's labels stay.
     root, gpus = write_inputs(tmp_path / "second", nics=0)
-    second = run_agent(agent_kubeconfig, node_name, root, gpus, "--shared-gpus", "none")
+    second = run_agent(bound_kubeconfig, node_name, root, gpus, "--shared-gpus", "none")
 
     assert second.returncode == 0, second.stderr
     node = get_node(cluster, node_name)
@@ -187,12 +198,12 @@ def test_agent_publishes_then_updates_its_node(
 
 
 def test_agent_labels_have_the_keys_of_the_simulated_nodes(
-    cluster: Cluster, agent_kubeconfig: Path, node_name: str, tmp_path: Path
+    cluster: Cluster, bound_kubeconfig: Path, node_name: str, tmp_path: Path
 ) -> None:
     """Placement reads the same label keys from a real H100 node as from its kwok twin."""
     create_node(cluster, node_name)
     root, gpus = write_inputs(tmp_path)
-    assert run_agent(agent_kubeconfig, node_name, root, gpus).returncode == 0
+    assert run_agent(bound_kubeconfig, node_name, root, gpus).returncode == 0
 
     node = get_node(cluster, node_name)
     published = set(node["metadata"]["annotations"][contract.ANNOTATION_AGENT_LABELS].split(","))
@@ -264,7 +275,7 @@ def test_forbidden_is_reported_with_the_rules_needed(
 
 
 def test_agent_loop_survives_errors_and_recovers(
-    cluster: Cluster, agent_kubeconfig: Path, node_name: str, tmp_path: Path
+    cluster: Cluster, bound_kubeconfig: Path, node_name: str, tmp_path: Path
 ) -> None:
     """No node yet: the agent logs, waits an interval and retries; once the node exists, it
     publishes, without a restart."""
@@ -273,7 +284,7 @@ def test_agent_loop_survives_errors_and_recovers(
     with log.open("w") as sink:
         process = subprocess.Popen(
             agent_argv(node_name, root, gpus, "--interval", "1"),
-            env=agent_env(agent_kubeconfig),
+            env=agent_env(bound_kubeconfig),
             stdout=sink,
             stderr=subprocess.STDOUT,
         )

@@ -214,6 +214,54 @@ def test_the_operator_may_read_one_secret_its_master_status_key_by_name() -> Non
     assert args[args.index("--status-key-secret") + 1] == f"{NAMESPACE}/{name}"
 
 
+# What the operator may change in a namespace whose jobs it runs.
+JOB_WRITES = {
+    ("trainwave.io", "trainingjobs"): {"delete"},
+    ("trainwave.io", "trainingjobs/status"): {"patch"},
+    ("trainwave.io", "trainingjobs/finalizers"): {"update"},
+    ("", "pods"): {"create", "patch", "delete"},
+    ("", "services"): {"create", "patch", "delete"},
+    ("", "secrets"): {"create"},
+}
+
+
+def test_with_watch_namespaces_writes_are_granted_there_only() -> None:
+    manifests = render("--set-json", 'watchNamespaces=["team-a","team-b"]')
+    reads = granted(one(manifests, "ClusterRole"))
+    assert reads == {
+        ("trainwave.io", "trainingjobs"): {"list", "watch"},
+        ("", "pods"): {"list", "watch"},  # other workloads hold GPUs too: placement reads all
+        ("", "services"): {"list", "watch"},
+        ("", "nodes"): {"list", "watch"},
+        ("", "events"): {"create", "patch"},
+        ("events.k8s.io", "events"): {"create", "patch"},
+    }
+    account = one(manifests, "ServiceAccount")["metadata"]["name"]
+    roles = [r for r in find(manifests, "Role") if r["metadata"]["namespace"] != NAMESPACE]
+    assert sorted(r["metadata"]["namespace"] for r in roles) == ["team-a", "team-b"]
+    for role in roles:
+        assert granted(role) == JOB_WRITES
+        [binding] = [
+            b for b in find(manifests, "RoleBinding")
+            if b["metadata"]["namespace"] == role["metadata"]["namespace"]
+        ]  # fmt: skip
+        assert binding["roleRef"]["name"] == role["metadata"]["name"]
+        assert binding["subjects"] == [
+            {"kind": "ServiceAccount", "name": account, "namespace": NAMESPACE}
+        ]
+    # The master status key is still created on first start, now by the release's own Role.
+    key = named(manifests, "Role", f"{RELEASE}-trainwave-status-key")
+    assert {"apiGroups": [""], "resources": ["secrets"], "verbs": ["create"]} in key["rules"]
+
+
+def test_watching_every_namespace_grants_no_namespaced_job_roles() -> None:
+    manifests = render()
+    assert all(r["metadata"]["namespace"] == NAMESPACE for r in find(manifests, "Role"))
+    assert {k: EXPECTED_RULES[k] >= v for k, v in JOB_WRITES.items()} == dict.fromkeys(
+        JOB_WRITES, True
+    )
+
+
 def test_binding_ties_the_role_to_the_service_account() -> None:
     manifests = render()
     binding = one(manifests, "ClusterRoleBinding")
@@ -572,6 +620,11 @@ def test_service_monitor_needs_the_service() -> None:
         pytest.param(("--set", "logLevel=verbose"), "must be one of", id="not-in-enum"),
         pytest.param(("--set", "health.port=70000"), "maximum", id="out-of-range"),
         pytest.param(("--set", "podAnnotations.a=1"), "want string", id="annotation-not-string"),
+        pytest.param(
+            ("--set-json", 'watchNamespaces=["team-*"]'),
+            "does not match pattern",
+            id="namespace-pattern",
+        ),
     ],
 )
 def test_schema_rejects_bad_values(args: tuple[str, ...], message: str) -> None:

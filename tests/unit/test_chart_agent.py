@@ -8,7 +8,7 @@ from __future__ import annotations
 from typing import Any
 
 import pytest
-from test_chart import find, granted, one, render, render_error
+from test_chart import NAMESPACE, RELEASE, find, granted, one, render, render_error
 
 pytestmark = pytest.mark.timeout(20)
 
@@ -116,6 +116,50 @@ def test_agent_binding_ties_its_role_to_its_account() -> None:
     assert binding["subjects"][0]["name"] == account["metadata"]["name"]
     assert agent_pod()["serviceAccountName"] == account["metadata"]["name"]
     assert account["metadata"]["name"] != one(manifests, "ServiceAccount")["metadata"]["name"]
+
+
+# --- only its own Node: the admission policy ---------------------------------------------
+
+
+def test_agent_may_change_only_the_node_its_token_names() -> None:
+    manifests = render()
+    policy = one(manifests, "ValidatingAdmissionPolicy", agent=True)
+    spec = policy["spec"]
+    assert spec["failurePolicy"] == "Fail"
+    [rule] = spec["matchConstraints"]["resourceRules"]
+    assert set(rule["resources"]) == {"nodes", "nodes/status"}
+    assert "UPDATE" in rule["operations"], "a PATCH is admitted as an UPDATE"
+    [only_the_agent] = spec["matchConditions"]
+    account = f"system:serviceaccount:{NAMESPACE}:{RELEASE}-trainwave-agent"
+    assert only_the_agent["expression"] == f'request.userInfo.username == "{account}"'
+    [token_node] = spec["variables"]
+    assert "authentication.kubernetes.io/node-name" in token_node["expression"]
+    [check] = spec["validations"]
+    assert check["expression"] == "variables.tokenNode != '' && variables.tokenNode == request.name"
+    binding = one(manifests, "ValidatingAdmissionPolicyBinding", agent=True)
+    assert binding["spec"] == {
+        "policyName": policy["metadata"]["name"],
+        "validationActions": ["Deny"],
+    }
+
+
+def test_the_policy_follows_an_existing_agent_account() -> None:
+    manifests = render(
+        "--set", "agent.serviceAccount.create=false", "--set", "agent.serviceAccount.name=probe"
+    )
+    [condition] = one(manifests, "ValidatingAdmissionPolicy", agent=True)["spec"]["matchConditions"]
+    assert f"system:serviceaccount:{NAMESPACE}:probe" in condition["expression"]
+
+
+@pytest.mark.parametrize(
+    "args",
+    [("--set", "agent.ownNodeOnly=false"), ("--set", "agent.enabled=false")],
+    ids=["own-node-only-off", "agent-off"],
+)
+def test_no_policy_when_turned_off(args: tuple[str, ...]) -> None:
+    manifests = render(*args)
+    for kind in ("ValidatingAdmissionPolicy", "ValidatingAdmissionPolicyBinding"):
+        assert not find(manifests, kind, agent=True), kind
 
 
 def test_rbac_create_false_renders_no_agent_rbac() -> None:

@@ -30,3 +30,8 @@ matches the operator's pods, nor the operator's selector the agent's.
 {{- define "trainwave.agent.image" -}}
 {{- printf "%s:%s" .Values.agent.image.repository (.Values.agent.image.tag | default .Chart.AppVersion) }}
 {{- end }}
+
+{{/* The agent's own-node admission policy and its binding: <fullname>-agent-own-node within 63. */}}
+{{- define "trainwave.agent.ownNodePolicy" -}}
+{{- printf "%s-agent-own-node" (include "trainwave.fullname" . | trunc 48 | trimSuffix "-") }}
+{{- end }}

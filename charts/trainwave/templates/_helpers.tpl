@@ -79,3 +79,35 @@ app.kubernetes.io/component: operator
 {{- define "trainwave.image" -}}
 {{- printf "%s:%s" .Values.image.repository (.Values.image.tag | default .Chart.AppVersion) }}
 {{- end }}
+
+{{/*
+What the operator changes in a namespace whose jobs it runs: the ClusterRole's rules
+when it watches every namespace, a Role's in each of `watchNamespaces` otherwise.
+*/}}
+{{- define "trainwave.jobWriteRules" -}}
+# Users own the spec: the operator writes only status, and deletes a job when
+# ttlSecondsAfterFinished passes.
+- apiGroups: ["trainwave.io"]
+  resources: ["trainingjobs"]
+  verbs: ["delete"]
+- apiGroups: ["trainwave.io"]
+  resources: ["trainingjobs/status"]
+  verbs: ["patch"]
+# Children carry ownerReferences with blockOwnerDeletion, which clusters with
+# the OwnerReferencesPermissionEnforcement admission plugin allow only to
+# those who may update the owner's finalizers.
+- apiGroups: ["trainwave.io"]
+  resources: ["trainingjobs/finalizers"]
+  verbs: ["update"]
+# Worker pods and their rendezvous Services: applied server-side (create on
+# first apply, then patch), removed on gang restart and job end.
+- apiGroups: [""]
+  resources: ["pods", "services"]
+  verbs: ["create", "patch", "delete"]
+# Each job's status key, mounted into its workers to sign their /status
+# reports. Create only: the operator derives the key it verifies with from its
+# master key and never reads these back; ownerReferences let GC remove them.
+- apiGroups: [""]
+  resources: ["secrets"]
+  verbs: ["create"]
+{{- end }}

@@ -1,7 +1,7 @@
 """Worker pods: the user's template, then a short ordered list of mutators.
 
-Pure. Each mutator adds one facet to the draft pod (identity, the worker
-container, the torch contract, GPUs). Later capabilities (placement pinning,
+Pure. Each mutator adds one facet to the draft pod (identity, no unasked-for
+API token, the worker container, the torch contract, GPUs). Later capabilities (placement pinning,
 RDMA, runtime injection) are new mutators appended to `MUTATORS`, not
 branches inside the ones here.
 """
@@ -21,6 +21,7 @@ from trainwave.builders.names import (
 from trainwave.builders.network import set_network
 from trainwave.builders.owners import job_labels, owner_reference
 from trainwave.builders.runtime import set_runtime
+from trainwave.builders.security import set_service_account_token
 from trainwave.builders.sharing import set_shared_gpu
 from trainwave.builders.worker import Mutator, Worker
 from trainwave.resolving import ResolvedJob, resolve_job
@@ -185,6 +186,7 @@ def _worker_container(pod: dict[str, Any]) -> dict[str, Any]:
 
 MUTATORS: tuple[Mutator, ...] = (
     set_identity,
+    set_service_account_token,
     set_placement_notes,
     set_worker_container,
     set_torch_env,

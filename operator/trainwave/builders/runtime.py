@@ -16,6 +16,7 @@ from typing import Any
 from trainwave import contract
 from trainwave.api.runtime import RuntimeSpec
 from trainwave.builders.names import status_key_secret
+from trainwave.builders.security import restricted_container
 from trainwave.builders.worker import Worker
 
 
@@ -119,6 +120,9 @@ def _installer(runtime: RuntimeSpec, default_image: str) -> dict[str, Any]:
             {"name": contract.RUNTIME_VOLUME, "mountPath": contract.RUNTIME_MOUNT_PATH}
         ],
         "resources": {"requests": {"cpu": "100m", "memory": "64Mi"}, "limits": {"memory": "256Mi"}},
+        # Pod Security judges the whole pod: without this, any job with a runtime would be
+        # refused in a namespace that enforces "restricted" (builders/security.py).
+        "securityContext": restricted_container(),
     }
 
 

@@ -20,6 +20,7 @@ from datetime import UTC, datetime
 from typing import Any
 
 from trainwave import contract
+from trainwave.api.network import NetworkSpec
 from trainwave.api.status import Phase, TrainingJobStatus
 from trainwave.api.trainingjob import (
     InvalidSpec,
@@ -40,6 +41,7 @@ from trainwave.lifecycle.children import creating_failed
 from trainwave.lifecycle.decide import Decision, JobEvent, decide, decide_invalid
 from trainwave.lifecycle.errors import reconcile_failed, reconciled
 from trainwave.lifecycle.observed import NodeHealth, PodPhase, WorkerPod
+from trainwave.lifecycle.podsecurity import explain_refusal
 from trainwave.resolving import ResolvedJob, resolve
 from trainwave.signatures import job_key
 
@@ -146,7 +148,8 @@ class Reconciler:
         try:
             await self._act(body, meta, decision, resolved)
         except Refused as refused:
-            return await self._refused(key, body, meta, decision, refused)
+            network = resolved.job.spec.network if resolved else None
+            return await self._refused(key, body, meta, decision, refused, network=network)
         except Rejected as rejected:
             # The API server refused a pod the schema let through: the spec
             # cannot run as written. Say so on the job; nothing else to do.
@@ -170,11 +173,20 @@ class Reconciler:
         meta: ObjectMeta,
         decision: Decision,
         refused: Refused,
+        *,
+        network: NetworkSpec | None,
     ) -> float:
         """A child the API server refused (quota, forbidden, a webhook): a condition, an
-        Event and a retry with backoff, never a silent endless retry."""
+        Event and a retry with backoff, never a silent endless retry. A Pod Security
+        refusal also says which of the job's features needs which level."""
+        explanation = explain_refusal(refused.message, network)
         failed = creating_failed(
-            meta, decision.status, refused.what, refused.message, self._clock()
+            meta,
+            decision.status,
+            refused.what,
+            refused.message,
+            self._clock(),
+            explanation=explanation,
         )
         try:
             body = await self._write_status(body, parse_metadata(body), failed)

@@ -19,11 +19,21 @@ FAILED_CREATE = Reason.FAILED_CREATE
 
 
 def creating_failed(
-    meta: ObjectMeta, status: TrainingJobStatus, what: str, error: str, now: datetime
+    meta: ObjectMeta,
+    status: TrainingJobStatus,
+    what: str,
+    error: str,
+    now: datetime,
+    *,
+    explanation: str = "",
 ) -> Decision:
-    """`what` names the object ("pod demo-a0-worker-1"), `error` is the API server's message."""
+    """`what` names the object ("pod demo-a0-worker-1"), `error` is the API server's message,
+    `explanation` what trainwave knows about it (lifecycle/podsecurity.py)."""
     draft = Draft(meta=meta, now=now, status=status)
     message = f"creating {what} failed: {error}"
+    if explanation:
+        # First, so the Event (its note is cut at 1,024 characters) still carries it.
+        message = f"creating {what} failed: {explanation}; the API server said: {error}"
     previous = status.condition(ConditionType.REPLICA_FAILURE)
     draft.condition(ConditionType.REPLICA_FAILURE, True, FAILED_CREATE, message)
     if previous is None or previous.status != "True" or previous.message != message:
