@@ -38,7 +38,9 @@ PREEMPTED = (*ADMITTED, cond("Evicted", reason="Preempted", message="Preempted t
 STOPPED = (*ADMITTED, cond("Evicted", reason="ClusterQueueStopped", message="stopped"))
 
 
-def workload(conditions: tuple[dict[str, Any], ...] = (), flavors: tuple[str, ...] = ()) -> Workload:
+def workload(
+    conditions: tuple[dict[str, Any], ...] = (), flavors: tuple[str, ...] = ()
+) -> Workload:
     return Workload(
         name="trainingjob-demo-abcde", owner_uid="uid-1", resource_version="7", queue=QUEUE,
         conditions=conditions, cluster_queue="gpus", flavors=flavors,
@@ -50,34 +52,89 @@ def admission(*conditions: dict[str, Any]) -> Admission:
 
 
 CASES = [
-    pytest.param({}, [], Admission(QUEUE, None),
-                 {"phase": "Pending", "reason": "Queued", "workload": "Create", "create": ()},
-                 id="no-workload-yet"),
-    pytest.param({"phase": "Pending"}, [], admission(*PENDING),
-                 {"phase": "Pending", "reason": "Queued", "workload": "", "create": ()},
-                 id="pending-quota"),
-    pytest.param({"phase": "Pending"}, [], admission(*ADMITTED),
-                 {"phase": "Pending", "reason": "CreatingWorkers", "workload": "", "create": (0, 1)},
-                 id="admitted-starts-gang"),
-    pytest.param({"phase": "Running", "start_time": ago(60),
-                  "status_extra": {"attemptStartTime": "2026-01-01T11:59:00Z"}},
-                 running(), admission(*PREEMPTED),
-                 {"phase": "Pending", "reason": "Preempted", "workload": "", "attempt": 1,
-                  "preemptions": 1, "restarts": 0, "delete": 2}, id="preempted-stops-first"),
-    pytest.param({"phase": "Pending", "attempt": 1}, [], admission(*PREEMPTED),
-                 {"phase": "Pending", "workload": "Release", "attempt": 1, "preemptions": 0},
-                 id="preempted-gang-gone-releases-once"),
-    pytest.param({"phase": "Running", "start_time": ago(60)}, running(), admission(*STOPPED),
-                 {"phase": "Pending", "reason": "Evicted", "attempt": 1, "preemptions": 0,
-                  "restarts": 0, "disruptions": 0, "delete": 2}, id="evicted-uncounted"),
-    pytest.param({"phase": "Running", "start_time": ago(60)}, running(), admission(*PENDING),
-                 {"phase": "Pending", "attempt": 1, "restarts": 0, "delete": 2},
-                 id="admission-withdrawn"),
-    pytest.param({"phase": "Succeeded", "completion_time": ago(1)}, [], admission(*ADMITTED),
-                 {"phase": "Succeeded", "workload": "Finish"}, id="finished-releases"),
-    pytest.param({"phase": "Succeeded", "completion_time": ago(1)}, [],
-                 admission(*ADMITTED, cond("Finished")),
-                 {"phase": "Succeeded", "workload": ""}, id="finished-once"),
+    pytest.param(
+        {},
+        [],
+        Admission(QUEUE, None),
+        {"phase": "Pending", "reason": "Queued", "workload": "Create", "create": ()},
+        id="no-workload-yet",
+    ),
+    pytest.param(
+        {"phase": "Pending"},
+        [],
+        admission(*PENDING),
+        {"phase": "Pending", "reason": "Queued", "workload": "", "create": ()},
+        id="pending-quota",
+    ),
+    pytest.param(
+        {"phase": "Pending"},
+        [],
+        admission(*ADMITTED),
+        {"phase": "Pending", "reason": "CreatingWorkers", "workload": "", "create": (0, 1)},
+        id="admitted-starts-gang",
+    ),
+    pytest.param(
+        {
+            "phase": "Running",
+            "start_time": ago(60),
+            "status_extra": {"attemptStartTime": "2026-01-01T11:59:00Z"},
+        },
+        running(),
+        admission(*PREEMPTED),
+        {
+            "phase": "Pending",
+            "reason": "Preempted",
+            "workload": "",
+            "attempt": 1,
+            "preemptions": 1,
+            "restarts": 0,
+            "delete": 2,
+        },
+        id="preempted-stops-first",
+    ),
+    pytest.param(
+        {"phase": "Pending", "attempt": 1},
+        [],
+        admission(*PREEMPTED),
+        {"phase": "Pending", "workload": "Release", "attempt": 1, "preemptions": 0},
+        id="preempted-gang-gone-releases-once",
+    ),
+    pytest.param(
+        {"phase": "Running", "start_time": ago(60)},
+        running(),
+        admission(*STOPPED),
+        {
+            "phase": "Pending",
+            "reason": "Evicted",
+            "attempt": 1,
+            "preemptions": 0,
+            "restarts": 0,
+            "disruptions": 0,
+            "delete": 2,
+        },
+        id="evicted-uncounted",
+    ),
+    pytest.param(
+        {"phase": "Running", "start_time": ago(60)},
+        running(),
+        admission(*PENDING),
+        {"phase": "Pending", "attempt": 1, "restarts": 0, "delete": 2},
+        id="admission-withdrawn",
+    ),
+    pytest.param(
+        {"phase": "Succeeded", "completion_time": ago(1)},
+        [],
+        admission(*ADMITTED),
+        {"phase": "Succeeded", "workload": "Finish"},
+        id="finished-releases",
+    ),
+    pytest.param(
+        {"phase": "Succeeded", "completion_time": ago(1)},
+        [],
+        admission(*ADMITTED, cond("Finished")),
+        {"phase": "Succeeded", "workload": ""},
+        id="finished-once",
+    ),
 ]
 
 
@@ -105,7 +162,8 @@ def test_a_queued_job_says_which_queue_and_why() -> None:
         "waiting for Kueue admission in LocalQueue team-a: insufficient unused quota"
     )
     admitted = decision.status.condition(ConditionType.ADMITTED)
-    assert admitted is not None and admitted.status == "False"
+    assert admitted is not None
+    assert admitted.status == "False"
 
 
 def test_an_eviction_moves_the_attempt_once() -> None:
@@ -166,7 +224,9 @@ def test_observed_workload_and_conditions_written_back() -> None:
             "podSetAssignments": [{"name": "workers", "flavors": {"nvidia.com/gpu": "h100"}}]}},
     }  # fmt: skip
     seen = observe_workload(raw)
-    assert seen is not None and seen.evicted and not seen.admitted
+    assert seen is not None
+    assert seen.evicted
+    assert not seen.admitted
     assert seen.flavors == ("h100",)
     released = {c["type"]: c for c in released_conditions(seen, NOW)}
     assert (released["QuotaReserved"]["status"], released["QuotaReserved"]["reason"]) == (

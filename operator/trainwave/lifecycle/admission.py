@@ -93,6 +93,9 @@ class Admission:
 
     queue: str
     workload: Workload | None
+    # Flavors the Workload was admitted to that the caller has not seen yet: without
+    # their node labels the gang cannot be placed inside them, so it waits.
+    flavors_missing: tuple[str, ...] = ()
 
 
 def queue_of(job: TrainingJob) -> str:
@@ -143,6 +146,10 @@ def gate(draft: Draft, job: TrainingJob, mine: list[WorkerPod], admission: Admis
     if not workload.admitted:
         pending = workload.condition(QUOTA_RESERVED) or {}
         _hold(draft, mine, _waiting(admission.queue, str(pending.get("message", ""))))
+        return False
+    if admission.flavors_missing:
+        missing = ", ".join(admission.flavors_missing)
+        _hold(draft, mine, _waiting(admission.queue, f"ResourceFlavor {missing} not seen yet"))
         return False
     message = f"admitted by ClusterQueue {workload.cluster_queue} (Workload {workload.name})"
     if workload.flavors:
@@ -197,9 +204,7 @@ def _take_back(
     restart (preemptions counts Kueue's preemptions, as it counts trainwave's own)."""
     draft.stop(mine)
     attempt = draft.status.attempt
-    started = draft.status.attempt_start_time is not None or any(
-        p.attempt == attempt for p in mine
-    )
+    started = draft.status.attempt_start_time is not None or any(p.attempt == attempt for p in mine)
     if not started:
         return
     draft.update(
@@ -273,13 +278,14 @@ def _set_conditions(
     for kind, (status, reason, message) in updates.items():
         old = next((c for c in conditions if c.get("type") == kind), None)
         moved = old is None or old.get("status") != status
+        kept = old.get("lastTransitionTime", stamp) if old is not None else stamp
         result.append(
             {
                 "type": kind,
                 "status": status,
                 "reason": reason,
                 "message": message,
-                "lastTransitionTime": stamp if moved else old.get("lastTransitionTime", stamp),
+                "lastTransitionTime": stamp if moved else kept,
             }
         )
     return result

@@ -9,12 +9,11 @@ from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Literal
 
-from trainwave.lifecycle.workload_actions import WorkloadAction
-
 from trainwave.api.status import ConditionType, Phase, TrainingJobStatus
 from trainwave.api.trainingjob import ObjectMeta
 from trainwave.lifecycle.conditions import clear_condition, set_condition
 from trainwave.lifecycle.observed import WorkerPod
+from trainwave.lifecycle.workload_actions import WorkloadAction
 
 _EVENT_TYPES: dict[Phase, Literal["Normal", "Warning"]] = {
     Phase.RESTARTING: "Warning",
