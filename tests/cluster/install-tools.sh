@@ -62,9 +62,16 @@ build_kwok() {
 # directive, which `go install pkg@version` rejects. Building inside a copy of the downloaded
 # module source works. The CRDs are copied next to the binary so the test fixture needs no
 # module cache lookup.
+# One line is changed: with internal certificate management off (it needs an in-cluster
+# Secret), cmd/kueue/main.go loads the metrics certificate from the hard-coded
+# /etc/kueue/metrics/certs, even with metrics off, and exits without it. The patch lets
+# $KUEUE_METRICS_CERT_DIR name that directory, so tests need no write access to /etc; unset,
+# the path is Kueue's own.
+KUEUE_CERT_LINE='metricsCertPath := "/etc/kueue/metrics/certs"'
+KUEUE_CERT_PATCH='metricsCertPath := os.Getenv("KUEUE_METRICS_CERT_DIR"); if metricsCertPath == "" { metricsCertPath = "/etc/kueue/metrics/certs" }'
 build_kueue() {
   local out="$cache/kueue-$KUEUE_VERSION" want
-  want="$KUEUE_VERSION $(go env GOVERSION)"
+  want="$KUEUE_VERSION $(go env GOVERSION) metrics-cert-dir"
   if ! stamp_ok "$out/.stamp" "$want"; then
     log "building kueue $KUEUE_VERSION (cold: ~5-10 min on 2 cores)"
     local dir tmp
@@ -72,6 +79,14 @@ build_kueue() {
       | python3 -c 'import json,sys; print(json.load(sys.stdin)["Dir"])')
     tmp=$(mktemp -d)
     cp -r "$dir/." "$tmp/src" && chmod -R u+w "$tmp/src"
+    python3 - "$tmp/src/cmd/kueue/main.go" "$KUEUE_CERT_LINE" "$KUEUE_CERT_PATCH" <<'PY'
+import sys
+path, line, patch = sys.argv[1:]
+text = open(path).read()
+if text.count(line) != 1:
+    sys.exit(f"{path}: expected the line {line!r} once; the patch no longer fits")
+open(path, "w").write(text.replace(line, patch))
+PY
     mkdir -p "$out/bin" "$out/crd"
     (cd "$tmp/src" && go build -ldflags "-s -w" -o "$out/bin/kueue" ./cmd/kueue)
     rm -f "$out"/crd/*.yaml
