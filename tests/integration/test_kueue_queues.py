@@ -22,6 +22,7 @@ from integration.node_pools import H100, Pool, node_pool
 from integration.trainwave_fixtures import (
     apply,
     condition,
+    events_about,
     get_json,
     job,
     job_manifest,
@@ -142,6 +143,8 @@ def test_a_16_gpu_quota_admits_two_8_gpu_jobs_and_holds_the_third(
         assert f"waiting for Kueue admission in LocalQueue {queue}" in status["message"]
         assert condition(held, "Admitted")["status"] == "False"
         assert live_pods(cluster, namespace, "third") == []
+        events_about(cluster, namespace, lambda e: e.get("reason") == "Queued"
+                     and e["regarding"]["name"] == "third", "a Queued Event")  # fmt: skip
         assert (
             workload_condition(workload_of(cluster, namespace, "third"), "QuotaReserved") == "False"
         )

@@ -166,6 +166,15 @@ def test_a_queued_job_says_which_queue_and_why() -> None:
     assert admitted.status == "False"
 
 
+def test_queued_and_admitted_post_one_event_each() -> None:
+    queued = decide(make_job(), [], NOW, admission=admission(*PENDING))
+    assert [e.reason for e in queued.events] == ["Created", "Queued"]
+    job = make_job().model_copy(update={"status": queued.status})
+    assert decide(job, [], NOW, admission=admission(*PENDING)).events == ()
+    admitted = decide(job, [], NOW, admission=admission(*ADMITTED))
+    assert [e.reason for e in admitted.events] == ["Admitted"]
+
+
 def test_an_eviction_moves_the_attempt_once() -> None:
     first = decide(make_job(phase="Running", start_time=ago(9)), running(), NOW,
                    admission=admission(*PREEMPTED))  # fmt: skip

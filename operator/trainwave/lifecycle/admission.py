@@ -36,7 +36,7 @@ from trainwave import contract
 from trainwave.api.reasons import Reason
 from trainwave.api.status import ConditionType, Phase
 from trainwave.api.trainingjob import TrainingJob
-from trainwave.lifecycle.draft import Draft
+from trainwave.lifecycle.draft import Draft, JobEvent
 from trainwave.lifecycle.observed import WorkerPod
 from trainwave.lifecycle.workload_actions import WorkloadAction
 
@@ -154,6 +154,7 @@ def gate(draft: Draft, job: TrainingJob, mine: list[WorkerPod], admission: Admis
     message = f"admitted by ClusterQueue {workload.cluster_queue} (Workload {workload.name})"
     if workload.flavors:
         message += f", flavor {', '.join(workload.flavors)}"
+    _announce(draft, True, Reason.ADMITTED, message)
     draft.condition(ConditionType.ADMITTED, True, Reason.ADMITTED, message)
     return True
 
@@ -172,6 +173,7 @@ def _waiting(queue: str, detail: str) -> str:
 
 def _hold(draft: Draft, mine: list[WorkerPod], message: str) -> None:
     _take_back(draft, mine, Reason.QUEUED, f"admission withdrawn; {message}", counted=False)
+    _announce(draft, False, Reason.QUEUED, message)
     draft.condition(ConditionType.ADMITTED, False, Reason.QUEUED, message)
     after_eviction = draft.status.phase == Phase.PENDING and draft.status.reason in (
         Reason.PREEMPTED,
@@ -182,6 +184,16 @@ def _hold(draft: Draft, mine: list[WorkerPod], message: str) -> None:
         draft.update(message=message)
     else:
         draft.enter(Phase.PENDING, Reason.QUEUED, message)
+
+
+def _announce(draft: Draft, admitted: bool, reason: Reason, message: str) -> None:
+    """An Event when the Admitted condition turns (the phase often stays Pending, and
+    phase changes are what post Events otherwise); Kueue's changing pending message
+    while it stays queued posts none."""
+    previous = draft.status.condition(ConditionType.ADMITTED)
+    turned = previous is None or (previous.status == "True") != admitted
+    if turned and not any(e.reason == reason for e in draft.events):
+        draft.events.append(JobEvent("Normal", reason, message))
 
 
 def _evicted(draft: Draft, mine: list[WorkerPod], workload: Workload) -> None:
