@@ -231,3 +231,27 @@ def test_shared_gpu_jobs_are_counted_in_gpu_memory(cluster, namespace, kueue_ope
         workload = workload_of(cluster, namespace, held)
         worker = workload["spec"]["podSets"][0]["template"]["spec"]["containers"][0]
         assert str(worker["resources"]["limits"]["trainwave.io/gpu-memory"]) == str(30 * 1024)
+
+
+def test_a_suspended_job_gives_its_quota_back(cluster, namespace, kueue_operator):
+    with (
+        node_pool(cluster, rack_sizes=(2,)) as pool,
+        cluster_queue(cluster, namespace, pool, {"nvidia.com/gpu": "8"}) as queue,
+    ):
+        apply(cluster, namespace, queued_job("paused", queue))
+        wait_for_phase(cluster, namespace, "paused", "Running")
+        apply(cluster, namespace, queued_job("waiting", queue))
+        wait_until(lambda: job(cluster, namespace, "waiting").get("status", {}).get("reason")
+                   == "Queued", 30, "the second job queued")  # fmt: skip
+        patch = '{"spec": {"runPolicy": {"suspend": true}}}'
+        cluster.kubectl("patch", "tj", "paused", "-n", namespace, "--type=merge", "-p", patch)
+        wait_for_phase(cluster, namespace, "paused", "Suspended")
+        # Deactivated, evicted by Kueue (InactiveWorkload), quota given back: the other runs.
+        wait_for_phase(cluster, namespace, "waiting", "Running", timeout=60)
+        assert workload_of(cluster, namespace, "paused")["spec"]["active"] is False
+        patch = '{"spec": {"runPolicy": {"suspend": false}}}'
+        cluster.kubectl("patch", "tj", "paused", "-n", namespace, "--type=merge", "-p", patch)
+        resumed = wait_until(lambda: (b := job(cluster, namespace, "paused"))["status"].get(
+            "reason") == "Queued" and b, 30, "the resumed job queued again")  # fmt: skip
+        assert resumed["status"]["phase"] == "Pending"
+        assert workload_of(cluster, namespace, "paused")["spec"]["active"] is True

@@ -39,11 +39,11 @@ STOPPED = (*ADMITTED, cond("Evicted", reason="ClusterQueueStopped", message="sto
 
 
 def workload(
-    conditions: tuple[dict[str, Any], ...] = (), flavors: tuple[str, ...] = ()
+    conditions: tuple[dict[str, Any], ...] = (), flavors: tuple[str, ...] = (), active: bool = True
 ) -> Workload:
     return Workload(
         name="trainingjob-demo-abcde", owner_uid="uid-1", resource_version="7", queue=QUEUE,
-        conditions=conditions, cluster_queue="gpus", flavors=flavors,
+        conditions=conditions, cluster_queue="gpus", flavors=flavors, active=active,
     )  # fmt: skip
 
 
@@ -166,6 +166,23 @@ def test_a_queued_job_says_which_queue_and_why() -> None:
     assert admitted.status == "False"
 
 
+DEACTIVATED = (*ADMITTED, cond("Evicted", reason="InactiveWorkload", message="deactivated"))
+
+
+def test_a_suspended_job_deactivates_its_workload_then_gives_the_quota_back() -> None:
+    job = make_job(suspend=True, phase="Running", start_time=ago(9))
+    first = decide(job, running(), NOW, admission=admission(*ADMITTED))
+    assert (first.status.phase, first.workload) == ("Suspended", WorkloadAction.DEACTIVATE)
+    inactive = Admission(QUEUE, workload(DEACTIVATED, active=False))
+    assert decide(job, running(), NOW, admission=inactive).workload == WorkloadAction.NONE
+    assert decide(job, [], NOW, admission=inactive).workload == WorkloadAction.RELEASE
+    resumed = make_job(phase="Suspended")
+    released = Admission(QUEUE, workload(PENDING, active=False))
+    again = decide(resumed, [], NOW, admission=released)
+    assert (again.status.phase, again.workload) == ("Pending", WorkloadAction.ACTIVATE)
+    assert again.create_ranks == ()
+
+
 def test_queued_and_admitted_post_one_event_each() -> None:
     queued = decide(make_job(), [], NOW, admission=admission(*PENDING))
     assert [e.reason for e in queued.events] == ["Created", "Queued"]
@@ -242,6 +259,9 @@ def test_observed_workload_and_conditions_written_back() -> None:
         "False", "Pending")  # fmt: skip
     assert released["Admitted"]["reason"] == "NoReservation"
     assert released["Requeued"]["status"] == "True"
+    stopped = released_conditions(workload(STOPPED), NOW)
+    requeued = next(c for c in stopped if c["type"] == "Requeued")
+    assert (requeued["status"], requeued["reason"]) == ("False", "ClusterQueueStopped")
     assert released["Evicted"]["status"] == "True"  # Kueue's own, left as it was
     finished = {c["type"]: c for c in finished_conditions(seen, True, "done", NOW)}
     assert (finished["Finished"]["status"], finished["Finished"]["reason"]) == ("True", "Succeeded")

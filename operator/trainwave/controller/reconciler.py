@@ -37,7 +37,12 @@ from trainwave.controller.departures import Departures
 from trainwave.controller.kube import Conflict, KubeClient, Refused, Rejected
 from trainwave.controller.placer import Placer, Ticket
 from trainwave.controller.reporting import StatusPoller, Targets
-from trainwave.controller.workloads import WorkloadCache, create_workload, patch_workload_status
+from trainwave.controller.workloads import (
+    WorkloadCache,
+    create_workload,
+    patch_workload_status,
+    set_workload_active,
+)
 from trainwave.lifecycle.admission import (
     Admission,
     finished_conditions,
@@ -308,7 +313,8 @@ class Reconciler:
             metrics.ALL_RUNNING_SECONDS.observe(decision.all_running_after)
 
     async def _workload(self, meta: ObjectMeta, decision: Decision, resolved: ResolvedJob) -> None:
-        """Create, release or finish the job's Workload (lifecycle/admission.py decided which)."""
+        """Create, release, finish, (de)activate the job's Workload, as lifecycle/admission.py
+        decided."""
         job = resolved.job
         key = (meta.namespace, meta.name)
         action = decision.workload
@@ -318,6 +324,12 @@ class Reconciler:
             return
         workload = self._workloads.workload(key, meta.uid) if self._workloads else None
         if workload is None:
+            return
+        if action in (WorkloadAction.ACTIVATE, WorkloadAction.DEACTIVATE):
+            active = action == WorkloadAction.ACTIVATE
+            await asyncio.to_thread(
+                set_workload_active, self._kube, meta.namespace, workload.name, active
+            )
             return
         now = self._clock()
         if action == WorkloadAction.RELEASE:

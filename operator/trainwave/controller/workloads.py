@@ -134,7 +134,7 @@ def _decided(record: tuple[JobKey, Workload] | None) -> object:
     if record is None:
         return None
     key, w = record
-    return key, w.owner_uid, w.queue, w.conditions, w.cluster_queue, w.flavors
+    return key, w.owner_uid, w.queue, w.conditions, w.cluster_queue, w.flavors, w.active
 
 
 class _Store:
@@ -175,6 +175,25 @@ def create_workload(kube: KubeClient, body: dict[str, Any]) -> None:
         )
     except ApiException as error:
         if error.status != 409:
+            raise
+
+
+def set_workload_active(kube: KubeClient, namespace: str, name: str, active: bool) -> None:
+    """spec.active, the switch Kueue's users stop a Workload with; trainwave alone sets it."""
+    kube.guard()
+    try:
+        _done(
+            kube.custom.patch_namespaced_custom_object(
+                *_KUEUE,
+                namespace,
+                contract.KUEUE_WORKLOADS,
+                name,
+                {"spec": {"active": active}},
+                _preload_content=False,
+            )
+        )
+    except ApiException as error:
+        if error.status != 404:
             raise
 
 

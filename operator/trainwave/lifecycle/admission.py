@@ -17,7 +17,10 @@ knows (pkg/controller/jobframework/reconciler.go, ReconcileGenericJob, v0.11.9):
   jobframework does only once the job has no active pods
   (workload.UnsetQuotaReservationWithCondition); so does `release_conditions`.
   A gang that had started begins a new attempt that is not a counted restart;
-- the job ended: Finished=True, reason Succeeded or Failed, frees the quota.
+- the job ended: Finished=True, reason Succeeded or Failed, frees the quota;
+- runPolicy.suspend: the Workload is deactivated (spec.active false), the way
+  Kueue's users stop a Workload; Kueue evicts it (InactiveWorkload) and the quota
+  is given back as after any eviction. Resuming activates it again.
 
 Invariant: an eviction moves the attempt at most once. Once moved, the new
 attempt has no pods and no start time, so seeing the same eviction again (the
@@ -69,6 +72,7 @@ class Workload:
     conditions: tuple[Mapping[str, Any], ...] = ()
     cluster_queue: str = ""
     flavors: tuple[str, ...] = ()  # the admission's flavors for the workers, in resource order
+    active: bool = True  # spec.active
 
     def condition(self, kind: str) -> Mapping[str, Any] | None:
         return next((c for c in self.conditions if c.get("type") == kind), None)
@@ -130,6 +134,7 @@ def observe_workload(obj: Mapping[str, Any]) -> Workload | None:
         conditions=tuple(dict(c) for c in status.get("conditions") or []),
         cluster_queue=str(admission.get("clusterQueue", "")),
         flavors=tuple(flavors),
+        active=(obj.get("spec") or {}).get("active", True) is not False,
     )
 
 
@@ -142,6 +147,10 @@ def gate(draft: Draft, job: TrainingJob, mine: list[WorkerPod], admission: Admis
         return False
     if workload.evicted:
         _evicted(draft, mine, workload)
+        return False
+    if not workload.active:
+        draft.workload = WorkloadAction.ACTIVATE
+        _hold(draft, mine, _waiting(admission.queue, "reactivating its Workload"))
         return False
     if not workload.admitted:
         pending = workload.condition(QUOTA_RESERVED) or {}
@@ -157,6 +166,18 @@ def gate(draft: Draft, job: TrainingJob, mine: list[WorkerPod], admission: Admis
     _announce(draft, True, Reason.ADMITTED, message)
     draft.condition(ConditionType.ADMITTED, True, Reason.ADMITTED, message)
     return True
+
+
+def suspended(draft: Draft, mine: list[WorkerPod], admission: Admission | None) -> None:
+    """A suspended job holds no quota: deactivate its Workload, then give back what Kueue
+    evicts (the workers are already being stopped by the suspension)."""
+    workload = admission.workload if admission is not None else None
+    if workload is None:
+        return
+    if workload.active:
+        draft.workload = WorkloadAction.DEACTIVATE
+    elif workload.evicted and all(p.finished for p in mine):
+        draft.workload = WorkloadAction.RELEASE
 
 
 def finish(draft: Draft, admission: Admission | None) -> None:
@@ -204,7 +225,7 @@ def _evicted(draft: Draft, mine: list[WorkerPod], workload: Workload) -> None:
     message = f"{'preempted' if preempted else 'evicted'} by Kueue: {why}; queued again"
     _take_back(draft, mine, reason, message, counted=preempted)
     draft.condition(ConditionType.ADMITTED, False, reason, message)
-    if not any(not p.finished for p in mine):
+    if all(p.finished for p in mine):
         # Only now, as jobframework does: the preemptor must not start on top of our pods.
         draft.workload = WorkloadAction.RELEASE
 
@@ -260,16 +281,17 @@ def released_conditions(workload: Workload, now: datetime) -> list[dict[str, Any
     """The Workload's conditions once its quota is given back, as
     workload.UnsetQuotaReservationWithCondition writes them: QuotaReserved=False
     (Pending, with the eviction's message), Admitted=False (NoReservation), and
-    Requeued=True only after a preemption."""
+    Requeued with the eviction's reason, True only after a preemption (after any other
+    eviction Kueue itself requeues it, e.g. once a stopped queue runs again)."""
     evicted = workload.condition(EVICTED) or {}
     message = str(evicted.get("message", "")) or "evicted"
-    preempted = evicted.get("reason") == KUEUE_PREEMPTED
+    reason = str(evicted.get("reason", "")) or EVICTED
+    requeued = "True" if reason == KUEUE_PREEMPTED else "False"
     updates = {
         QUOTA_RESERVED: ("False", "Pending", message),
         ADMITTED: ("False", "NoReservation", "The workload has no reservation"),
+        REQUEUED: (requeued, reason, message),
     }
-    if preempted:
-        updates[REQUEUED] = ("True", KUEUE_PREEMPTED, message)
     return _set_conditions(workload.conditions, updates, now)
 
 

@@ -22,7 +22,7 @@ from trainwave.api.sharing import isolation
 from trainwave.api.spec import MAX_BACKOFF_SECONDS
 from trainwave.api.status import ConditionType, Phase, TrainingJobStatus
 from trainwave.api.trainingjob import ObjectMeta, TrainingJob
-from trainwave.lifecycle.admission import Admission, finish, gate
+from trainwave.lifecycle.admission import Admission, finish, gate, suspended
 from trainwave.lifecycle.draft import Decision, Draft, JobEvent, PlacementWait, complete, fail
 from trainwave.lifecycle.failures import Cause, Incident, find_incidents, judge_failure
 from trainwave.lifecycle.observed import NodeHealth, PodPhase, WorkerPod
@@ -64,6 +64,7 @@ def decide(
         finish(draft, admission)
     elif job.spec.run_policy.suspend:
         _suspend(draft, job, mine)
+        suspended(draft, mine, admission)
     else:
         if phase == Phase.SUSPENDED:
             _resume(draft)

@@ -11,3 +11,5 @@ class WorkloadAction(StrEnum):
     CREATE = "Create"
     RELEASE = "Release"  # give back the quota of an evicted Workload
     FINISH = "Finish"  # Finished=True: the job ended, the quota is free
+    DEACTIVATE = "Deactivate"  # spec.active false: the job is suspended, Kueue evicts it
+    ACTIVATE = "Activate"  # spec.active true again: the job resumed, Kueue queues it
