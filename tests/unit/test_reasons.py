@@ -17,7 +17,7 @@ from trainwave.api.reasons import Reason
 OPERATOR = Path(__file__).resolve().parents[2] / "operator" / "trainwave"
 # call name -> position of its reason argument
 REASON_ARGUMENT = {"enter": 1, "condition": 2, "clear": 1, "fail": 1, "complete": 2, "JobEvent": 1}
-SOURCES = sorted((OPERATOR / "lifecycle").glob("*.py")) + [OPERATOR / "controller" / "placer.py"]
+SOURCES = [*sorted((OPERATOR / "lifecycle").glob("*.py")), OPERATOR / "controller" / "placer.py"]
 
 
 def _name(call: ast.Call) -> str:
