@@ -45,6 +45,7 @@ class WorkloadCache:
         self._lock = threading.Lock()
         self._wake = wake
         self._workloads: dict[str, tuple[JobKey, Workload]] = {}
+        self._of_job: dict[JobKey, dict[str, Workload]] = {}  # the same, by job
         self._flavors: dict[str, Flavor] = {}
         common: dict[str, Any] = {"page_size": page_size, "watch_seconds": watch_seconds}
         custom = kube.custom
@@ -86,10 +87,8 @@ class WorkloadCache:
     def workload(self, key: JobKey, owner_uid: str) -> Workload | None:
         """The job's own Workload; one left by an earlier job of the same name is not it."""
         with self._lock:
-            return next(
-                (w for k, w in self._workloads.values() if k == key and w.owner_uid == owner_uid),
-                None,
-            )
+            found = self._of_job.get(key, {}).values()
+            return next((w for w in found if w.owner_uid == owner_uid), None)
 
     def flavors(self, names: Iterable[str]) -> list[Flavor] | None:
         """The named flavors; None while one is not known yet (its watch event will come)."""
@@ -102,6 +101,9 @@ class WorkloadCache:
     def _replace_workloads(self, records: Mapping[str, tuple[JobKey, Workload]]) -> None:
         with self._lock:
             old, self._workloads = self._workloads, dict(records)
+            self._of_job = {}
+            for name, (key, workload) in self._workloads.items():
+                self._of_job.setdefault(key, {})[name] = workload
         changed = {old[n][0] for n in old.keys() - records.keys()}
         changed |= {records[n][0] for n in records if old.get(n) != records[n]}
         for key in changed:
@@ -110,8 +112,14 @@ class WorkloadCache:
     def _put_workload(self, name: str, record: tuple[JobKey, Workload] | None) -> None:
         with self._lock:
             old = self._workloads.pop(name, None)
+            if old is not None:
+                siblings = self._of_job.get(old[0], {})
+                siblings.pop(name, None)
+                if not siblings:
+                    self._of_job.pop(old[0], None)
             if record is not None:
                 self._workloads[name] = record
+                self._of_job.setdefault(record[0], {})[name] = record[1]
         if _decided(old) != _decided(record):
             for key in {r[0] for r in (old, record) if r is not None}:
                 self._wake(key)
