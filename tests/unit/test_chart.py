@@ -184,6 +184,18 @@ def test_cluster_role_grants_exactly_the_expected_rules() -> None:
     assert granted(one(render(), "ClusterRole")) == EXPECTED_RULES
 
 
+def test_kueue_adds_only_its_workload_and_flavor_rules() -> None:
+    grants = granted(one(render("--set", "kueue.enabled=true"), "ClusterRole"))
+    assert grants == {
+        **EXPECTED_RULES,
+        ("kueue.x-k8s.io", "workloads"): {"create", "list", "watch", "patch"},
+        ("kueue.x-k8s.io", "workloads/status"): {"patch"},
+        ("kueue.x-k8s.io", "resourceflavors"): {"list", "watch"},
+    }
+    assert "--kueue" in container(render("--set", "kueue.enabled=true"))["args"]
+    assert "--kueue" not in container(render())["args"]
+
+
 def test_cluster_role_is_least_privilege() -> None:
     grants = granted(one(render(), "ClusterRole"))
     # Each job's status-key Secret is created, never read back: no Secret is readable.

@@ -25,6 +25,11 @@ class Reason(StrEnum):
     DEADLINE_EXCEEDED = "DeadlineExceeded"
     INVALID_SPEC = "InvalidSpec"
 
+    # Kueue admission of jobs with a queue-name label (lifecycle/admission.py).
+    QUEUED = "Queued"
+    ADMITTED = "Admitted"
+    EVICTED = "Evicted"
+
     # A worker in trouble and what the failure policy made of it (lifecycle/failures.py).
     WORKER_FAILED = "WorkerFailed"
     WORKER_DISRUPTED = "WorkerDisrupted"

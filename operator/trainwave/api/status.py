@@ -36,6 +36,7 @@ class Phase(StrEnum):
 
 class ConditionType(StrEnum):
     CREATED = "Created"
+    ADMITTED = "Admitted"  # by Kueue, for jobs with a queue-name label
     SCHEDULED = "Scheduled"
     RUNNING = "Running"
     RESTARTING = "Restarting"

@@ -38,6 +38,7 @@ from trainwave.controller.queue import WorkQueue
 from trainwave.controller.reconciler import JobKey, Reconciler
 from trainwave.controller.recorder import EventRecorder
 from trainwave.controller.reporting import ANY_NETWORK, Network, StatusPoller
+from trainwave.controller.workloads import WorkloadCache
 from trainwave.placement.topology import DEFAULT_LEVELS
 
 logger = logging.getLogger(__name__)
@@ -55,12 +56,13 @@ class Options:
     namespaces: tuple[str, ...] = ()  # names or patterns; empty: every namespace
     status_key_secret: tuple[str, str] = ("trainwave-system", contract.DEFAULT_STATUS_KEY_SECRET)
     leadership: LeaderElector | None = None  # None: act alone (no leader election)
+    kueue: bool = False  # admit queue-labelled jobs through Kueue Workloads
 
 
 OPTIONS = Options()
 _QUEUE: dict[str, WorkQueue] = {}
 _PLACER: dict[str, Placer] = {}
-_CACHE: dict[str, ClusterCache | JobCache] = {}
+_CACHE: dict[str, ClusterCache | JobCache | WorkloadCache] = {}
 _DEPARTURES = Departures()
 
 
@@ -94,6 +96,12 @@ async def start(*, settings: kopf.OperatorSettings, memo: Any, **_: Any) -> None
         namespaces=OPTIONS.namespaces,
     )
     _CACHE["jobs"] = jobs
+    workloads = None
+    if OPTIONS.kueue:
+        # Kueue's Workloads of queued jobs: an admission or eviction wakes the job.
+        workloads = WorkloadCache(kube, lambda key: loop.call_soon_threadsafe(_wake, key))
+        workloads.start()
+        _CACHE["workloads"] = workloads
     placer = Placer(kube, OPTIONS.topology_levels, _wake, cache.view)
     # Any pod or node change may free room (a foreign pod too): the cache's thread
     # pokes the placer on the loop.
@@ -126,13 +134,20 @@ async def start(*, settings: kopf.OperatorSettings, memo: Any, **_: Any) -> None
         master_key=master_key,
         departures=_DEPARTURES,
         node_health=cache.node_health,
+        workloads=workloads,
     )
     queue = WorkQueue(reconciler)
     _QUEUE["jobs"] = queue
     jobs.start()  # the first LIST wakes every job: queued until the workers start
     # No reconcile before every store is filled: a job read without its pods
     # would look as if it had none.
-    for name, informers in (("job", jobs), ("cluster", cache)):
+    stores: list[tuple[str, JobCache | ClusterCache | WorkloadCache]] = [
+        ("job", jobs),
+        ("cluster", cache),
+    ]
+    if workloads is not None:
+        stores.append(("workload", workloads))
+    for name, informers in stores:
         if not await asyncio.to_thread(informers.wait_synced, 60):
             logger.warning("%s cache not synced after 60 s; its informers keep trying", name)
     _PLACER["gangs"] = placer
@@ -174,7 +189,7 @@ async def stop(memo: Any, **_: Any) -> None:
             await asyncio.wait_for(recorder.drain(), 5)
         await recorder.stop()
     _PLACER.pop("gangs", None)
-    for name in ("jobs", "cluster"):
+    for name in ("jobs", "cluster", "workloads"):
         cache = _CACHE.pop(name, None)
         if cache is not None:
             await asyncio.to_thread(cache.stop)

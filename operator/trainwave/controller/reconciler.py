@@ -32,17 +32,32 @@ from trainwave.api.trainingjob import (
 from trainwave.builders.pods import build_worker_pods
 from trainwave.builders.service import build_service
 from trainwave.builders.status_key import build_status_key_secret
+from trainwave.builders.workload import build_workload
 from trainwave.controller import metrics
 from trainwave.controller.departures import Departures
 from trainwave.controller.kube import Conflict, KubeClient, Refused, Rejected, transient
 from trainwave.controller.placer import Placer, Ticket
 from trainwave.controller.reporting import StatusPoller, Targets
+from trainwave.controller.workloads import (
+    WorkloadCache,
+    create_workload,
+    patch_workload_status,
+    set_workload_active,
+)
+from trainwave.lifecycle.admission import (
+    Admission,
+    finished_conditions,
+    queue_of,
+    released_conditions,
+    with_flavors,
+)
 from trainwave.lifecycle.children import creating_failed
 from trainwave.lifecycle.decide import Decision, JobEvent, decide, decide_invalid
 from trainwave.lifecycle.errors import reconcile_failed, reconciled
 from trainwave.lifecycle.observed import NodeHealth, PodPhase, WorkerPod
 from trainwave.lifecycle.podsecurity import explain_refusal
-from trainwave.resolving import ResolvedJob, resolve
+from trainwave.lifecycle.workload_actions import WorkloadAction
+from trainwave.resolving import ResolvedJob, resolve, resolve_job
 from trainwave.signatures import job_key
 
 logger = logging.getLogger(__name__)
@@ -71,6 +86,7 @@ class Reconciler:
         master_key: bytes = b"",
         departures: Departures | None = None,
         node_health: Callable[[str], NodeHealth | None] = lambda name: None,
+        workloads: WorkloadCache | None = None,
         clock: Callable[[], datetime] = lambda: datetime.now(UTC),
     ):
         self._kube = kube
@@ -90,6 +106,7 @@ class Reconciler:
         self._refusals: dict[JobKey, int] = {}  # children refused in a row, per job
         self._departures = departures or Departures()
         self._node_health = node_health
+        self._workloads = workloads  # None: Kueue integration off, queue labels ignored
 
     async def __call__(self, key: Any) -> float | None:
         started = time.perf_counter()
@@ -147,6 +164,9 @@ class Reconciler:
         self._departures.keep_only(key, decision.status.attempt)
         try:
             await self._act(body, meta, decision, resolved)
+        except Conflict as conflict:  # our Workload changed under a write: decide again
+            logger.debug("%s/%s: %s; retrying", namespace, name, conflict)
+            return CONFLICT_RETRY_SECONDS
         except Refused as refused:
             network = resolved.job.spec.network if resolved else None
             return await self._refused(key, body, meta, decision, refused, network=network)
@@ -220,11 +240,31 @@ class Reconciler:
             )  # the one parse of this reconcile
         except InvalidSpec as invalid:
             return decide_invalid(meta, parse_status(body), pods, str(invalid), now), None
+        admission = self._admission(key, resolved.job)
+        workload = admission.workload if admission is not None else None
+        if admission is not None and workload is not None and workload.admitted:
+            flavors = self._workloads.flavors(workload.flavors) if self._workloads else []
+            if flavors is None:  # not in our cache yet: its watch event is due
+                admission = replace(admission, flavors_missing=workload.flavors)
+            else:
+                resolved = resolve_job(
+                    with_flavors(resolved.job, flavors),
+                    self._levels,
+                    arbiter_dir=self._arbiter_dir,
+                )
         attempt = resolved.job.status.attempt
         reports = self._poller.reports(key, attempt) if self._poller else {}
         nodes = self._nodes(pods, attempt)
         waiting = self._placer.waiting(key)
-        return decide(resolved, pods, now, waiting, reports, nodes=nodes), resolved
+        decision = decide(resolved, pods, now, waiting, reports, nodes=nodes, admission=admission)
+        return decision, resolved
+
+    def _admission(self, key: JobKey, job: TrainingJob) -> Admission | None:
+        """A job with a queue-name label, when the Kueue integration is on."""
+        queue = queue_of(job)
+        if self._workloads is None or not queue:
+            return None
+        return Admission(queue, self._workloads.workload(key, job.metadata.uid))
 
     def _track_workers(
         self, key: JobKey, job: TrainingJob | None, decision: Decision, pods: list[WorkerPod]
@@ -316,6 +356,44 @@ class Reconciler:
         if decision.all_running_after is not None:
             metrics.ALL_RUNNING_SECONDS.observe(decision.all_running_after)
 
+    async def _workload(self, meta: ObjectMeta, decision: Decision, resolved: ResolvedJob) -> None:
+        """Create, release, finish, (de)activate the job's Workload, as lifecycle/admission.py
+        decided."""
+        job = resolved.job
+        key = (meta.namespace, meta.name)
+        action = decision.workload
+        if action == WorkloadAction.CREATE:
+            body = build_workload(resolved, queue_of(job), self._runtime_image)
+            await asyncio.to_thread(create_workload, self._kube, body)
+            return
+        workload = self._workloads.workload(key, meta.uid) if self._workloads else None
+        if workload is None:
+            return
+        if action in (WorkloadAction.ACTIVATE, WorkloadAction.DEACTIVATE):
+            active = action == WorkloadAction.ACTIVATE
+            await asyncio.to_thread(
+                set_workload_active, self._kube, meta.namespace, workload.name, active
+            )
+            return
+        now = self._clock()
+        if action == WorkloadAction.RELEASE:
+            status: dict[str, Any] = {
+                "admission": None,
+                "conditions": released_conditions(workload, now),
+            }
+        else:
+            succeeded = decision.status.phase == Phase.SUCCEEDED
+            message = decision.status.message or str(decision.status.phase)
+            status = {"conditions": finished_conditions(workload, succeeded, message, now)}
+        await asyncio.to_thread(
+            patch_workload_status,
+            self._kube,
+            meta.namespace,
+            workload.name,
+            workload.resource_version,
+            status,
+        )
+
     async def _act(
         self,
         body: dict[str, Any],
@@ -327,6 +405,8 @@ class Reconciler:
         kube = self._kube
         for event in decision.events:
             self._record_event(body, event)  # posted in the background, in order
+        if decision.workload != WorkloadAction.NONE and resolved is not None:
+            await self._workload(meta, decision, resolved)
         await asyncio.gather(
             *(asyncio.to_thread(kube.delete_pod, meta.namespace, n) for n in decision.delete_pods)
         )

@@ -22,6 +22,7 @@ from trainwave.api.sharing import isolation
 from trainwave.api.spec import MAX_BACKOFF_SECONDS
 from trainwave.api.status import ConditionType, Phase, TrainingJobStatus
 from trainwave.api.trainingjob import ObjectMeta, TrainingJob
+from trainwave.lifecycle.admission import Admission, finish, gate, suspended
 from trainwave.lifecycle.draft import Decision, Draft, JobEvent, PlacementWait, complete, fail
 from trainwave.lifecycle.failures import Cause, Incident, find_incidents, judge_failure
 from trainwave.lifecycle.observed import NodeHealth, PodPhase, WorkerPod
@@ -40,10 +41,12 @@ def decide(
     reports: Mapping[int, WorkerReport] | None = None,
     *,
     nodes: Mapping[str, NodeHealth] | None = None,
+    admission: Admission | None = None,
 ) -> Decision:
     """`resolved` is the job resolved once by the caller; a plain job (tests) is resolved
     here and must then be valid. `nodes`: the health of the workers' nodes, as far as the
-    caller knows it (a node missing from it is not judged)."""
+    caller knows it (a node missing from it is not judged). `admission`: for a job queued
+    in Kueue, its Workload as observed (None: not queued, runs as soon as placed)."""
     if not isinstance(resolved, ResolvedJob):
         resolved = resolve_job(resolved)
     job = resolved.job
@@ -58,12 +61,19 @@ def decide(
     phase = draft.status.phase
     if phase is not None and phase.terminal:
         _finished(draft, job, mine)
+        finish(draft, admission)
     elif job.spec.run_policy.suspend:
         _suspend(draft, job, mine)
+        suspended(draft, mine, admission)
     else:
         if phase == Phase.SUSPENDED:
             _resume(draft)
-        _run(draft, job, mine, waiting, nodes or {})
+        if admission is None or gate(draft, job, mine, admission):
+            _run(draft, job, mine, waiting, nodes or {})
+        else:
+            _count(draft, job, [])
+        if draft.status.phase is not None and draft.status.phase.terminal:
+            finish(draft, admission)
     if reports:
         _reported(draft, job, reports)
     return draft.finish()

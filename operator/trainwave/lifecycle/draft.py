@@ -13,6 +13,7 @@ from trainwave.api.status import ConditionType, Phase, TrainingJobStatus
 from trainwave.api.trainingjob import ObjectMeta
 from trainwave.lifecycle.conditions import clear_condition, set_condition
 from trainwave.lifecycle.observed import WorkerPod
+from trainwave.lifecycle.workload_actions import WorkloadAction
 
 _EVENT_TYPES: dict[Phase, Literal["Normal", "Warning"]] = {
     Phase.RESTARTING: "Warning",
@@ -48,6 +49,8 @@ class Decision:
     all_running_after: float | None = None
     # Every worker of the attempt exists behind the gate: hand the gang to the placer.
     wants_placement: bool = False
+    # What to do to the job's Kueue Workload (lifecycle/admission.py).
+    workload: WorkloadAction = WorkloadAction.NONE
 
 
 @dataclass
@@ -64,6 +67,7 @@ class Draft:
     delete_job: bool = False
     all_running_after: float | None = None
     wants_placement: bool = False
+    workload: WorkloadAction = WorkloadAction.NONE
 
     def update(self, **changes: object) -> None:
         self.status = self.status.model_copy(update=changes)
@@ -118,6 +122,7 @@ class Draft:
             delete_job=self.delete_job,
             all_running_after=self.all_running_after,
             wants_placement=self.wants_placement,
+            workload=self.workload,
         )
 
 

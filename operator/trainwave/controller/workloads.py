@@ -1,0 +1,235 @@
+"""Kueue's side of queued jobs: the Workloads trainwave owns and the ResourceFlavors
+they are admitted to, followed by watches; and the writes trainwave makes to them.
+
+Two informers (informer.py) fill the stores below, as job_cache.py does for jobs
+and pods, so a reconcile reads its Workload from memory. A Workload is filed
+under the job named by its `trainwave.io/job-name` label and woken when what
+decide reads of it (lifecycle/admission.py `Workload`) changes: Kueue's
+admission, eviction or a pending message. A flavor change wakes nobody: it
+applies to gangs started after it, as in Kueue.
+
+Only built with the operator's --kueue flag: without Kueue's CRDs the LISTs
+would fail and retry forever.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from collections.abc import Callable, Iterable, Mapping
+from functools import partial
+from typing import Any
+
+from kubernetes.client.exceptions import ApiException
+
+from trainwave import contract
+from trainwave.controller.informer import PAGE_SIZE, WATCH_SECONDS, Informer
+from trainwave.controller.kube import Conflict, KubeClient
+from trainwave.lifecycle.admission import Flavor, Workload, observe_workload
+
+logger = logging.getLogger(__name__)
+
+JobKey = tuple[str, str]
+_KUEUE = (contract.KUEUE_GROUP, contract.KUEUE_VERSION)
+
+
+class WorkloadCache:
+    def __init__(
+        self,
+        kube: KubeClient,
+        wake: Callable[[JobKey], None],
+        *,
+        page_size: int = PAGE_SIZE,
+        watch_seconds: int = WATCH_SECONDS,
+    ):
+        self._lock = threading.Lock()
+        self._wake = wake
+        self._workloads: dict[str, tuple[JobKey, Workload]] = {}
+        self._of_job: dict[JobKey, dict[str, Workload]] = {}  # the same, by job
+        self._flavors: dict[str, Flavor] = {}
+        common: dict[str, Any] = {"page_size": page_size, "watch_seconds": watch_seconds}
+        custom = kube.custom
+        self.workload_informer: Informer[tuple[JobKey, Workload]] = Informer(
+            "workloads",
+            partial(
+                custom.list_cluster_custom_object,
+                *_KUEUE,
+                contract.KUEUE_WORKLOADS,
+                label_selector=contract.LABEL_JOB_NAME,
+            ),
+            _workload_record,
+            _Store(self._replace_workloads, self._put_workload),
+            **common,
+        )
+        self.flavor_informer: Informer[Flavor] = Informer(
+            "resourceflavors",
+            partial(custom.list_cluster_custom_object, *_KUEUE, contract.KUEUE_FLAVORS),
+            _flavor_record,
+            _Store(self._replace_flavors, self._put_flavor),
+            **common,
+        )
+
+    @property
+    def informers(self) -> tuple[Informer[Any], ...]:
+        return self.workload_informer, self.flavor_informer
+
+    def start(self) -> None:
+        for informer in self.informers:
+            informer.start()
+
+    def stop(self, timeout: float = 5.0) -> None:
+        for informer in self.informers:
+            informer.stop(timeout)
+
+    def wait_synced(self, timeout: float | None = None) -> bool:
+        return all(informer.wait_synced(timeout) for informer in self.informers)
+
+    def workload(self, key: JobKey, owner_uid: str) -> Workload | None:
+        """The job's own Workload; one left by an earlier job of the same name is not it."""
+        with self._lock:
+            found = self._of_job.get(key, {}).values()
+            return next((w for w in found if w.owner_uid == owner_uid), None)
+
+    def flavors(self, names: Iterable[str]) -> list[Flavor] | None:
+        """The named flavors; None while one is not known yet (its watch event will come)."""
+        with self._lock:
+            found = [self._flavors.get(name) for name in names]
+        return None if any(f is None for f in found) else [f for f in found if f is not None]
+
+    # Store writes, on informer threads.
+
+    def _replace_workloads(self, records: Mapping[str, tuple[JobKey, Workload]]) -> None:
+        with self._lock:
+            old, self._workloads = self._workloads, dict(records)
+            self._of_job = {}
+            for name, (key, workload) in self._workloads.items():
+                self._of_job.setdefault(key, {})[name] = workload
+        changed = {old[n][0] for n in old.keys() - records.keys()}
+        changed |= {records[n][0] for n in records if old.get(n) != records[n]}
+        for key in changed:
+            self._wake(key)
+
+    def _put_workload(self, name: str, record: tuple[JobKey, Workload] | None) -> None:
+        with self._lock:
+            old = self._workloads.pop(name, None)
+            if old is not None:
+                siblings = self._of_job.get(old[0], {})
+                siblings.pop(name, None)
+                if not siblings:
+                    self._of_job.pop(old[0], None)
+            if record is not None:
+                self._workloads[name] = record
+                self._of_job.setdefault(record[0], {})[name] = record[1]
+        if _decided(old) != _decided(record):
+            for key in {r[0] for r in (old, record) if r is not None}:
+                self._wake(key)
+
+    def _replace_flavors(self, records: Mapping[str, Flavor]) -> None:
+        with self._lock:
+            self._flavors = dict(records)
+
+    def _put_flavor(self, name: str, flavor: Flavor | None) -> None:
+        with self._lock:
+            if flavor is None:
+                self._flavors.pop(name, None)
+            else:
+                self._flavors[name] = flavor
+
+
+def _decided(record: tuple[JobKey, Workload] | None) -> object:
+    """What decide reads of a Workload: its resourceVersion alone would wake the job on
+    every write trainwave makes itself."""
+    if record is None:
+        return None
+    key, w = record
+    return key, w.owner_uid, w.queue, w.conditions, w.cluster_queue, w.flavors, w.active
+
+
+class _Store:
+    def __init__(self, replace: Callable[[Any], None], put: Callable[[str, Any], None]):
+        self.replace, self.put = replace, put
+
+
+def _workload_record(obj: Mapping[str, Any]) -> tuple[JobKey, Workload] | None:
+    meta = obj.get("metadata") or {}
+    job = (meta.get("labels") or {}).get(contract.LABEL_JOB_NAME)
+    workload = observe_workload(obj)
+    if not job or workload is None:
+        return None
+    return (str(meta.get("namespace", "")), str(job)), workload
+
+
+def _flavor_record(obj: Mapping[str, Any]) -> Flavor | None:
+    spec = obj.get("spec") or {}
+    return Flavor(
+        name=str((obj.get("metadata") or {}).get("name", "")),
+        node_labels=dict(spec.get("nodeLabels") or {}),
+        tolerations=tuple(dict(t) for t in spec.get("tolerations") or []),
+    )
+
+
+# Writes. Blocking calls, run in the reconciler's threads, gated on the Lease like all writes.
+
+
+def create_workload(kube: KubeClient, body: dict[str, Any]) -> None:
+    """Create once: one that exists already (our watch has not shown it yet) is ours."""
+    kube.guard()
+    meta = body["metadata"]
+    try:
+        _done(
+            kube.custom.create_namespaced_custom_object(
+                *_KUEUE, meta["namespace"], contract.KUEUE_WORKLOADS, body, _preload_content=False
+            )
+        )
+    except ApiException as error:
+        if error.status != 409:
+            raise
+
+
+def set_workload_active(kube: KubeClient, namespace: str, name: str, active: bool) -> None:
+    """spec.active, the switch Kueue's users stop a Workload with; trainwave alone sets it."""
+    kube.guard()
+    try:
+        _done(
+            kube.custom.patch_namespaced_custom_object(
+                *_KUEUE,
+                namespace,
+                contract.KUEUE_WORKLOADS,
+                name,
+                {"spec": {"active": active}},
+                _preload_content=False,
+            )
+        )
+    except ApiException as error:
+        if error.status != 404:
+            raise
+
+
+def patch_workload_status(
+    kube: KubeClient,
+    namespace: str,
+    name: str,
+    resource_version: str,
+    status: dict[str, Any],
+) -> None:
+    """A JSON merge patch of /status guarded by resourceVersion: the conditions list is
+    replaced whole, so a write based on a stale read must fail (409) and be decided again.
+    (Kueue's jobframework writes the same fields by server-side apply as kueue-admission.)"""
+    kube.guard()
+    patch = {"metadata": {"resourceVersion": resource_version}, "status": status}
+    try:
+        _done(
+            kube.custom.patch_namespaced_custom_object_status(
+                *_KUEUE, namespace, contract.KUEUE_WORKLOADS, name, patch, _preload_content=False
+            )
+        )
+    except ApiException as error:
+        if error.status in (404, 409):
+            raise Conflict(f"workload {namespace}/{name} changed: {error.reason}") from None
+        raise
+
+
+def _done(response: Any) -> None:
+    """Read the unparsed response to its end so its connection goes back to the pool."""
+    response.read()
+    response.release_conn()
