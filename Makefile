@@ -75,6 +75,10 @@ integration: venv tools ## integration tests against the real local control plan
 e2e: venv tools ## end-to-end: real training processes on the test kubelet's nodes (needs root)
 	$(PYTEST) tests/e2e
 
+.PHONY: chaos
+chaos: venv tools ## seeded faults (operator kills, API server/kwok restarts, node loss, evictions) while 54 jobs run; CHAOS_SEED=n picks another schedule
+	$(PYTEST) tests/chaos
+
 # e2e runs in a pytest session of its own: it imports the integration fixtures,
 # and one session holding both directories would start two operators.
 .PHONY: test
