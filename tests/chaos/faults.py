@@ -24,8 +24,9 @@ from datetime import UTC, datetime
 from typing import Any
 
 from chaos.plan import Fault, JobPlan
-from cluster.controlplane import Cluster, restart_component
+from cluster.controlplane import Cluster
 from cluster.deploy import OperatorProcess
+from cluster.restarts import restart_component
 from cluster.topology import KWOK_NODE_ANNOTATION, KWOK_NODE_VALUE
 from integration.ledgers import PodLedger
 from integration.node_pools import Pool

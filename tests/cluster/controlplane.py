@@ -171,68 +171,6 @@ def stop_cluster(state_dir: Path | None = None) -> bool:
         return _stop(layout)
 
 
-def restart_api_server(state_dir: Path | None = None, timeout: float = START_TIMEOUT) -> None:
-    """Stop kube-apiserver and start it again on the same port, flags and etcd.
-
-    Its watch cache starts over at etcd's current revision, so a client resuming a
-    watch from an older resourceVersion gets 410 Gone and must relist: the fault
-    behind watch gaps. Every open connection to it breaks on the way.
-    """
-    restart_component("kube-apiserver", state_dir, timeout)
-
-
-def restart_component(
-    name: str, state_dir: Path | None = None, timeout: float = START_TIMEOUT
-) -> None:
-    """Stop one component (kube-apiserver or kwok) and start it again with the same ports,
-    flags and state, as a crashed and restarted process would be; wait until it serves.
-
-    kwok keeps nothing of its own: on start it lists the nodes and pods it manages and
-    plays their stages from what the API server holds, so a pod's simulated run keeps
-    counting from its status.startTime across the restart.
-    """
-    layout = Layout((state_dir or default_state_dir()).resolve())
-    with _locked(layout):
-        state = _read_state(layout)
-        if state is None:
-            raise RuntimeError(f"no cluster runs in {layout.root}")
-        records = state["processes"]
-        index = next(i for i, r in enumerate(records) if r["name"] == name)
-        processes.stop_groups([records[index]["pid"]], STOP_GRACE)
-        ports = Ports(**state["ports"])
-        command, environment, check = _restartable(name, layout, state, ports)
-        record = processes.spawn(name, command, layout.log(name), layout.root, environment)
-        records[index] = record.to_json()
-        _write_state(layout, state)
-        deadline = time.monotonic() + timeout
-        _wait_until(layout, state, deadline, f"{name} serving again", check)
-
-
-def _restartable(
-    name: str, layout: Layout, state: dict[str, Any], ports: Ports
-) -> tuple[list[str], dict[str, str], Callable[[], bool]]:
-    """The command, environment and readiness check `_start` uses for `name`."""
-    environment = _environment()
-    if name == "kube-apiserver":
-        command = components.apiserver_command(
-            tool("kube-apiserver"), layout, ports, audit=bool(state.get("audit_users"))
-        )
-
-        def ready() -> bool:
-            client = ApiClient(state["server"], layout.pki, timeout=5)
-            try:
-                return _ready(client)
-            finally:
-                client.close()
-
-        return command, environment, ready
-    if name == "kwok":
-        command = components.kwok_command(tool("kwok"), layout, ports, STAGES)
-        healthz = f"http://127.0.0.1:{ports.kwok}/healthz"
-        return command, components.kwok_environment(layout, environment), lambda: _http_ok(healthz)
-    raise ValueError(f"restarting {name!r} is not supported; only kube-apiserver and kwok")
-
-
 def cluster_status(state_dir: Path | None = None) -> ClusterStatus:
     layout = Layout((state_dir or default_state_dir()).resolve())
     state = _read_state(layout) or {}
