@@ -34,7 +34,7 @@ from integration.trainwave_fixtures import get_json, lease_holder, wait_until
 from trainwave import contract
 
 SAFE_MARGIN = 6.0  # seconds a hit job's workers must still have to run
-VICTIM_SEARCH = 20.0  # how long a disruption looks for a safe window before it is skipped
+VICTIM_SEARCH = 30.0  # how long a disruption looks for a safe window before it is skipped
 TAKEOVER = 15 + 1.2 * 2 + 8  # leaseDuration + retryPeriod jitter, slack for a loaded machine
 CORDON_SETTLE = 2.0  # the placer's cache sees the cordon before the node is deleted
 
@@ -200,22 +200,24 @@ class Chaos:
         if len(self.deleted) + 2 >= len(self.pool.nodes):
             record.skipped = "the pool would be too small for the widest gang"
             return
-        found = self._search(self._safe_node, record)
-        if found is None:
+        deadline = time.monotonic() + VICTIM_SEARCH
+        while time.monotonic() < deadline:
+            node = self._search(self._safe_node, record, deadline)
+            if node is None:
+                return
+            # Cordoned first, so the placer stops choosing it; then checked again, since a
+            # gang placed there just before, or a worker ending, changes what it hits.
+            self.cluster.kubectl("cordon", node)
+            time.sleep(CORDON_SETTLE)
+            hit = self._hit_on(node)
+            if hit is None:
+                self.cluster.kubectl("uncordon", node)
+                continue
+            self.cluster.kubectl("delete", "node", node, "--wait=false")
+            self.deleted.add(node)
+            record.target, record.hit, record.skipped = node, sorted(hit), ""
             return
-        node = found
-        # Cordoned first, so the placer stops choosing it; then checked again, since a gang
-        # placed there just before would be hit too.
-        self.cluster.kubectl("cordon", node)
-        time.sleep(CORDON_SETTLE)
-        hit = self._hit_on(node)
-        if hit is None:
-            self.cluster.kubectl("uncordon", node)
-            record.skipped = f"{node} stopped being safe while it was cordoned"
-            return
-        self.cluster.kubectl("delete", "node", node, "--wait=false")
-        self.deleted.add(node)
-        record.target, record.hit = node, sorted(hit)
+        record.skipped = f"no node in a safe window for {VICTIM_SEARCH:.0f}s"
 
     def _safe_node(self) -> str | None:
         candidates = [n for n in sorted(set(self.pool.nodes) - self.deleted) if self._hit_on(n)]
@@ -248,8 +250,8 @@ class Chaos:
                 return None
         return hit or None
 
-    def _search(self, find: Any, record: Injected) -> Any:
-        deadline = time.monotonic() + VICTIM_SEARCH
+    def _search(self, find: Any, record: Injected, deadline: float | None = None) -> Any:
+        deadline = deadline or time.monotonic() + VICTIM_SEARCH
         while time.monotonic() < deadline:
             found = find()
             if found:
