@@ -1,7 +1,7 @@
 """The chaos suite: a seeded schedule of faults while 54 jobs with seeded failures run.
 
 Two operator replicas on one Lease, a private pool of 8 simulated 8-GPU nodes. Jobs are
-applied in three waves spread over the schedule, so faults always meet running gangs.
+applied in four waves spread over the schedule, so faults always meet running gangs.
 Faults (plan.FAULTS) run one after another; each recovers before the next. At the end:
 - every job's phase, reason and counters (restarts, disruptions, ignoredRestarts,
   preemptions, attempt) are what plan.expect gives for its kind and the disruptions
@@ -38,7 +38,7 @@ from integration.trainwave_fixtures import apply, get_json, job_manifest, wait_u
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(1200)]
 
 SEED = int(os.environ.get("CHAOS_SEED", "20261123"))
-WAVES = 3
+WAVES = 4  # applied at each quarter of the schedule, so late faults still meet gangs
 WORKER_NAME = re.compile(r"(.+)-a\d+-worker-\d+")
 RESULTS = Path(__file__).resolve().parents[1] / "benchmarks" / "results" / "chaos.json"
 
@@ -88,7 +88,7 @@ def test_chaos(cluster, namespace, running_operator, tmp_path, record_property):
 
 
 def run_schedule(plan: Plan, chaos: Chaos, cluster, namespace, selector) -> list[Injected]:
-    """Faults in order, with job waves applied at the start and at each third."""
+    """Faults in order, with job waves applied at the start and at each quarter."""
     waves = [plan.jobs[i::WAVES] for i in range(WAVES)]
     wave_at = {round(i * len(plan.faults) / WAVES): wave for i, wave in enumerate(waves)}
     injected = []
