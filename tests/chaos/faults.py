@@ -33,7 +33,9 @@ from integration.node_pools import Pool
 from integration.trainwave_fixtures import get_json, lease_holder, wait_until
 from trainwave import contract
 
-SAFE_MARGIN = 6.0  # seconds a hit job's workers must still have to run
+SAFE_MARGIN = (
+    4.0  # seconds a hit job's workers must still have to run (the operator reacts in <1 s)
+)
 VICTIM_SEARCH = 30.0  # how long a disruption looks for a safe window before it is skipped
 TAKEOVER = 15 + 1.2 * 2 + 8  # leaseDuration + retryPeriod jitter, slack for a loaded machine
 CORDON_SETTLE = 2.0  # the placer's cache sees the cordon before the node is deleted
@@ -217,7 +219,7 @@ class Chaos:
             self.deleted.add(node)
             record.target, record.hit, record.skipped = node, sorted(hit), ""
             return
-        record.skipped = f"no node in a safe window for {VICTIM_SEARCH:.0f}s"
+        record.skipped = f"no target in a safe window for {VICTIM_SEARCH:.0f}s"
 
     def _safe_node(self) -> str | None:
         candidates = [n for n in sorted(set(self.pool.nodes) - self.deleted) if self._hit_on(n)]
@@ -257,7 +259,7 @@ class Chaos:
             if found:
                 return found
             time.sleep(1.0)
-        record.skipped = f"no job in a safe window for {VICTIM_SEARCH:.0f}s"
+        record.skipped = f"no target in a safe window for {VICTIM_SEARCH:.0f}s"
         return None
 
     def _statuses(self) -> dict[str, dict[str, Any]]:

@@ -136,7 +136,7 @@ def make_plan(seed: int, jobs: int = 54) -> Plan:
         budget = rng.randint(0, 2) if kind == "flaky" else (1 if kind == "ignored" else 0)
         # Long enough that a disruption can land well before the workers end (SAFE_MARGIN
         # in the run), short enough that the whole mix drains in a few minutes.
-        run_for = rng.randint(10, 18) if kind in ("ok", "fragile") else rng.randint(6, 10)
+        run_for = rng.randint(15, 30) if kind in ("ok", "fragile") else rng.randint(8, 12)
         planned.append(
             JobPlan(
                 name=f"{kind}-{index:02d}",
