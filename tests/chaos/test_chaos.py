@@ -38,7 +38,8 @@ from integration.trainwave_fixtures import apply, get_json, job_manifest, wait_u
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(1200)]
 
 SEED = int(os.environ.get("CHAOS_SEED", "20261123"))
-WAVES = 4  # applied at each quarter of the schedule, so late faults still meet gangs
+WAVES = 4
+LOW_WATER = 8
 WORKER_NAME = re.compile(r"(.+)-a\d+-worker-\d+")
 RESULTS = Path(__file__).resolve().parents[1] / "benchmarks" / "results" / "chaos.json"
 
@@ -88,18 +89,27 @@ def test_chaos(cluster, namespace, running_operator, tmp_path, record_property):
 
 
 def run_schedule(plan: Plan, chaos: Chaos, cluster, namespace, selector) -> list[Injected]:
-    """Faults in order, with job waves applied at the start and at each quarter."""
+    """Faults in order. A wave of jobs is applied at the start, at each quarter of the
+    schedule, and early whenever fewer than LOW_WATER jobs are left unfinished: faults
+    take longer than jobs, and a disruption needs running gangs to hit."""
     waves = [plan.jobs[i::WAVES] for i in range(WAVES)]
-    wave_at = {round(i * len(plan.faults) / WAVES): wave for i, wave in enumerate(waves)}
+    due = {round(i * len(plan.faults) / WAVES) for i in range(WAVES)}
     injected = []
     for index, fault in enumerate(plan.faults):
-        if index in wave_at:
-            apply(cluster, namespace, *(manifest(j, selector) for j in wave_at[index]))
+        if waves and (index in due or unfinished(cluster, namespace) < LOW_WATER):
+            apply(cluster, namespace, *(manifest(j, selector) for j in waves.pop(0)))
         time.sleep(fault.gap)
         record = chaos.inject(fault)
         injected.append(record)
         print(f"fault {index + 1}/{len(plan.faults)}: {json.dumps(record.to_json())}")
+    for wave in waves:  # none left unless the schedule outran every wave
+        apply(cluster, namespace, *(manifest(j, selector) for j in wave))
     return injected
+
+
+def unfinished(cluster, namespace) -> int:
+    items = get_json(cluster, namespace, "trainingjobs")["items"]
+    return sum((j.get("status") or {}).get("phase") not in ("Succeeded", "Failed") for j in items)
 
 
 def all_terminal(cluster, namespace, plan: Plan) -> bool:
