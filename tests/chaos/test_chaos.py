@@ -1,7 +1,7 @@
 """The chaos suite: a seeded schedule of faults while 54 jobs with seeded failures run.
 
 Two operator replicas on one Lease, a private pool of 8 simulated 8-GPU nodes. Jobs are
-applied in four waves spread over the schedule, so faults always meet running gangs.
+applied in four waves over the schedule (earlier when few are left), so faults meet gangs.
 Faults (plan.FAULTS) run one after another; each recovers before the next. At the end:
 - every job's phase, reason and counters (restarts, disruptions, ignoredRestarts,
   preemptions, attempt) are what plan.expect gives for its kind and the disruptions

@@ -30,6 +30,9 @@ from cluster.controlplane import (
     default_state_dir,
     tool,
 )
+from cluster.topology import KWOK_NODE_ANNOTATION, KWOK_NODE_VALUE
+
+RESYNC_ANNOTATION = "sim.trainwave.io/kwok-resync"
 
 
 def restart_api_server(state_dir: Path | None = None, timeout: float = START_TIMEOUT) -> None:
@@ -73,6 +76,7 @@ def restart_component(
                 layout, state, deadline, f"kwok to hold {released} node Leases",
                 lambda: len(_kwok_leases(layout, state)) >= released,
             )  # fmt: skip
+            _resync_kwok_pods(layout, state)
 
 
 def _release_node_leases(layout: Layout, state: dict[str, Any]) -> int:
@@ -134,3 +138,31 @@ def _restartable(
         healthz = f"http://127.0.0.1:{ports.kwok}/healthz"
         return command, components.kwok_environment(layout, environment), lambda: _http_ok(healthz)
     raise ValueError(f"restarting {name!r} is not supported; only kube-apiserver and kwok")
+
+
+def _resync_kwok_pods(layout: Layout, state: dict[str, Any]) -> None:
+    """Touch every pod bound to a kwok node, so the new kwok plays it.
+
+    A restarted kubelet syncs all of its pods from the API server. A new kwok plays a
+    pod only on an event that arrives once it manages the pod's node; the pods it listed
+    before it held the node's Lease are never played again (seen: Running pods whose
+    run-for had passed, never finished). An annotation bump is that event; nothing that
+    trainwave reads changes.
+    """
+    client = ApiClient(state["server"], layout.pki, timeout=10)
+    stamp = {"metadata": {"annotations": {RESYNC_ANNOTATION: str(time.time_ns())}}}
+    try:
+        nodes = {
+            n["metadata"]["name"] for n in client.get("/api/v1/nodes")["items"]
+            if (n["metadata"].get("annotations") or {}).get(KWOK_NODE_ANNOTATION)
+            == KWOK_NODE_VALUE
+        }  # fmt: skip
+        for pod in client.get("/api/v1/pods")["items"]:
+            meta = pod["metadata"]
+            if pod["spec"].get("nodeName") not in nodes:
+                continue
+            path = f"/api/v1/namespaces/{meta['namespace']}/pods/{meta['name']}"
+            with contextlib.suppress(ApiError):  # gone meanwhile
+                client.request("PATCH", path, stamp, "application/merge-patch+json")
+    finally:
+        client.close()
