@@ -40,6 +40,7 @@ pytestmark = [pytest.mark.integration, pytest.mark.timeout(1200)]
 SEED = int(os.environ.get("CHAOS_SEED", "20261123"))
 WAVES = 4
 LOW_WATER = 8
+LAST_WAVE = 4
 WORKER_NAME = re.compile(r"(.+)-a\d+-worker-\d+")
 RESULTS = Path(__file__).resolve().parents[1] / "benchmarks" / "results" / "chaos.json"
 
@@ -89,21 +90,24 @@ def test_chaos(cluster, namespace, running_operator, tmp_path, record_property):
 
 
 def run_schedule(plan: Plan, chaos: Chaos, cluster, namespace, selector) -> list[Injected]:
-    """Faults in order. A wave of jobs is applied at the start, at each quarter of the
-    schedule, and early whenever fewer than LOW_WATER jobs are left unfinished: faults
-    take longer than jobs, and a disruption needs running gangs to hit."""
+    """Faults in order, with the jobs applied in waves: faults take longer than jobs, and
+    a disruption needs running gangs to hit. A wave goes in at the start, at even steps
+    until the last LAST_WAVE faults, and early whenever fewer than LOW_WATER jobs are left
+    unfinished; the last wave is kept for the last LAST_WAVE faults."""
     waves = [plan.jobs[i::WAVES] for i in range(WAVES)]
-    due = {round(i * len(plan.faults) / WAVES) for i in range(WAVES)}
+    last = len(plan.faults) - LAST_WAVE
+    due = {round(i * last / (WAVES - 1)) for i in range(WAVES - 1)}
     injected = []
     for index, fault in enumerate(plan.faults):
-        if waves and (index in due or unfinished(cluster, namespace) < LOW_WATER):
+        if index == last:
+            while waves:
+                apply(cluster, namespace, *(manifest(j, selector) for j in waves.pop(0)))
+        elif len(waves) > 1 and (index in due or unfinished(cluster, namespace) < LOW_WATER):
             apply(cluster, namespace, *(manifest(j, selector) for j in waves.pop(0)))
         time.sleep(fault.gap)
         record = chaos.inject(fault)
         injected.append(record)
         print(f"fault {index + 1}/{len(plan.faults)}: {json.dumps(record.to_json())}")
-    for wave in waves:  # none left unless the schedule outran every wave
-        apply(cluster, namespace, *(manifest(j, selector) for j in wave))
     return injected
 
 
