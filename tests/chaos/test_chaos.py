@@ -1,7 +1,7 @@
 """The chaos suite: a seeded schedule of faults while 54 jobs with seeded failures run.
 
 Two operator replicas on one Lease, a private pool of 8 simulated 8-GPU nodes. Jobs are
-applied in four waves over the schedule (earlier when few are left), so faults meet gangs.
+applied in six waves over the schedule (earlier when few are left), so faults meet gangs.
 Faults (plan.FAULTS) run one after another; each recovers before the next. At the end:
 - every job's phase, reason and counters (restarts, disruptions, ignoredRestarts,
   preemptions, attempt) are what plan.expect gives for its kind and the disruptions
@@ -38,8 +38,8 @@ from integration.trainwave_fixtures import apply, get_json, job_manifest, wait_u
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(1200)]
 
 SEED = int(os.environ.get("CHAOS_SEED", "20261123"))
-WAVES = 4
-LOW_WATER = 8
+WAVES = 6
+LOW_WATER = 6
 LAST_WAVE = 4
 WORKER_NAME = re.compile(r"(.+)-a\d+-worker-\d+")
 RESULTS = Path(__file__).resolve().parents[1] / "benchmarks" / "results" / "chaos.json"
