@@ -182,11 +182,12 @@ class Chaos:
     def _evict(self, record: Injected) -> None:
         def victim() -> tuple[str, str] | None:
             safe = self._safe_jobs(self._statuses())
-            pods = sorted(p for p, job in self._live_workers().items() if job in safe)
+            workers = self._live_workers()
+            pods = sorted(p for p, job in workers.items() if job in safe)
             if not pods:
                 return None
             pod = self.rng.choice(pods)
-            return pod, self._live_workers()[pod]
+            return pod, workers[pod]
 
         found = self._search(victim, record)
         if found is None:
