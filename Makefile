@@ -75,12 +75,18 @@ integration: venv tools ## integration tests against the real local control plan
 e2e: venv tools ## end-to-end: real training processes on the test kubelet's nodes (needs root)
 	$(PYTEST) tests/e2e
 
-# e2e runs in a pytest session of its own: it imports the integration fixtures,
-# and one session holding both directories would start two operators.
+.PHONY: chaos
+chaos: venv tools ## seeded faults (operator kills, API server/kwok restarts, node loss, evictions) while 54 jobs run; CHAOS_SEED=n picks another schedule
+	$(PYTEST) tests/chaos
+
+# e2e and chaos run in pytest sessions of their own: they import the integration
+# fixtures, and one session holding two such directories would start two operators.
+# chaos takes ~4-5 min on 2 shared cores (README, Reliability): well inside CI's budget.
 .PHONY: test
-test: venv tools check-generated ## all tests: generated-file drift, unit, integration, examples, e2e
+test: venv tools check-generated ## all tests: generated-file drift, unit, integration, examples, e2e, chaos
 	$(PYTEST) tests/unit tests/integration
 	$(PYTEST) tests/e2e
+	$(PYTEST) tests/chaos
 
 .PHONY: demo
 demo: venv tools ## the main job: cluster, chart, operator, every example to its terminal state

@@ -171,38 +171,6 @@ def stop_cluster(state_dir: Path | None = None) -> bool:
         return _stop(layout)
 
 
-def restart_api_server(state_dir: Path | None = None, timeout: float = START_TIMEOUT) -> None:
-    """Stop kube-apiserver and start it again on the same port, flags and etcd.
-
-    Its watch cache starts over at etcd's current revision, so a client resuming a
-    watch from an older resourceVersion gets 410 Gone and must relist: the fault
-    behind watch gaps. Every open connection to it breaks on the way.
-    """
-    layout = Layout((state_dir or default_state_dir()).resolve())
-    with _locked(layout):
-        state = _read_state(layout)
-        if state is None:
-            raise RuntimeError(f"no cluster runs in {layout.root}")
-        records = state["processes"]
-        index = next(i for i, r in enumerate(records) if r["name"] == "kube-apiserver")
-        processes.stop_groups([records[index]["pid"]], STOP_GRACE)
-        ports = Ports(**state["ports"])
-        command = components.apiserver_command(
-            tool("kube-apiserver"), layout, ports, audit=bool(state.get("audit_users"))
-        )
-        record = processes.spawn(
-            "kube-apiserver", command, layout.log("kube-apiserver"), layout.root, _environment()
-        )
-        records[index] = record.to_json()
-        _write_state(layout, state)
-        client = ApiClient(state["server"], layout.pki, timeout=5)
-        try:
-            deadline = time.monotonic() + timeout
-            _wait_until(layout, state, deadline, "kube-apiserver /readyz", lambda: _ready(client))
-        finally:
-            client.close()
-
-
 def cluster_status(state_dir: Path | None = None) -> ClusterStatus:
     layout = Layout((state_dir or default_state_dir()).resolve())
     state = _read_state(layout) or {}

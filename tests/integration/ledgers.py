@@ -41,6 +41,8 @@ class Ledger:
         self._stopping = threading.Event()
         self.errors: list[str] = []
         self.restarts: list[str] = []
+        self.relist_on_gone = False  # a 410 is an error unless the test expects gaps
+        self.relists = 0
 
     def start(self) -> Ledger:
         self._thread.start()
@@ -53,10 +55,7 @@ class Ledger:
         self._thread.join(timeout=30)
 
     def _run(self) -> None:
-        listing = self._list(_request_timeout=30)
-        version = listing["metadata"]["resourceVersion"]
-        for item in listing["items"]:
-            self.record("ADDED", item)
+        version = self._relist()
         self._ready.set()
         while not self._stopping.is_set():
             try:
@@ -73,9 +72,44 @@ class Ledger:
             except Exception as error:
                 # A dropped connection loses nothing: the watch resumes from the last
                 # resourceVersion it delivered.
-                if not self._stopping.is_set():
-                    time.sleep(0.2)
-                    self.restarts.append(repr(error))
+                if self._stopping.is_set():
+                    return
+                time.sleep(0.2)
+                self.restarts.append(repr(error))
+                if getattr(error, "status", None) == 410:
+                    if not self.relist_on_gone:
+                        self.errors.append(f"watch error: {error}")
+                        return
+                    # A restarted API server's watch cache starts at etcd's current
+                    # revision: the history is gone, only a fresh list is the truth.
+                    # What was created and deleted in the gap is missed; `relists` says
+                    # how many gaps there were.
+                    version = self._relist_after_gap()
+
+    def _relist(self) -> str:
+        listing = self._list(_request_timeout=30)
+        for item in listing["items"]:
+            self.record("ADDED", item)
+        return str(listing["metadata"]["resourceVersion"])
+
+    def _relist_after_gap(self) -> str:
+        while True:
+            try:
+                listing = self._list(_request_timeout=30)
+                break
+            except Exception as error:  # the server may still be starting
+                if self._stopping.is_set():
+                    raise
+                self.restarts.append(repr(error))
+                time.sleep(0.5)
+        self.relists += 1
+        self.resync(listing["items"])
+        return str(listing["metadata"]["resourceVersion"])
+
+    def resync(self, items: list[dict[str, Any]]) -> None:
+        """A fresh list after a gap; subclasses drop what it no longer holds."""
+        for item in items:
+            self.record("ADDED", item)
 
     def _list(self, **kwargs: Any) -> Any:
         raise NotImplementedError
@@ -102,6 +136,12 @@ class PodLedger(Ledger):
         # Plain dicts, like the watch's raw objects, not client models.
         response = self.core.list_namespaced_pod(self._namespace, _preload_content=False, **kwargs)
         return json.loads(response.data)
+
+    def resync(self, items: list[dict[str, Any]]) -> None:
+        names = {item["metadata"]["name"] for item in items}
+        for gone in set(self.live) - names:
+            self.live.pop(gone)
+        super().resync(items)
 
     def record(self, kind: str, body: dict[str, Any]) -> None:
         name = body["metadata"]["name"]

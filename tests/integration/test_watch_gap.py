@@ -14,8 +14,9 @@ import signal
 
 import pytest
 
-from cluster.controlplane import Cluster, restart_api_server
+from cluster.controlplane import Cluster
 from cluster.deploy import OperatorProcess
+from cluster.restarts import restart_api_server
 from integration.trainwave_fixtures import apply, job, job_manifest, wait_for_phase, wait_until
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(240)]

@@ -7,10 +7,19 @@ the reconcile that event wakes often sees the pod already gone. The last state
 is kept here, so the failure policy judges the pod by what happened to it
 instead of as a worker that vanished for no known reason.
 
+The job cache's informer thread records here *before* it drops the pod from the
+store, and a reconcile reads the store first and this second, so a reconcile on
+the event loop never finds a departed pod in neither. Recording by way of the
+loop (call_soon_threadsafe) left a window: a reconcile already running, woken by
+the pod's eviction, read the store just after the drop and the departures just
+before the queued record ran, and judged the pod vanished (found by the chaos
+suite: an evicted worker counted as a failure). Hence the lock: two threads.
+
 In memory only: after an operator restart a pod that left meanwhile is judged
 as vanished (a counted restart), the same as before this existed.
 """
 
+import threading
 from dataclasses import replace
 
 from trainwave.lifecycle.observed import WorkerPod
@@ -21,29 +30,35 @@ JobKey = tuple[str, str]
 class Departures:
     def __init__(self) -> None:
         self._left: dict[JobKey, dict[str, WorkerPod]] = {}
+        self._lock = threading.Lock()
 
     def record(self, key: JobKey, pod: WorkerPod) -> None:
         """A pod's last state on its DELETED event; a finished pod is no news."""
         if pod.finished:
             return
-        self._left.setdefault(key, {})[pod.name] = replace(pod, deleting=True)
+        with self._lock:
+            self._left.setdefault(key, {})[pod.name] = replace(pod, deleting=True)
 
     def of(self, key: JobKey, attempt: int) -> list[WorkerPod]:
-        return [p for p in self._left.get(key, {}).values() if p.attempt == attempt]
+        with self._lock:
+            return [p for p in self._left.get(key, {}).values() if p.attempt == attempt]
 
     def keep_only(self, key: JobKey, attempt: int) -> None:
         """Forget pods of attempts before `attempt`: the decision has moved past them."""
-        pods = self._left.get(key)
-        if not pods:
-            return
-        kept = {name: p for name, p in pods.items() if p.attempt >= attempt}
-        if kept:
-            self._left[key] = kept
-        else:
-            del self._left[key]
+        with self._lock:
+            pods = self._left.get(key)
+            if not pods:
+                return
+            kept = {name: p for name, p in pods.items() if p.attempt >= attempt}
+            if kept:
+                self._left[key] = kept
+            else:
+                del self._left[key]
 
     def forget(self, key: JobKey) -> None:
-        self._left.pop(key, None)
+        with self._lock:
+            self._left.pop(key, None)
 
     def __len__(self) -> int:
-        return sum(len(pods) for pods in self._left.values())
+        with self._lock:
+            return sum(len(pods) for pods in self._left.values())

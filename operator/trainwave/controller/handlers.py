@@ -91,8 +91,9 @@ async def start(*, settings: kopf.OperatorSettings, memo: Any, **_: Any) -> None
     jobs = JobCache(
         kube,
         lambda key: loop.call_soon_threadsafe(_wake, key),
-        # Queued before the wake its deletion sends, so the reconcile sees it.
-        on_departure=lambda key, pod: loop.call_soon_threadsafe(_DEPARTURES.record, key, pod),
+        # Recorded on the informer thread before the pod leaves the store, not queued
+        # on the loop: a reconcile running meanwhile must find it in one or the other.
+        on_departure=_DEPARTURES.record,
         namespaces=OPTIONS.namespaces,
     )
     _CACHE["jobs"] = jobs
