@@ -143,7 +143,8 @@ def test_isolation_of_a_budgeted_job_says_what_the_runtime_enforces(
         assert "when the model's measured peak exceeds it" in text
         # This operator runs without --arbiter-dir: no arbiter is claimed, none mounted.
         assert "no arbiter between" in text
-        [pod] = worker_pods(cluster, namespace, "held")
+        # Status is written before the pods are created: wait for the worker too.
+        [pod] = wait_until(lambda: worker_pods(cluster, namespace, "held"), 30, "the worker pod")
         worker = next(c for c in pod["spec"]["containers"] if c["name"] == "worker")
         assert "TRAINWAVE_ARBITER_SOCKET" not in {e["name"] for e in worker["env"]}
         env = {e["name"]: e.get("value") for e in worker["env"]}
