@@ -27,7 +27,7 @@ __all__ = ["LogRequest", "NoLogs", "current_namespace", "gather_sources", "print
 from trainwave.lifecycle.observed import WorkerPod, observe_pod
 
 IN_CLUSTER_NAMESPACE = "/var/run/secrets/kubernetes.io/serviceaccount/namespace"
-# How often a followed pod whose container has not started yet is asked again.
+# How often a followed worker whose container has not started yet is looked at again.
 WAITING_RETRY_SECONDS = 1.0
 
 
@@ -161,25 +161,33 @@ def _spawn(
 
 
 def _read(core: client.CoreV1Api, namespace: str, pod: str, follow: bool) -> Iterator[str]:
-    while True:
-        try:
-            response: Any = core.read_namespaced_pod_log(
-                pod,
-                namespace,
-                container=contract.WORKER_CONTAINER,
-                follow=follow,
-                _preload_content=False,
-            )
-            break
-        except ApiException as error:
-            # Followed from the moment the job was applied, a worker may not have started yet.
-            if not (follow and error.status == 400 and "waiting to start" in _reason(error)):
-                raise
-            time.sleep(WAITING_RETRY_SECONDS)
+    if follow:
+        _wait_for_start(core, namespace, pod)
+    response: Any = core.read_namespaced_pod_log(
+        pod, namespace, container=contract.WORKER_CONTAINER, follow=follow, _preload_content=False
+    )
     try:
         yield from split_lines(response.stream(amt=None, decode_content=True))
     finally:
         response.release_conn()
+
+
+def _wait_for_start(core: client.CoreV1Api, namespace: str, pod: str) -> None:
+    """Wait until the worker container has run: a follow asked earlier would end at once.
+
+    The API server answers a log request for a pod without a node with an empty log,
+    and the kubelet refuses one for a container that is still waiting to start.
+    """
+    while True:
+        body: Any = core.read_namespaced_pod(pod, namespace, _preload_content=False)
+        statuses = (json.loads(body.data).get("status") or {}).get("containerStatuses") or []
+        for status in statuses:
+            state = status.get("state") or {}
+            if status.get("name") == contract.WORKER_CONTAINER and (
+                "running" in state or "terminated" in state
+            ):
+                return
+        time.sleep(WAITING_RETRY_SECONDS)
 
 
 def split_lines(chunks: Iterator[bytes]) -> Iterator[str]:
