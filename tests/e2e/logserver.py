@@ -71,22 +71,22 @@ class _Handler(BaseHTTPRequestHandler):
         url = urlsplit(self.path)
         parts = url.path.strip("/").split("/")
         if len(parts) != 4 or parts[0] != "containerLogs":
-            self.send_error(404, f"no such endpoint {url.path}")
+            self._refuse(404, f"no such endpoint {url.path}")
             return
         namespace, pod, container = parts[1:]
         query = {k: v[-1] for k, v in parse_qs(url.query).items()}
         run = self.server_state.lookup(namespace, pod)
         if run is None:
-            self.send_error(404, f"pod {namespace}/{pod} is not on this kubelet")
+            self._refuse(404, f"pod {namespace}/{pod} is not on this kubelet")
             return
         if query.get("previous") == "true":
             message = f'previous terminated container "{container}" in pod "{pod}" not found'
-            self.send_error(400, message)
+            self._refuse(400, message)
             return
         path = run.log_path(container)
         if not path.exists():
             # The kubelet's words, which the API server passes on to the client.
-            self.send_error(400, f'container "{container}" in pod "{pod}" is waiting to start')
+            self._refuse(400, f'container "{container}" in pod "{pod}" is waiting to start')
             return
         self.send_response(200)
         self.send_header("Content-Type", "text/plain")
@@ -98,6 +98,15 @@ class _Handler(BaseHTTPRequestHandler):
             sent = self._send(data, limit)
             if query.get("follow") == "true":
                 self._follow(run, stream, sent, limit)
+
+    def _refuse(self, code: int, message: str) -> None:
+        # Plain text, as the kubelet answers: the API server hands the body to the client.
+        body = message.encode()
+        self.send_response(code)
+        self.send_header("Content-Type", "text/plain; charset=utf-8")
+        self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        self.wfile.write(body)
 
     def _follow(self, run: PodRun, stream: BinaryIO, sent: int, limit: int | None) -> None:
         """Send what the container appends until its pod's processes are gone."""
