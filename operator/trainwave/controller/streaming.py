@@ -122,9 +122,10 @@ def _drain(
     failures = 0
     while pending:
         source, line, error = lines.get()
-        if error is not None:
+        if error is not None:  # the source's end marker follows
             failures += 1
             print(prefixed(source, error), file=err)
+            continue
         if line is not None:
             if merged or source == pending[0]:
                 print(prefixed(source, line), file=out, flush=merged)
