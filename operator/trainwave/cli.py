@@ -5,6 +5,7 @@ trainwave agent [--node-name N] [--root DIR] [--interval S] [--once] [--shared-g
 trainwave doctor [--root /] [--json] [--nccl-log FILE]...   GPUDirect RDMA checklist
 trainwave crd            print the TrainingJob CRD the models define
 trainwave size           per-GPU memory and FLOPs of a training step; whole or shared GPUs
+trainwave logs JOB [-n NS] [--attempt N] [--rank R] [-f]   the gang's worker logs, by rank
 trainwave version
 """
 
@@ -138,6 +139,7 @@ def main(argv: list[str] | None = None) -> int:
         help="NCCL_DEBUG=INFO output to judge the transport from (repeatable)",
     )
     add_size_parser(commands)
+    add_logs_parser(commands)
     commands.add_parser("crd", help="print the TrainingJob CustomResourceDefinition")
     commands.add_parser("version", help="print the version")
 
@@ -158,6 +160,8 @@ def main(argv: list[str] | None = None) -> int:
         return run_doctor(options)
     if options.command == "size":
         return run_size(options)
+    if options.command == "logs":
+        return run_logs(options)
     return run_operator(options)
 
 
@@ -216,6 +220,42 @@ def run_plan(options: argparse.Namespace) -> int:
         return 2
     print(render(result))
     return 1 if isinstance(result, Wait) else 0
+
+
+def add_logs_parser(commands: "argparse._SubParsersAction[argparse.ArgumentParser]") -> None:
+    logs = commands.add_parser(
+        "logs",
+        help="print a TrainingJob's worker logs, each line prefixed with its rank",
+        description="Logs of every worker of the current attempt (rank order; merged as they "
+        "arrive with --follow). After a restart, the previous attempt's first failed worker "
+        "comes first, prefixed [aN rank R].",
+    )
+    logs.add_argument("job", help="the TrainingJob's name")
+    logs.add_argument("-n", "--namespace", default="", help="default: the kubeconfig's namespace")
+    logs.add_argument("--attempt", type=int, help="this attempt instead of the current one")
+    logs.add_argument("--rank", type=int, help="only this rank's worker")
+    logs.add_argument("-f", "--follow", action="store_true", help="stream until the workers end")
+
+
+def run_logs(options: argparse.Namespace) -> int:
+    from trainwave.controller.kube import load_config
+    from trainwave.controller.streaming import (
+        LogRequest,
+        NoLogs,
+        current_namespace,
+        gather_sources,
+        print_logs,
+    )
+
+    api = load_config(pool_size=32)  # a connection per followed worker, up to 32 kept
+    namespace = options.namespace or current_namespace()
+    request = LogRequest(namespace, options.job, options.attempt, options.rank, options.follow)
+    try:
+        sources = gather_sources(api, request)
+    except NoLogs as missing:
+        print(f"trainwave logs: {missing}", file=sys.stderr)
+        return 2
+    return print_logs(api, request, sources, sys.stdout, sys.stderr)
 
 
 def run_agent(options: argparse.Namespace) -> int:

@@ -12,7 +12,9 @@ PID namespaces and reports their status; on deletion, SIGTERM, SIGKILL after
 the grace period, then the final delete. Pod IPs are loopback addresses
 127.0.0.N, one per pod, and every pod's /etc/hosts resolves the names of its
 gang's live pods (`<hostname>.<subdomain>[.<namespace>.svc.cluster.local]`),
-standing in for the headless Service's DNS records. One thread handles
+standing in for the headless Service's DNS records. A small HTTPS server
+(logserver.py) serves the containers' output to the API server, so
+`kubectl logs` and `trainwave logs` work on these pods. One thread handles
 every event, so the kubelet's bookkeeping needs no locks.
 """
 
@@ -31,7 +33,8 @@ from kubernetes import client, config, watch
 
 from cluster.topology import NodeShape
 from e2e.formats import hosts_file
-from e2e.nodes import KUBELET_LABEL, SHAPE, build_kubelet_node, delete_node, heartbeat
+from e2e.logserver import LogServer
+from e2e.nodes import KUBELET_LABEL, NODE_IP, SHAPE, build_kubelet_node, delete_node, heartbeat
 from e2e.podrun import Host, PodRun, force_delete
 from e2e.volumes import MountPoints
 
@@ -96,6 +99,7 @@ class TestKubelet:
         self._stopping = threading.Event()
         self._addresses = AddressPool()
         self._threads: list[threading.Thread] = []
+        self.logs = LogServer(NODE_IP, workdir, self._newest_run)
 
     @property
     def selector(self) -> dict[str, str]:
@@ -103,9 +107,13 @@ class TestKubelet:
         return {KUBELET_LABEL: self.id}
 
     def start(self) -> None:
+        self.logs.start()
         rack = f"{self.id}-rack"
         for position, name in enumerate(self.node_names):
-            node = build_kubelet_node(name, self.id, rack=rack, position=position, shape=self.shape)
+            node = build_kubelet_node(
+                name, self.id, rack=rack, position=position, log_port=self.logs.port,
+                shape=self.shape,
+            )  # fmt: skip
             self.core.create_node(node, _preload_content=False)
         for name in self.node_names:
             heartbeat(self.core, self.leases, name)
@@ -132,6 +140,7 @@ class TestKubelet:
                 force_delete(self.core, meta["namespace"], meta["name"], meta["uid"])
             delete_node(self.core, self.leases, name)
         self.host.mountpoints.remove_all()
+        self.logs.stop()
 
     def pod_runs(self, namespace: str, prefix: str = "") -> list[PodRun]:
         """The pods this kubelet ran in `namespace` whose names start with `prefix`."""
@@ -143,6 +152,12 @@ class TestKubelet:
         if not found:
             raise KeyError(f"pod {namespace}/{name} never ran on {self.node_names}")
         return found[-1]
+
+    def _newest_run(self, namespace: str, name: str) -> PodRun | None:
+        # Called from the log server's threads: copy before reading what the sync thread changes.
+        runs = [*list(self.deleted), *list(self.runs.values())]
+        found = [r for r in runs if r.namespace == namespace and r.name == name]
+        return found[-1] if found else None
 
     # --- threads ---------------------------------------------------------
 

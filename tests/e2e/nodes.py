@@ -45,7 +45,13 @@ def now_micro() -> str:
 
 
 def build_kubelet_node(
-    name: str, kubelet_id: str, *, rack: str, position: int, shape: NodeShape = SHAPE
+    name: str,
+    kubelet_id: str,
+    *,
+    rack: str,
+    position: int,
+    log_port: int,
+    shape: NodeShape = SHAPE,
 ) -> dict[str, Any]:
     node = build_node(
         kubelet_id, name, spine=f"{kubelet_id}-spine", rack=rack, position=position, shape=shape
@@ -55,10 +61,11 @@ def build_kubelet_node(
     node["metadata"]["labels"][KUBELET_LABEL] = kubelet_id
     node["status"] |= {
         "conditions": conditions(now_rfc3339()),
-        "addresses": [
-            {"type": "InternalIP", "address": NODE_IP},
-            {"type": "Hostname", "address": name},
-        ],
+        # No Hostname address: the API server prefers it for reaching the kubelet (its
+        # --kubelet-preferred-address-types default) and the node's name resolves nowhere.
+        "addresses": [{"type": "InternalIP", "address": NODE_IP}],
+        # Where the API server asks for pod logs (logserver.py): one port for both nodes.
+        "daemonEndpoints": {"kubeletEndpoint": {"Port": log_port}},
     }
     return node
 
