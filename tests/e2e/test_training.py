@@ -13,6 +13,7 @@ from __future__ import annotations
 import json
 import os
 import signal
+import warnings
 from pathlib import Path
 from typing import Any
 
@@ -135,19 +136,32 @@ def test_gang_trains_with_ddp_and_succeeds(
     )
 
     assert done["status"]["phase"] == "Succeeded", done["status"]
-    pods = worker_pods(trainwave_installed, namespace, "ddp")
+    # The gang that finished; a restarted one keeps its failed attempt's pods for their logs
+    # (gloo has aborted a rank now and then on this loaded machine: a restart, then success).
+    attempt = str(done["status"]["attempt"])
+    pods = [p for p in worker_pods(trainwave_installed, namespace, "ddp")
+            if p["metadata"]["labels"][contract.LABEL_ATTEMPT] == attempt]  # fmt: skip
     assert sorted(p["spec"]["nodeName"] for p in pods) == sorted(test_kubelet.node_names)
     assert {p["status"]["phase"] for p in pods} == {"Succeeded"}
-    run = rank0(test_kubelet, namespace, "ddp", attempt=0)
+    first_run = rank0(test_kubelet, namespace, "ddp", attempt=0)
+    run = rank0(test_kubelet, namespace, "ddp", attempt=int(attempt))
     installed = run.log_path(contract.RUNTIME_INIT_CONTAINER).read_text()
     assert "trainwave runtime installed in /opt/trainwave/trainwave" in installed
     settings = launcher_settings(run)
     assert settings["settings"]["checkpoint"]["dir"] == CHECKPOINTS
     assert settings["command"][1:4] == ["-m", "torch.distributed.run", "--no-python"]
     (start,) = events(run, "start")
-    assert (start["world_size"], start["resumed_from"]) == (4, 0)
-    losses = [e["loss"] for e in events(run, "step")]
-    assert [e["step"] for e in events(run, "step")] == list(range(1, steps + 1))
+    assert start["world_size"] == 4
+    done_steps = [e["step"] for e in events(run, "step")]
+    if attempt == "0":
+        assert start["resumed_from"] == 0
+        assert done_steps == list(range(1, steps + 1))
+    else:  # the restarted gang resumed from a checkpoint and finished the count
+        warnings.warn(f"the DDP gang restarted: {done['status']['message']}", stacklevel=1)
+        assert done_steps == list(range(start["resumed_from"] + 1, steps + 1))
+    losses = [e["loss"] for e in events(first_run, "step")] + [
+        e["loss"] for e in events(run, "step") if attempt != "0"
+    ]
     first, last = sum(losses[:5]) / 5, sum(losses[-5:]) / 5
     assert last < 0.5 * first, (
         f"loss did not go down enough: first 5 {first:.3f}, last 5 {last:.3f}"
