@@ -103,15 +103,18 @@ _NODE_LEASES = "/apis/coordination.k8s.io/v1/namespaces/kube-node-lease/leases"
 
 
 def _kwok_leases(layout: Layout, state: dict[str, Any]) -> list[str]:
-    """Node Leases held by kwok: under a process id, where a kubelet uses its node's name."""
+    """Node Leases held by kwok: under a process id, where a kubelet uses its node's name.
+    Only of nodes that exist: the Lease of a deleted node lingers, and no kwok renews it."""
     client = ApiClient(state["server"], layout.pki, timeout=10)
     try:
         items = client.get(_NODE_LEASES)["items"]
+        nodes = {n["metadata"]["name"] for n in client.get("/api/v1/nodes")["items"]}
     finally:
         client.close()
     return [
         lease["metadata"]["name"] for lease in items
-        if lease["spec"].get("holderIdentity") not in (None, "", lease["metadata"]["name"])
+        if lease["metadata"]["name"] in nodes
+        and lease["spec"].get("holderIdentity") not in (None, "", lease["metadata"]["name"])
     ]  # fmt: skip
 
 
