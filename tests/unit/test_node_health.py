@@ -59,14 +59,16 @@ def test_index_reports_nodes_that_appeared_vanished_or_changed_readiness() -> No
     assert index.node("n1") is None
 
 
-def test_departures_keep_unfinished_pods_of_the_current_attempt_only() -> None:
+def test_departures_keep_pods_that_did_not_succeed_of_the_current_attempt_only() -> None:
     departures = Departures()
     key = ("ns", "demo")
     departures.record(key, make_pod(0, attempt=1))
-    departures.record(key, make_pod(1, attempt=1, phase="Failed", exit_code=1))  # finished
+    departures.record(key, make_pod(1, attempt=1, phase="Failed", exit_code=1))  # evidence
+    departures.record(key, make_pod(2, attempt=1, phase="Succeeded", exit_code=0))  # no news
     departures.record(key, make_pod(0, attempt=0))
-    (kept,) = departures.of(key, 1)
-    assert (kept.rank, kept.deleting) == (0, True), "a departed pod reads as being deleted"
+    kept = sorted(departures.of(key, 1), key=lambda p: p.rank)
+    assert [(p.rank, p.deleting) for p in kept] == [(0, True), (1, True)], "read as deleting"
+    assert kept[1].exit_code == 1, "the failed pod keeps its exit code"
     departures.keep_only(key, 2)
     assert (departures.of(key, 1), len(departures)) == ([], 0)
     departures.record(key, make_pod(0, attempt=2))

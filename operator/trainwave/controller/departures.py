@@ -22,7 +22,7 @@ as vanished (a counted restart), the same as before this existed.
 import threading
 from dataclasses import replace
 
-from trainwave.lifecycle.observed import WorkerPod
+from trainwave.lifecycle.observed import PodPhase, WorkerPod
 
 JobKey = tuple[str, str]
 
@@ -33,8 +33,10 @@ class Departures:
         self._lock = threading.Lock()
 
     def record(self, key: JobKey, pod: WorkerPod) -> None:
-        """A pod's last state on its DELETED event; a finished pod is no news."""
-        if pod.finished:
+        """A pod's last state on its DELETED event. A pod that succeeded is no news; a
+        failed one is kept too: its exit code, reason or DisruptionTarget is the evidence
+        the failure policy judges, and the pod may be gone before a reconcile reads it."""
+        if pod.phase == PodPhase.SUCCEEDED:
             return
         with self._lock:
             self._left.setdefault(key, {})[pod.name] = replace(pod, deleting=True)
