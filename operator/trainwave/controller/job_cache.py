@@ -25,6 +25,7 @@ from functools import partial
 from typing import Any
 
 from trainwave import contract
+from trainwave.controller.by_job import ByJob, Store
 from trainwave.controller.informer import PAGE_SIZE, WATCH_SECONDS, Informer
 from trainwave.controller.kube import KubeClient
 from trainwave.lifecycle.observed import WorkerPod, observe_pod
@@ -59,8 +60,7 @@ class JobCache:
         self._wake = wake
         self._namespaces = tuple(namespaces)
         self._bodies: dict[JobKey, Body] = {}
-        self._pods: dict[str, tuple[JobKey, WorkerPod]] = {}
-        self._pods_of: dict[JobKey, dict[str, WorkerPod]] = {}
+        self._pods: ByJob[WorkerPod] = ByJob()
         self._services: dict[str, JobKey] = {}
         self._service_count: Counter[JobKey] = Counter()
         labelled = contract.LABEL_JOB_NAME  # a bare key selects "label present"
@@ -74,14 +74,14 @@ class JobCache:
                 contract.PLURAL,
             ),
             self._job_record,
-            _Store(self._replace_jobs, self._put_job),
+            Store(self._replace_jobs, self._put_job),
             **common,
         )
         self.pods: Informer[tuple[JobKey, WorkerPod]] = Informer(
             "worker-pods",
             partial(kube.core.list_pod_for_all_namespaces, label_selector=labelled),
             self._pod_record,
-            _Store(self._replace_pods, self._put_pod),
+            Store(self._replace_pods, self._put_pod),
             # A worker's last state, seen only on its DELETED event (departures.py).
             on_deleted=lambda record: on_departure(*record),
             **common,
@@ -90,7 +90,7 @@ class JobCache:
             "services",
             partial(kube.core.list_service_for_all_namespaces, label_selector=labelled),
             self._service_record,
-            _Store(self._replace_services, self._put_service),
+            Store(self._replace_services, self._put_service),
             **common,
         )
 
@@ -122,7 +122,7 @@ class JobCache:
 
     def worker_pods(self, key: JobKey) -> list[WorkerPod]:
         with self._lock:
-            return list(self._pods_of.get(key, {}).values())
+            return self._pods.of(key)
 
     def has_service(self, key: JobKey) -> bool:
         with self._lock:
@@ -131,11 +131,7 @@ class JobCache:
     def jobs_on(self, nodes: set[str]) -> set[JobKey]:
         """The jobs with a worker bound to one of `nodes`."""
         with self._lock:
-            return {
-                key
-                for key, pods in self._pods_of.items()
-                if any(p.node in nodes for p in pods.values())
-            }
+            return {key for key, pods in self._pods.items() if any(p.node in nodes for p in pods)}
 
     def job_keys(self) -> list[JobKey]:
         with self._lock:
@@ -200,26 +196,12 @@ class JobCache:
 
     def _replace_pods(self, records: Mapping[str, tuple[JobKey, WorkerPod]]) -> None:
         with self._lock:
-            old = self._pods
-            self._pods = dict(records)
-            self._pods_of = {}
-            for name, (key, pod) in self._pods.items():
-                self._pods_of.setdefault(key, {})[name] = pod
-        changed = {old[n][0] for n in old.keys() - records.keys()}
-        changed |= {records[n][0] for n in records if old.get(n) != records[n]}
+            changed = self._pods.replace(records)
         self._wake_all(changed)
 
     def _put_pod(self, name: str, record: tuple[JobKey, WorkerPod] | None) -> None:
         with self._lock:
-            old = self._pods.pop(name, None)
-            if old is not None:
-                siblings = self._pods_of.get(old[0], {})
-                siblings.pop(name, None)
-                if not siblings:
-                    self._pods_of.pop(old[0], None)
-            if record is not None:
-                self._pods[name] = record
-                self._pods_of.setdefault(record[0], {})[name] = record[1]
+            old = self._pods.put(name, record)
         if old == record:
             return  # nothing a decision reads changed (a condition's timestamp, say)
         self._wake_all({r[0] for r in (old, record) if r is not None})
@@ -243,13 +225,6 @@ class JobCache:
     def _wake_all(self, keys: Iterable[JobKey]) -> None:
         for key in keys:
             self._wake(key)
-
-
-class _Store:
-    """The Store protocol of informer.py over two bound methods."""
-
-    def __init__(self, replace: Callable[[Any], None], put: Callable[[str, Any], None]):
-        self.replace, self.put = replace, put
 
 
 def _owner_key(obj: Mapping[str, Any]) -> JobKey | None:

@@ -23,6 +23,7 @@ from typing import Any
 from kubernetes.client.exceptions import ApiException
 
 from trainwave import contract
+from trainwave.controller.by_job import ByJob, Store
 from trainwave.controller.informer import PAGE_SIZE, WATCH_SECONDS, Informer
 from trainwave.controller.kube import Conflict, KubeClient
 from trainwave.lifecycle.admission import Flavor, Workload, observe_workload
@@ -44,8 +45,7 @@ class WorkloadCache:
     ):
         self._lock = threading.Lock()
         self._wake = wake
-        self._workloads: dict[str, tuple[JobKey, Workload]] = {}
-        self._of_job: dict[JobKey, dict[str, Workload]] = {}  # the same, by job
+        self._workloads: ByJob[Workload] = ByJob()
         self._flavors: dict[str, Flavor] = {}
         common: dict[str, Any] = {"page_size": page_size, "watch_seconds": watch_seconds}
         custom = kube.custom
@@ -58,14 +58,14 @@ class WorkloadCache:
                 label_selector=contract.LABEL_JOB_NAME,
             ),
             _workload_record,
-            _Store(self._replace_workloads, self._put_workload),
+            Store(self._replace_workloads, self._put_workload),
             **common,
         )
         self.flavor_informer: Informer[Flavor] = Informer(
             "resourceflavors",
             partial(custom.list_cluster_custom_object, *_KUEUE, contract.KUEUE_FLAVORS),
             _flavor_record,
-            _Store(self._replace_flavors, self._put_flavor),
+            Store(self._replace_flavors, self._put_flavor),
             **common,
         )
 
@@ -87,7 +87,7 @@ class WorkloadCache:
     def workload(self, key: JobKey, owner_uid: str) -> Workload | None:
         """The job's own Workload; one left by an earlier job of the same name is not it."""
         with self._lock:
-            found = self._of_job.get(key, {}).values()
+            found = self._workloads.of(key)
             return next((w for w in found if w.owner_uid == owner_uid), None)
 
     def flavors(self, names: Iterable[str]) -> list[Flavor] | None:
@@ -100,26 +100,13 @@ class WorkloadCache:
 
     def _replace_workloads(self, records: Mapping[str, tuple[JobKey, Workload]]) -> None:
         with self._lock:
-            old, self._workloads = self._workloads, dict(records)
-            self._of_job = {}
-            for name, (key, workload) in self._workloads.items():
-                self._of_job.setdefault(key, {})[name] = workload
-        changed = {old[n][0] for n in old.keys() - records.keys()}
-        changed |= {records[n][0] for n in records if old.get(n) != records[n]}
+            changed = self._workloads.replace(records)
         for key in changed:
             self._wake(key)
 
     def _put_workload(self, name: str, record: tuple[JobKey, Workload] | None) -> None:
         with self._lock:
-            old = self._workloads.pop(name, None)
-            if old is not None:
-                siblings = self._of_job.get(old[0], {})
-                siblings.pop(name, None)
-                if not siblings:
-                    self._of_job.pop(old[0], None)
-            if record is not None:
-                self._workloads[name] = record
-                self._of_job.setdefault(record[0], {})[name] = record[1]
+            old = self._workloads.put(name, record)
         if _decided(old) != _decided(record):
             for key in {r[0] for r in (old, record) if r is not None}:
                 self._wake(key)
@@ -143,11 +130,6 @@ def _decided(record: tuple[JobKey, Workload] | None) -> object:
         return None
     key, w = record
     return key, w.owner_uid, w.queue, w.conditions, w.cluster_queue, w.flavors, w.active
-
-
-class _Store:
-    def __init__(self, replace: Callable[[Any], None], put: Callable[[str, Any], None]):
-        self.replace, self.put = replace, put
 
 
 def _workload_record(obj: Mapping[str, Any]) -> tuple[JobKey, Workload] | None:
