@@ -49,7 +49,7 @@ check-generated: generate ## fail if generated files differ from what is committ
 	  || { echo "generated files drifted: run 'make generate' and commit"; exit 1; }
 
 .PHONY: lint
-lint: venv ## ruff, mypy (strict on pure packages), import-linter, yamllint, helm lint
+lint: venv ## ruff, mypy (strict on the pure packages and the controller), import-linter, yamllint, helm lint
 	$(PY) -m ruff check operator tests hack
 	$(PY) -m ruff format --check operator tests hack
 	$(PY) -m mypy
