@@ -257,3 +257,20 @@ DEFAULT_STATUS_KEY_SECRET: Final = "trainwave-status-key"
 # Operator process defaults (the chart sets the same ports).
 DEFAULT_METRICS_PORT: Final = 9090
 DEFAULT_HEALTH_PORT: Final = 8080
+
+# --- Dynamic Resource Allocation (resource.k8s.io/v1) for shared GPUs ------
+# The node agent is the DRA driver of shared GPUs: it publishes one
+# ResourceSlice per GPU (kube-scheduler v1.34.4 mis-packs several shareable
+# devices in one slice, kubernetes/kubernetes#133705), each device shareable
+# with its memory as consumable capacity; the kubelet side of the same driver
+# prepares an allocated claim as a CDI device that pins the container to it.
+DRA_DRIVER: Final = "gpu.trainwave.io"
+DRA_DEVICE_CLASS: Final = "shared-gpu.trainwave.io"
+DRA_DEVICE_PREFIX: Final = "gpu-"  # device name: gpu-<NVML index>
+DRA_ATTRIBUTE_UUID: Final = "uuid"
+DRA_ATTRIBUTE_INDEX: Final = "index"
+DRA_ATTRIBUTE_PRODUCT: Final = "productName"
+DRA_CAPACITY_MEMORY: Final = "memory"
+DRA_CLAIM_REQUEST: Final = "gpu"  # the one request in a shared worker's claim
+DRA_POD_CLAIM: Final = "shared-gpu"  # the pod's name for its claim
+CDI_KIND: Final = "trainwave.io/gpu"  # CDI device id: trainwave.io/gpu=<device>
