@@ -37,12 +37,19 @@ from integration.trainwave_fixtures import apply, get_json, job_manifest, wait_u
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(1200)]
 
-SEED = int(os.environ.get("CHAOS_SEED", "20261123"))
+DEFAULT_SEED = 20261123
+SEED = int(os.environ.get("CHAOS_SEED", str(DEFAULT_SEED)))
 WAVES = 6
 LOW_WATER = 6
 LAST_WAVE = 4
 WORKER_NAME = re.compile(r"(.+)-a\d+-worker-\d+")
-RESULTS = Path(__file__).resolve().parents[1] / "benchmarks" / "results" / "chaos.json"
+# Another seed's figures go beside the default run's, not over them.
+RESULTS = (
+    Path(__file__).resolve().parents[1]
+    / "benchmarks"
+    / "results"
+    / ("chaos.json" if SEED == DEFAULT_SEED else f"chaos-seed-{SEED}.json")
+)
 
 
 def manifest(job: JobPlan, selector: dict[str, str]) -> dict[str, Any]:
