@@ -76,17 +76,17 @@ e2e: venv tools ## end-to-end: real training processes on the test kubelet's nod
 	$(PYTEST) tests/e2e
 
 .PHONY: chaos
-chaos: venv tools ## seeded faults (operator kills, API server/kwok restarts, node loss, evictions) while 54 jobs run; CHAOS_SEED=n picks another schedule
+chaos: venv tools ## seeded faults (operator kills, API server/kwok restarts, node loss and NotReady, evictions) while 54 jobs run; CHAOS_SEED=n picks another schedule
 	$(PYTEST) tests/chaos
 
 # e2e and chaos run in pytest sessions of their own: they import the integration
 # fixtures, and one session holding two such directories would start two operators.
-# chaos (~4 min) is not in `make test`: on the merged main one run in three counted two
-# evictions as failures (README, Reliability), and a flaky suite must not gate landing.
+# chaos (~4-6 min) joined `make test` after clean runs on five schedules (README, Reliability).
 .PHONY: test
-test: venv tools check-generated ## all tests: generated-file drift, unit, integration, examples, e2e (chaos: make chaos)
+test: venv tools check-generated ## all tests: generated-file drift, unit, integration, examples, e2e, chaos
 	$(PYTEST) tests/unit tests/integration
 	$(PYTEST) tests/e2e
+	$(PYTEST) tests/chaos
 
 .PHONY: demo
 demo: venv tools ## the main job: cluster, chart, operator, every example to its terminal state

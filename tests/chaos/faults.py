@@ -5,10 +5,7 @@ replicas running, one of them holding the Lease, the control plane serving), and
 a record of what it did. Disruptions also return the evidence the oracle needs: which
 jobs they hit, read from the pod ledger at the moment of injection.
 
-A disruption is injected only into a safe window: every job it hits is Running with its
-whole current gang Running and at least SAFE_MARGIN seconds left before its workers end.
-Otherwise a worker could end, or the operator could place a gang on the node, between
-the choice and the fault, and the job's end would depend on a race the test cannot see.
+A disruption is injected only into a safe window (chaos/windows.py).
 """
 
 from __future__ import annotations
@@ -23,19 +20,16 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any
 
-from chaos.plan import Fault, JobPlan
+from chaos.plan import GRACE_SECONDS, Fault, JobPlan
+from chaos.windows import SAFE_MARGIN, Windows, job_of, left, on
 from cluster.controlplane import Cluster
 from cluster.deploy import OperatorProcess
 from cluster.restarts import restart_component
 from cluster.topology import KWOK_NODE_ANNOTATION, KWOK_NODE_VALUE
 from integration.ledgers import PodLedger
 from integration.node_pools import Pool
-from integration.trainwave_fixtures import get_json, lease_holder, wait_until
-from trainwave import contract
+from integration.trainwave_fixtures import lease_holder, wait_until
 
-SAFE_MARGIN = (
-    4.0  # seconds a hit job's workers must still have to run (the operator reacts in <1 s)
-)
 VICTIM_SEARCH = 30.0  # how long a disruption looks for a safe window before it is skipped
 TAKEOVER = 15 + 1.2 * 2 + 8  # leaseDuration + retryPeriod jitter, slack for a loaded machine
 CORDON_SETTLE = 2.0  # the placer's cache sees the cordon before the node is deleted
@@ -56,7 +50,7 @@ class Injected:
         }  # fmt: skip
 
 
-class Chaos:
+class Chaos(Windows):
     def __init__(
         self,
         *,
@@ -68,9 +62,9 @@ class Chaos:
         jobs: list[JobPlan],
         rng: random.Random,
     ):
-        self.cluster, self.namespace, self.pool = cluster, namespace, pool
-        self.replicas, self.ledger, self.rng = replicas, ledger, rng
-        self.jobs = {j.name: j for j in jobs}
+        super().__init__(cluster, namespace, ledger, jobs)
+        self.pool = pool
+        self.replicas, self.rng = replicas, rng
         self.deleted: set[str] = set()
         self.hits: Counter[str] = Counter()
         self.takeovers: list[float] = []
@@ -163,6 +157,57 @@ class Chaos:
         """NotReady for less than every job's nodeNotReadySeconds: nothing may restart."""
         node = self.rng.choice(sorted(set(self.pool.nodes) - self.deleted))
         record.target = node
+        self._take_down(node)
+        time.sleep(record.fault.hold)
+        self._bring_back(node)
+
+    def _node_not_ready(self, record: Injected) -> None:
+        """NotReady past every job's grace: each job with a worker there is disrupted once.
+        kwok lets go of the node first, so its pods freeze as on a dead kubelet; the jobs it
+        hits are read again once the placer has seen the node NotReady (no gang goes there
+        after that), and the node is brought back at once if they are no longer safe."""
+        deadline = time.monotonic() + VICTIM_SEARCH
+        while time.monotonic() < deadline:
+            node = self._search(self._safe_not_ready_node, record, deadline)
+            if node is None:
+                return
+            down = time.monotonic()
+            self._take_down(node)
+            time.sleep(CORDON_SETTLE)
+            hit = self._not_ready_hit(node)
+            if hit is None:
+                self._bring_back(node)  # a flap, well under the grace
+                continue
+            record.target, record.hit, record.skipped = node, sorted(hit), ""
+            time.sleep(max(0.0, record.fault.hold - (time.monotonic() - down)))
+            self._bring_back(node)
+            return
+        record.skipped = f"no target in a safe window for {VICTIM_SEARCH:.0f}s"
+
+    def _safe_not_ready_node(self) -> str | None:
+        nodes = sorted(set(self.pool.nodes) - self.deleted)
+        candidates = [n for n in nodes if self._not_ready_hit(n)]
+        return self.rng.choice(candidates) if candidates else None
+
+    def _not_ready_hit(self, node: str) -> set[str] | None:
+        """As `hit_on`, and every worker of a hit job that is elsewhere outlasts the
+        grace: one that ended first (a failure, a success) would decide the job before the
+        disruption does."""
+        hit = self.hit_on(node)
+        if hit is None:
+            return None
+        now = datetime.now(UTC)
+        elsewhere = [
+            p for p in list(self.ledger.live.values())
+            if job_of(p) in hit and not on(p, node) and not p["metadata"].get("deletionTimestamp")
+        ]  # fmt: skip
+        if any(left(p, self.jobs[job_of(p)], now) < GRACE_SECONDS + SAFE_MARGIN for p in elsewhere):
+            return None
+        return hit
+
+    def _take_down(self, node: str) -> None:
+        """kwok lets go of the node, then its Ready condition turns False, as on a kubelet
+        that stopped: its pods stay as they are until it comes back."""
         self.cluster.kubectl("annotate", "node", node, f"{KWOK_NODE_ANNOTATION}-")
         now = datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
         condition = {"type": "Ready", "status": "False", "reason": "KubeletNotReady",
@@ -170,7 +215,8 @@ class Chaos:
         patch = json.dumps({"status": {"conditions": [condition]}})
         self.cluster.kubectl("patch", "node", node, "--subresource=status", "--type=strategic",
                              "-p", patch)  # fmt: skip
-        time.sleep(record.fault.hold)
+
+    def _bring_back(self, node: str) -> None:
         self.cluster.kubectl("annotate", "node", node, f"{KWOK_NODE_ANNOTATION}={KWOK_NODE_VALUE}")
         wait_until(lambda: self._ready(node), 30, f"{node} Ready again")
 
@@ -181,8 +227,8 @@ class Chaos:
 
     def _evict(self, record: Injected) -> None:
         def victim() -> tuple[str, str] | None:
-            safe = self._safe_jobs(self._statuses())
-            workers = self._live_workers()
+            safe = self.safe_jobs(self.statuses())
+            workers = self.live_workers()
             pods = sorted(p for p, job in workers.items() if job in safe)
             if not pods:
                 return None
@@ -212,7 +258,7 @@ class Chaos:
             # gang placed there just before, or a worker ending, changes what it hits.
             self.cluster.kubectl("cordon", node)
             time.sleep(CORDON_SETTLE)
-            hit = self._hit_on(node)
+            hit = self.hit_on(node)
             if hit is None:
                 self.cluster.kubectl("uncordon", node)
                 continue
@@ -223,35 +269,8 @@ class Chaos:
         record.skipped = f"no target in a safe window for {VICTIM_SEARCH:.0f}s"
 
     def _safe_node(self) -> str | None:
-        candidates = [n for n in sorted(set(self.pool.nodes) - self.deleted) if self._hit_on(n)]
+        candidates = [n for n in sorted(set(self.pool.nodes) - self.deleted) if self.hit_on(n)]
         return self.rng.choice(candidates) if candidates else None
-
-    def _hit_on(self, node: str) -> set[str] | None:
-        """The jobs a deletion of `node` hits; None when one of them is not in a safe window,
-        a pod is on its way to the node (placed, not yet bound), or a finished worker of a
-        job still running is there (pod GC would remove the end the job waits on)."""
-        statuses = self._statuses()
-        safe = self._safe_jobs(statuses)
-        hit: set[str] = set()
-        for pod in list(self.ledger.live.values()):
-            meta, spec, status = pod["metadata"], pod["spec"], pod.get("status") or {}
-            placed = (meta.get("annotations") or {}).get(contract.ANNOTATION_PLACED_NODE)
-            if node not in (spec.get("nodeName"), placed):
-                continue
-            job = _job_of(pod)
-            if status.get("phase") in ("Succeeded", "Failed"):
-                current = statuses.get(job, {})
-                if current.get("phase") not in ("Succeeded", "Failed") and meta["labels"].get(
-                    contract.LABEL_ATTEMPT
-                ) == str(current.get("attempt", 0)):
-                    return None
-            elif meta.get("deletionTimestamp"):
-                continue  # a stale worker on its way out
-            elif job in safe:
-                hit.add(job)
-            else:
-                return None
-        return hit or None
 
     def _search(self, find: Any, record: Injected, deadline: float | None = None) -> Any:
         deadline = deadline or time.monotonic() + VICTIM_SEARCH
@@ -262,49 +281,6 @@ class Chaos:
             time.sleep(1.0)
         record.skipped = f"no target in a safe window for {VICTIM_SEARCH:.0f}s"
         return None
-
-    def _statuses(self) -> dict[str, dict[str, Any]]:
-        items = get_json(self.cluster, self.namespace, "trainingjobs")["items"]
-        return {j["metadata"]["name"]: j.get("status") or {} for j in items}
-
-    def _live_workers(self) -> dict[str, str]:
-        """Pod name -> job, for pods neither finished nor being deleted."""
-        return {
-            name: _job_of(pod) for name, pod in list(self.ledger.live.items())
-            if (pod.get("status") or {}).get("phase") not in ("Succeeded", "Failed")
-            and not pod["metadata"].get("deletionTimestamp")
-        }  # fmt: skip
-
-    def _safe_jobs(self, statuses: dict[str, dict[str, Any]]) -> set[str]:
-        """Jobs Running with their whole current gang Running and SAFE_MARGIN left."""
-        now = datetime.now(UTC)
-        by_job: dict[str, list[dict[str, Any]]] = {}
-        for pod in list(self.ledger.live.values()):
-            by_job.setdefault(_job_of(pod), []).append(pod)
-        safe = set()
-        for name, status in statuses.items():
-            plan = self.jobs.get(name)
-            if plan is None or status.get("phase") != "Running":
-                continue
-            attempt = str(status.get("attempt", 0))
-            gang = [p for p in by_job.get(name, [])
-                    if p["metadata"]["labels"].get(contract.LABEL_ATTEMPT) == attempt]  # fmt: skip
-            if len(gang) == plan.workers and all(_left(p, plan, now) >= SAFE_MARGIN for p in gang):
-                safe.add(name)
-        return safe
-
-
-def _left(pod: dict[str, Any], plan: JobPlan, now: datetime) -> float:
-    """Seconds until the simulated worker ends; -1 when it is not Running."""
-    status = pod.get("status") or {}
-    if status.get("phase") != "Running" or pod["metadata"].get("deletionTimestamp"):
-        return -1.0
-    started = datetime.fromisoformat(status["startTime"].replace("Z", "+00:00"))
-    return plan.run_for - (now - started).total_seconds()
-
-
-def _job_of(pod: dict[str, Any]) -> str:
-    return str(pod["metadata"]["labels"].get(contract.LABEL_JOB_NAME, ""))
 
 
 def _signal(replica: OperatorProcess, sig: signal.Signals) -> None:

@@ -9,14 +9,15 @@ the job's template annotations), so without disruptions its end is fixed by its 
     fatal     exit 3, matched by a FailJob exit-code rule   Failed/FailedByRule in attempt 0
     oom       OOMKilled, matched by a FailJob onReasons rule Failed/FailedByRule in attempt 0
     ignored   exit 42, an Ignore rule, maxIgnoredRestarts k Failed/MaxIgnoredRestartsExceeded
-A disruption (eviction, node deleted) that hits a job adds one uncounted attempt and one
+A disruption (eviction, node deleted, node NotReady past its grace) that hits a job adds one uncounted attempt and one
 to status.disruptions, and changes nothing else, except for `fragile`, whose first
 disruption fails it. Which jobs a disruption hit is evidence recorded by the run at the
 moment of injection (the pods on the node, the pod evicted); the oracle takes it as given.
 
 Faults. A seeded, serial schedule: each fault is injected, recovered from, then the next
 waits a seeded gap. Faults of the operator and the control plane must change no job's
-outcome; node NotReady flaps shorter than nodeNotReadySeconds must not either.
+outcome; node NotReady flaps shorter than nodeNotReadySeconds must not either, while a
+node NotReady longer than that is a disruption of every job with a worker there.
 """
 
 from __future__ import annotations
@@ -41,11 +42,15 @@ FAULTS = {
     "restart-apiserver": 2,
     "restart-kwok": 2,
     "node-flap": 2,
+    "node-not-ready": 1,  # past every job's nodeNotReadySeconds: a disruption
     "delete-node": 2,
     "evict": 4,
 }
-DISRUPTIVE = frozenset({"delete-node", "evict"})
-GRACE_SECONDS = 30  # every job's nodeNotReadySeconds; flaps last well under it
+DISRUPTIVE = frozenset({"delete-node", "evict", "node-not-ready"})
+# Every job's nodeNotReadySeconds. Flaps last well under it (the node is Ready again a
+# kubectl round trip after the hold); a long NotReady outlasts it by NOT_READY_PAST.
+GRACE_SECONDS = 15
+NOT_READY_PAST = 8
 
 
 @dataclass(frozen=True)
@@ -159,7 +164,9 @@ def _fault(kind: str, rng: random.Random) -> Fault:
     elif kind == "sigstop-leader-long":
         hold = rng.uniform(18, 22)  # leaseDuration 15 s + retryPeriod: the standby acquires
     elif kind == "node-flap":
-        hold = rng.uniform(3, 8)  # well under GRACE_SECONDS
+        hold = rng.uniform(2, 6)  # well under GRACE_SECONDS
+    elif kind == "node-not-ready":
+        hold = GRACE_SECONDS + NOT_READY_PAST
     return Fault(kind, gap=rng.uniform(2, 6), hold=round(hold, 1))
 
 
