@@ -57,3 +57,16 @@ def test_a_release_counts_until_the_cache_shows_it_and_no_longer() -> None:
     inflight.settle(caught_up)
     assert len(inflight) == 0
     assert caught_up.snapshot().node("n0").free == 0, "the cache counts it now, once"
+
+
+def test_a_refused_release_gives_its_room_back() -> None:
+    """Reserved before the patch is sent; a patch the API server refuses frees the room."""
+    inflight = Inflight()
+    stale = view_with(worker(None))
+    [gated] = stale.gated[("ns", "job")]
+    inflight.add(gated, "n0")
+    assert inflight.apply(stale.snapshot()).node("n0").free == 0
+
+    inflight.forget(gated)
+    assert not inflight.covers([gated]), "the gang is offered for placement again"
+    assert inflight.apply(stale.snapshot()).node("n0").free == 8

@@ -5,8 +5,9 @@ back through the watch a little later. Until they do, a released pod still looks
 gated (holding nothing) in the cache, and the next round would promise its room
 to another gang: kube-scheduler would then refuse one of them ("Insufficient
 nvidia.com/gpu") until the other is gone. So every pod the placer releases is
-remembered here, counted on its node in every round, until the cache shows it
-released, bound or gone. Nothing here outlives the process: after a restart the
+reserved here before its patch is sent (the patches run in the background, so a
+round may start while they are in flight), counted on its node in every round,
+until the cache shows it released, bound or gone, or its patch is refused. Nothing here outlives the process: after a restart the
 cache is filled by a fresh LIST, which already shows every release.
 """
 
@@ -41,6 +42,10 @@ class Inflight:
     def add(self, pod: PodRecord, node: str, gpu_uuid: str = "", gpu_mib: int = 0) -> None:
         needs = PodNeeds(requests=pod.requests, host_ports=pod.host_ports)
         self._pods[(pod.namespace, pod.name)] = _Released(node, needs, gpu_uuid, gpu_mib)
+
+    def forget(self, pod: PodRecord) -> None:
+        """A release patch the API server refused: the pod holds nothing after all."""
+        self._pods.pop((pod.namespace, pod.name), None)
 
     def settle(self, view: ClusterView) -> None:
         """Forget the pods the cache now shows released or bound (holding), or gone."""

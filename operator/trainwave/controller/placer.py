@@ -15,9 +15,11 @@ One round:
    affinity, requests as admission left them): RDMA the cluster lacks, then the
    queue (priority, FIFO, bounded backfill, all or nothing, whole and shared GPUs
    alike), then preemption of lower-priority whole gangs.
-3. Release each admitted gang: pin every pod to its node and lift its gate. A pod
-   that changed meanwhile refuses the patch (resourceVersion); its gang's released
-   pods keep their reservation and the rest are placed again next round.
+3. Release each admitted gang: reserve its room (controller/inflight.py), then, in
+   the background, pin every pod to its node and lift its gate; the next round does
+   not wait for those patches. A pod that changed meanwhile refuses the patch
+   (resourceVersion) and its reservation is dropped; its gang's released pods keep
+   theirs and the rest are placed again next round.
 4. Preempt: mark each victim pod with the preemptor and delete it; the victim's
    reconcile restarts it as an uncounted attempt. Its preemptor plans no other
    preemption until those pods are gone.
@@ -65,6 +67,16 @@ Pod = dict[str, Any]
 
 
 @dataclass(frozen=True)
+class Release:
+    """One admitted gang's release: each pod's patch and where it will hold room."""
+
+    key: JobKey
+    patches: list[tuple[Mapping[str, Any], dict[str, Any]]]
+    summary: str
+    targets: list[tuple[PodRecord, str, str, int]]  # (pod, node, GPU UUID, GPU MiB)
+
+
+@dataclass(frozen=True)
 class Ticket:
     """A gang waiting for a place: its attempt and what it needs beyond its pods' specs."""
 
@@ -105,6 +117,7 @@ class Placer:
         self._preempting: dict[JobKey, frozenset[JobKey]] = {}
         self._topology: tuple[int, Topology] | None = None
         self._inflight = Inflight()
+        self._releasing: set[asyncio.Task[None]] = set()
         self._event = asyncio.Event()
 
     def submit(self, key: JobKey, ticket: Ticket) -> None:
@@ -188,17 +201,13 @@ class Placer:
         )
         metrics.PLACEMENT_DECISION_SECONDS.observe(time.perf_counter() - started)
         inventories = {n.name: n.inventory for n in view.nodes if n.inventory is not None}
-        releases = []
         for admit in result.admitted:
             key = names[admit.job.key]
             if isinstance(admit.placement, SharedPlacement):
-                releases.append(self._release_pinned(key, gangs[key], admit.placement))
+                release = self._release_pinned(key, gangs[key], admit.placement)
             else:
-                releases.append(self._release(key, gangs[key], admit.placement, inventories))
-        # Gangs are released side by side; each one's pods too (all or nothing per gang).
-        for failure in await asyncio.gather(*releases, return_exceptions=True):
-            if isinstance(failure, BaseException):
-                logger.error("releasing a gang failed: %s", failure)
+                release = self._release(key, gangs[key], admit.placement, inventories)
+            self._dispatch(release)
         for wait in result.waiting:
             key = names[wait.job.key]
             how = tickets[key].shared_how
@@ -250,9 +259,9 @@ class Placer:
         self._topology = (view.labels_version, snapshot.topology)
         return snapshot
 
-    async def _release_pinned(
+    def _release_pinned(
         self, key: JobKey, gang: list[PodRecord], placed: SharedPlacement
-    ) -> None:
+    ) -> Release:
         now, summary = _now(), placed.describe()
         patches = []
         for pod, pin in zip(gang, placed.pins, strict=True):
@@ -267,15 +276,15 @@ class Placer:
             (pod, pin.node, pin.gpu_uuid, pin.memory_mib)
             for pod, pin in zip(gang, placed.pins, strict=True)
         ]
-        await self._apply_release(key, patches, summary, targets)
+        return Release(key, patches, summary, targets)
 
-    async def _release(
+    def _release(
         self,
         key: JobKey,
         gang: list[PodRecord],
         placement: Placement,
         inventories: Mapping[str, Mapping[str, Any]],
-    ) -> None:
+    ) -> Release:
         summary = placement.describe()
         network = self._tickets[key].network if key in self._tickets else None
         notes = {
@@ -290,15 +299,28 @@ class Placer:
             env = {**node_network_env(network, inventories.get(node, {})), **link}
             patches.append((_basis(pod), build_release_patch(_basis(pod), node, notes, env)))
         targets = [(pod, node, "", 0) for pod, node in zip(gang, nodes, strict=True)]
-        await self._apply_release(key, patches, summary, targets)
+        return Release(key, patches, summary, targets)
 
-    async def _apply_release(
-        self,
-        key: JobKey,
-        patches: list[tuple[Mapping[str, Any], dict[str, Any]]],
-        summary: str,
-        targets: list[tuple[PodRecord, str, str, int]],
-    ) -> None:
+    def _dispatch(self, release: Release) -> None:
+        """Reserve the gang's room, then patch its pods in the background, as kube-scheduler
+        assumes a pod in its cache and binds it asynchronously (pkg/scheduler/schedule_one.go:
+        assume, then the binding cycle in a goroutine; ForgetPod when binding fails). The
+        next round starts without waiting for the patches and counts the reserved room."""
+        for pod, node, uuid, mib in release.targets:
+            self._inflight.add(pod, node, uuid, mib)
+        task = asyncio.create_task(self._apply_release(release))
+        self._releasing.add(task)
+        task.add_done_callback(self._released)
+
+    def _released(self, task: asyncio.Task[None]) -> None:
+        self._releasing.discard(task)
+        if not task.cancelled() and task.exception() is not None:
+            logger.error("releasing a gang failed: %s", task.exception())
+
+    async def _apply_release(self, release: Release) -> None:
+        key, patches, summary, targets = (
+            release.key, release.patches, release.summary, release.targets
+        )  # fmt: skip
         results = await asyncio.gather(
             *(
                 asyncio.to_thread(
@@ -311,9 +333,9 @@ class Placer:
             ),
             return_exceptions=True,
         )
-        for result, (pod, node, uuid, mib) in zip(results, targets, strict=True):
-            if not isinstance(result, BaseException):
-                self._inflight.add(pod, node, uuid, mib)
+        for result, (pod, *_) in zip(results, targets, strict=True):
+            if isinstance(result, BaseException):
+                self._inflight.forget(pod)  # refused: it holds nothing
         failed = [r for r in results if isinstance(r, BaseException)]
         for error in failed:
             if not isinstance(error, Conflict | Rejected):
