@@ -22,8 +22,18 @@ The shuffles use Python's random, not Go's, so per-seed orders differ from the p
 means over 10 seeds are what is compared. Calibration gate: Best-fit and FGD within 0.5 points
 of the published means (allocation at 100% and 130%) on the default trace.
 
+Task shapes (`--tasks`, a comma list, each a row of the table; default `published`):
+- published: the trace's pods as they are, the protocol above;
+- operator: each pod as the task the operator builds from a TrainingJob asking what the pod
+  asks (operator_tasks.py documents the mapping): the CPU and memory the built worker pod
+  requests, memory in bytes;
+- operator-cpu-blind: the same tasks, but the packer scores shared tasks (a fraction of one GPU)
+  as the operator did before they carried CPU and memory: no CPU or memory on the task or the
+  node, after a filter on the real CPU and memory (kube-scheduler's, via worker slots).
+
 Run: python tests/benchmarks/fgd_trace.py [TRACE_DIR] [--variants default,...] [--seeds 42-51]
-[--policies best-fit,fgd,trainwave] [--jobs 1] [--node-stride 20 (quick)]. TRACE_DIR defaults to $TRAINWAVE_TRACE_DIR, else ../shared/data/openb-gpu-2023 from the repo root.
+[--policies best-fit,fgd,fgd-consolidate] [--tasks published,operator] [--jobs 1]
+[--node-stride 20 (quick)]. TRACE_DIR defaults to $TRAINWAVE_TRACE_DIR, else ../shared/data/openb-gpu-2023 from the repo root.
 Writes tests/benchmarks/results/fgd_trace.{json,md}; exits 1 when the calibration gate fails.
 """
 
@@ -45,8 +55,9 @@ from datetime import UTC, datetime
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[2]
-sys.path.insert(0, str(REPO / "operator"))
+sys.path[:0] = [str(REPO / "operator"), str(REPO / "tests")]
 
+from benchmarks import operator_tasks  # noqa: E402
 from trainwave.placement.fragmentation import (  # noqa: E402
     FragmentationMeasure,
     typical_shapes,
@@ -54,12 +65,13 @@ from trainwave.placement.fragmentation import (  # noqa: E402
 from trainwave.placement.packing import (  # noqa: E402
     BestFit,
     Fgd,
+    FgdConsolidate,
     NodeState,
     Policy,
     Task,
-    Trainwave,
     assign,
     choose,
+    fits,
 )
 
 DEFAULT_TRACE_DIR = REPO.parent / "shared" / "data" / "openb-gpu-2023"
@@ -75,8 +87,9 @@ Factory = Callable[[FragmentationMeasure], Policy]
 POLICIES: dict[str, Factory] = {
     "best-fit": lambda measure: BestFit(),
     "fgd": Fgd,
-    "trainwave": Trainwave,
+    "fgd-consolidate": FgdConsolidate,
 }
+TASKS = ("published", "operator", "operator-cpu-blind")
 
 
 @dataclass(frozen=True)
@@ -87,6 +100,7 @@ class Job:
     seed: int
     names: str = "simulator"  # or "trace"
     stride: int = 1
+    tasks: str = "published"  # or "operator", "operator-cpu-blind"
 
 
 @dataclass(frozen=True)
@@ -161,16 +175,22 @@ def workload(
 
 
 def simulate(
-    policy: Policy, nodes: Sequence[NodeState], tasks: Sequence[Task]
+    policy: Policy, nodes: Sequence[NodeState], tasks: Sequence[Task], cpu_blind: bool = False
 ) -> tuple[list[tuple[int, int]], int]:
-    """(arrived, allocated) milli-GPU after each task, and how many failed; none ever leave."""
+    """(arrived, allocated) milli-GPU after each task, and how many failed; none ever leave.
+
+    `cpu_blind`: shared tasks are scored without CPU and memory (after the real filter)."""
     states = list(nodes)
     where = {n.name: i for i, n in enumerate(states)}
     arrived = allocated = failed = 0
     points = []
     for task in tasks:
         arrived += task.gpu_request
-        choice = choose(policy, states, task)
+        if cpu_blind and task.shared:
+            seen = [operator_tasks.cpu_blind(n) for n in states if fits(n, task)]
+            choice = choose(policy, seen, operator_tasks.blind_task(task))
+        else:
+            choice = choose(policy, states, task)
         if choice is None:
             failed += 1
         else:
@@ -202,12 +222,16 @@ def run_one(job: Job) -> Run:
     started = time.perf_counter()
     nodes = load_nodes(job.directory, job.stride)
     pods = load_pods(job.directory / f"openb_pod_list_{job.variant}.csv")
+    if job.tasks != "published":
+        pods, nodes = operator_tasks.operator_tasks(pods), operator_tasks.in_bytes(nodes)
     measure = FragmentationMeasure(typical_shapes(p.shape for p in pods))
     tasks, named = workload(pods, nodes, job.seed, job.names)
-    points, failed = simulate(POLICIES[job.policy](measure), named, tasks)
+    blind = job.tasks == "operator-cpu-blind"
+    points, failed = simulate(POLICIES[job.policy](measure), named, tasks, blind)
     curve = allocation_curve(points, sum(len(n.gpu_free) for n in nodes) * 1000)
+    row = job.variant if job.tasks == "published" else f"{job.variant} [{job.tasks}]"
     return Run(
-        job.variant, job.policy, job.seed, round(100 - curve.get(100, float("nan")), 3),
+        row, job.policy, job.seed, round(100 - curve.get(100, float("nan")), 3),
         round(curve.get(130, float("nan")), 3), failed, len(tasks),
         round(time.perf_counter() - started, 2),
     )  # fmt: skip
@@ -293,7 +317,7 @@ def markdown(
     head = (
         "| variant | "
         + " | ".join(f"{p} unalloc@100 | {p} alloc@130" for p in policies)
-        + " | published BestFit / FGD unalloc@100 | trainwave - FGD, paired (seeds better) |"
+        + " | published BestFit / FGD unalloc@100 | fgd-consolidate - FGD, paired (seeds better) |"
     )
     lines = [head, "|---" * (2 * len(policies) + 3) + "|"]
     for variant, row in table.items():
@@ -306,7 +330,7 @@ def markdown(
             )  # fmt: skip
         refs = [published.get((variant, p)) for p in PUBLISHED_NAMES]
         ref = " / ".join("-" if r is None else f"{100 - r[0]:.2f}" for r in refs)
-        ours = row.get("trainwave", {})
+        ours = row.get("fgd-consolidate", {})
         paired = (
             f"{ours['vs_fgd_unallocated_100']:+.2f} ({ours['vs_fgd_better_seeds']}/{ours['seeds']})"
             if "vs_fgd_unallocated_100" in ours else "-"
@@ -329,6 +353,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--variants", help="comma list; default: every pod list present")
     parser.add_argument("--seeds", default="42-51", help="e.g. 42-51 or 42,45 (default 42-51)")
     parser.add_argument("--policies", default=",".join(POLICIES), help="comma list")
+    parser.add_argument("--tasks", default="published", help=f"comma list of {', '.join(TASKS)}")
     parser.add_argument("--node-names", choices=("simulator", "trace"), default="simulator")
     parser.add_argument("--node-stride", type=int, default=1, help="every N-th node (quick runs)")
     parser.add_argument("--jobs", type=int, default=1, help="worker processes (default 1)")
@@ -345,14 +370,19 @@ def main(argv: Sequence[str] | None = None) -> int:
     )
     variants = args.variants.split(",") if args.variants else present
     policies = args.policies.split(",")
-    for name, known, what in ((variants, present, "variant"), (policies, list(POLICIES), "policy")):
+    shapes = args.tasks.split(",")
+    checks = ((variants, present, "variant"), (policies, list(POLICIES), "policy"),
+              (shapes, list(TASKS), "tasks"))  # fmt: skip
+    for name, known, what in checks:
         unknown = sorted(set(name) - set(known))
         if unknown:
             parser.error(f"unknown {what} {unknown}; available: {', '.join(known)}")
-    jobs = [Job(directory, v, p, s, args.node_names, args.node_stride) for v in variants
-            for p in policies for s in parse_seeds(args.seeds)]  # fmt: skip
+    # Best-fit never ran in the operator: the CPU-blind ablation is only for the FGD policies.
+    jobs = [Job(directory, v, p, s, args.node_names, args.node_stride, t) for t in shapes
+            for v in variants for p in policies for s in parse_seeds(args.seeds)
+            if not (t == "operator-cpu-blind" and p == "best-fit")]  # fmt: skip
 
-    started = time.perf_counter()
+    started, load_before = time.perf_counter(), os.getloadavg()
     if args.jobs > 1:
         with ProcessPoolExecutor(max_workers=args.jobs) as pool:
             runs = list(pool.map(run_one, jobs))
@@ -379,7 +409,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         "trace_dir": str(directory),
         "conditions": {"python": platform.python_version(), "machine": platform.machine(),
                        "cpus": os.cpu_count(), "jobs": args.jobs, "node_names": args.node_names,
-                       "tune": TUNE, "seeds": parse_seeds(args.seeds)},
+                       "tune": TUNE, "seeds": parse_seeds(args.seeds), "tasks": shapes,
+                       "load_1_5_15_min": {"before": load_before, "after": os.getloadavg()}},
         "wall_seconds": round(wall, 1),
         "gate": {"passed": passed, "lines": gate_lines},
         "summary": table,

@@ -6,7 +6,7 @@ import json
 
 import pytest
 
-from integration.node_pools import H100, node_pool
+from integration.node_pools import H100, blocker_pod, node_pool
 from integration.trainwave_fixtures import (
     apply,
     condition,
@@ -83,6 +83,35 @@ def test_shared_jobs_are_pinned_to_gpus_whose_budgets_add_up(cluster, namespace,
         assert any(f"(GPU {u} on node" in why["message"] for u in sizes)
         [pod] = worker_pods(cluster, namespace, "fifth")
         assert pod["spec"]["schedulingGates"], "it waits behind the gate"
+
+
+def test_a_shared_job_leaves_a_gpu_whose_node_it_would_drain_of_cpu(
+    cluster, namespace, running_operator
+):
+    """The packer scores the worker with its pod's CPU request: on the node already running a
+    shared worker, this one would leave 1 CPU, stranding the GPU's remaining memory for workers
+    like these (they ask 1 and 2 CPUs), so it opens a GPU on the other node. Scored without
+    CPU, as before, it joined the started GPU (consolidation)."""
+    with node_pool(cluster, rack_sizes=(2,), shape=SHARED_NODE) as pool:
+        first = shared_job("first", pool)
+        first["spec"]["resources"] = {"requests": {"cpu": "1"}}
+        apply(cluster, namespace, first)
+        wait_for_phase(cluster, namespace, "first", "Running", timeout=60)
+        [pod] = worker_pods(cluster, namespace, "first")
+        started = pod["spec"]["nodeName"]
+        [other] = [n for n in pool.nodes if n != started]
+        # 192 CPUs: the first worker holds 1, this pod 188, so 3 are left on `started`.
+        apply(cluster, namespace, blocker_pod("hog", started, 0, {"cpu": "188"}))
+        wait_until(
+            lambda: get_json(cluster, namespace, "pod", "hog")["status"].get("phase") == "Running",
+            30, "the CPU hog to run",
+        )  # fmt: skip
+        second = shared_job("second", pool)
+        second["spec"]["resources"] = {"requests": {"cpu": "2"}}
+        apply(cluster, namespace, second)
+        wait_for_phase(cluster, namespace, "second", "Running", timeout=60)
+        [pod] = worker_pods(cluster, namespace, "second")
+        assert pod["spec"]["nodeName"] == other
 
 
 def test_kube_scheduler_refuses_to_over_commit_shared_gpu_memory(cluster, namespace):

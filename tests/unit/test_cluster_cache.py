@@ -15,6 +15,7 @@ from trainwave import contract
 from trainwave.controller.clusterview import ClusterIndex
 from trainwave.controller.informer import Informer, object_key
 from trainwave.placement.records import PodRecord, node_record, pod_record
+from trainwave.placement.shared_tasks import SharedShape, pinned_shape
 from trainwave.placement.snapshot import usage_of
 
 pytestmark = pytest.mark.timeout(20)
@@ -130,12 +131,12 @@ def test_gated_and_running_workers_are_indexed_by_job() -> None:
 def test_shared_shapes_follow_pinned_pods() -> None:
     index = ClusterIndex()
     put(index, raw_pod("s0", node="n0", gpu_uuid="GPU-1", mib=20000))
-    put(index, raw_pod("s1", node="n0", gpu_uuid="GPU-1", mib=10000))
+    put(index, raw_pod("s1", node="n0", gpu_uuid="GPU-1", mib=10000, cpu="1500m"))
     view = index.view()
-    assert view.shared_shapes == (10000, 20000)
+    assert view.shared_shapes == (SharedShape(10000, 1500), SharedShape(20000, 0))
     assert view.usage["n0"].gpu_mib == {"GPU-1": 30000}
     index.put_pod("ns/s0", None)
-    assert index.view().shared_shapes == (10000,)
+    assert index.view().shared_shapes == (SharedShape(10000, 1500),)
 
 
 def test_relist_replaces_the_store_and_phantoms_vanish() -> None:
@@ -222,7 +223,9 @@ def test_incremental_usage_equals_usage_of_after_random_events(seed: int) -> Non
             assert dict(view.usage) == usage_of(live.values()), f"step {step}"
             gated = {(r.namespace, r.worker.job) for r in live.values() if r.worker and r.gated}
             assert set(view.gated) == gated
-            held = sorted(r.gpu_mib for r in live.values() if r.holds and r.gpu_uuid)
+            held = sorted(
+                pinned_shape(r.gpu_mib, r.requests) for r in live.values() if r.holds and r.gpu_uuid
+            )
             assert list(view.shared_shapes) == held
 
 

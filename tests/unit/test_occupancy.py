@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import replace
+from types import MappingProxyType
 
 import pytest
 from placement_factories import make_cluster, make_node
@@ -16,6 +17,7 @@ from trainwave.placement.occupancy import (
     shared_fragmentation,
 )
 from trainwave.placement.records import SharedGpu
+from trainwave.placement.shared_tasks import SharedShape
 from trainwave.placement.snapshot import ClusterSnapshot, NodeInfo
 
 pytestmark = pytest.mark.timeout(10)
@@ -61,6 +63,20 @@ def test_fragmentation_counts_the_idle_memory_no_typical_task_can_use() -> None:
     empty = shared_fragmentation(ClusterSnapshot.of([shared_node("b", 0, 0)]))
     assert (empty.idle_milli, empty.fragmented_milli) == (2000, 0)
     assert shared_fragmentation(make_cluster([8])) == SharedFragmentation()
+
+
+def test_idle_gpu_memory_next_to_too_little_cpu_is_fragmented() -> None:
+    """The running shared workers ask 4 CPUs: a node with 2 left strands its idle GPUs."""
+    starved = replace(
+        shared_node("a", 0, 0),
+        allocatable=MappingProxyType({"cpu": 8000}),
+        requested=MappingProxyType({"cpu": 6000}),
+    )
+    running = [SharedShape(20_000, 4000)]
+    result = shared_fragmentation(ClusterSnapshot.of([starved]), running)
+    assert (result.idle_milli, result.fragmented_milli) == (2000, pytest.approx(2000 * 0.25))
+    roomy = replace(starved, requested=MappingProxyType({"cpu": 0}))
+    assert shared_fragmentation(ClusterSnapshot.of([roomy]), running).fragmented_milli == 0
 
 
 def test_the_collector_serves_what_the_placer_published() -> None:

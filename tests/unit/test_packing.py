@@ -14,10 +14,10 @@ from trainwave.placement.packing import (
     BestFit,
     Choice,
     Fgd,
+    FgdConsolidate,
     NodeState,
     Policy,
     Task,
-    Trainwave,
     assign,
     choose,
     fgd_score,
@@ -69,7 +69,7 @@ def measure(*weighted: tuple[Shape, float]) -> FragmentationMeasure:
 )  # fmt: skip
 def test_task_rejects_impossible_requests(kwargs: dict[str, int], message: str) -> None:
     with pytest.raises(ValueError, match=message):
-        Task(cpu_milli=1000, memory_mib=1000, **kwargs)
+        Task(cpu_milli=1000, memory=1000, **kwargs)
 
 
 @pytest.mark.parametrize(
@@ -258,29 +258,29 @@ def test_gpu_models_restrict_the_nodes(policy: Policy) -> None:
     assert choose(policy, nodes, make_task(500, models="A100")) is None
 
 
-# --- trainwave's tie-break --------------------------------------------------------------------
+# --- fgd-consolidate's tie-break -------------------------------------------------------------------
 
 
 @pytest.mark.parametrize(
-    ("nodes", "task", "fgd", "trainwave"),
+    ("nodes", "task", "fgd", "consolidated"),
     [
-        # CPU-only: F does not move anywhere (score 50 on both); trainwave prefers the node
+        # CPU-only: F does not move anywhere (score 50 on both); fgd-consolidate prefers the node
         # whose GPUs are all taken, FGD the smaller name.
         pytest.param((make_node("a"), make_node("b", gpus=(0, 0))), make_task(), "a", "b", id="cpu-task-to-busy-gpus"),
-        # Half a GPU: 50 on both (nothing stranded either way); trainwave fills the started node.
+        # Half a GPU: 50 on both (nothing stranded either way); it fills the started node.
         pytest.param((make_node("a"), make_node("b", gpus=(500, 1000))), make_task(500), "a", "b", id="gpu-task-to-started-node"),
     ],
 )  # fmt: skip
-def test_trainwave_breaks_fgd_ties_towards_consolidation(
-    nodes: tuple[NodeState, ...], task: Task, fgd: str, trainwave: str
+def test_fgd_consolidate_breaks_fgd_ties_towards_consolidation(
+    nodes: tuple[NodeState, ...], task: Task, fgd: str, consolidated: str
 ) -> None:
     typical = measure((SHARE, 1.0))
     fgd_choice = choose(Fgd(typical), nodes, task)
-    tw_choice = choose(Trainwave(typical), nodes, task)
+    tw_choice = choose(FgdConsolidate(typical), nodes, task)
     assert fgd_choice is not None
     assert tw_choice is not None
     assert (fgd_choice.node, fgd_choice.score) == (fgd, (50.0,))
-    assert (tw_choice.node, tw_choice.score[0]) == (trainwave, 50.0)
+    assert (tw_choice.node, tw_choice.score[0]) == (consolidated, 50.0)
 
 
 # --- end to end on a synthetic 3-node cluster -------------------------------------------------
@@ -299,8 +299,8 @@ ARRIVALS = (make_task(500), make_task(cpu=2000), make_task(1000), make_task(1000
         pytest.param(Fgd(measure((SHARE, 0.5), (WHOLE, 0.5))),
                      [("a", (0,)), ("a", ()), ("a", (1,)), ("b", (0,)), ("a", (0,)), None], id="fgd"),
         # Same scores; 2 goes to the GPU-less node c, 3 to the started node a.
-        pytest.param(Trainwave(measure((SHARE, 0.5), (WHOLE, 0.5))),
-                     [("a", (0,)), ("c", ()), ("a", (1,)), ("b", (0,)), ("a", (0,)), None], id="trainwave"),
+        pytest.param(FgdConsolidate(measure((SHARE, 0.5), (WHOLE, 0.5))),
+                     [("a", (0,)), ("c", ()), ("a", (1,)), ("b", (0,)), ("a", (0,)), None], id="fgd-consolidate"),
         # 1: b leaves least (94 vs 87); 2: c (97); 3-4: only a has free GPUs; 5: b.
         pytest.param(BestFit(),
                      [("b", (0,)), ("c", ()), ("a", (0,)), ("a", (1,)), ("b", (0,)), None], id="best-fit"),

@@ -22,6 +22,7 @@ from trainwave.controller.informer import list_records
 from trainwave.controller.kube import ACTIVE_PODS, KubeClient
 from trainwave.placement.records import NodeRecord, PodRecord, node_record, pod_record
 from trainwave.placement.requirements import HostPort
+from trainwave.placement.shared_tasks import SharedShape, pinned_shape
 from trainwave.placement.snapshot import ClusterSnapshot, NodeUsage, snapshot_of
 from trainwave.placement.topology import DEFAULT_LEVELS, Topology
 
@@ -37,7 +38,7 @@ class ClusterView:
     gated: Mapping[JobKey, tuple[PodRecord, ...]]  # gated worker pods per job, any attempt
     workers: Mapping[JobKey, tuple[PodRecord, ...]]  # worker pods holding resources, per job
     labels_version: int  # changes when node names or labels do: the topology tree is stale
-    shared_shapes: tuple[int, ...]  # MiB of each holding pod pinned to a shared GPU, sorted
+    shared_shapes: tuple[SharedShape, ...]  # each holding pod pinned to a shared GPU, sorted
 
     def snapshot(
         self, levels: tuple[str, ...] = DEFAULT_LEVELS, topology: Topology | None = None
@@ -87,7 +88,7 @@ class ClusterIndex:
         self._dirty: set[str] = set()  # nodes whose NodeUsage must be rebuilt
         self._gated: dict[JobKey, dict[str, PodRecord]] = {}
         self._workers: dict[JobKey, dict[str, PodRecord]] = {}
-        self._shapes: Counter[int] = Counter()
+        self._shapes: Counter[SharedShape] = Counter()
         self._node_tuple: tuple[NodeRecord, ...] | None = None
         self._view: ClusterView | None = None
         self.labels_version = 0
@@ -167,7 +168,7 @@ class ClusterIndex:
                 del self._tallies[pod.node]
             self._dirty.add(pod.node)
             if pod.gpu_uuid:
-                self._shapes[pod.gpu_mib] += sign
+                self._shapes[pinned_shape(pod.gpu_mib, pod.requests)] += sign
         if pod.worker is None:
             return
         job = (pod.namespace, pod.worker.job)

@@ -6,7 +6,8 @@ Ready, held). The node level is left out: one series per node and state would
 grow with the cluster, and per-node numbers belong to the device plugin's own
 exporter. Shared GPUs are summed cluster-wide as idle milli-GPU and the part of
 it that is fragmented: FGD's measure (fragmentation.py) over the shapes running
-now plus the default quarter, half and whole GPU.
+now (GPU memory and CPU) plus the default quarter, half and whole GPU, on each
+node's free CPU, as the packer measures it (shared_tasks.py).
 """
 
 from __future__ import annotations
@@ -14,13 +15,9 @@ from __future__ import annotations
 from collections.abc import Iterable
 from dataclasses import dataclass
 
-from trainwave.placement.fragmentation import (
-    MILLI,
-    FragmentationMeasure,
-    Shape,
-    typical_shapes,
-)
-from trainwave.placement.sharing import DEFAULT_SHAPES, shared_nodes
+from trainwave.placement.fragmentation import MILLI
+from trainwave.placement.shared_tasks import SharedShape, typical_measure
+from trainwave.placement.sharing import shared_nodes
 from trainwave.placement.snapshot import ClusterSnapshot, NodeInfo
 
 ALLOCATED = "allocated"
@@ -71,11 +68,11 @@ def _states(node: NodeInfo) -> tuple[int, int, int]:
 
 
 def shared_fragmentation(
-    snapshot: ClusterSnapshot, active_requests: Iterable[int] = ()
+    snapshot: ClusterSnapshot, active_requests: Iterable[SharedShape] = ()
 ) -> SharedFragmentation:
     """Idle and fragmented milli-GPU over every GPU offered for sharing.
 
-    `active_requests` are the MiB of the pods pinned to shared GPUs now (what the
+    `active_requests` are the shapes of the pods pinned to shared GPUs now (what the
     cluster runs, the best guess of what comes next). Closed nodes count too: their
     idle memory is stranded all the same."""
     nodes = shared_nodes(snapshot)
@@ -83,14 +80,11 @@ def shared_fragmentation(
         return SharedFragmentation()
     # Milli-GPU against the smallest shared GPU, as the packer measures (sharing.measure).
     size = min(g.memory_mib for n in nodes for g in n.gpus) or 1
-    millis = [min(MILLI, max(1, -(-mib * MILLI // size))) for mib in active_requests]
-    shapes = [Shape(0, milli, 1) for milli in (*millis, *DEFAULT_SHAPES)]
-    fgd = FragmentationMeasure(typical_shapes(shapes, coverage=1.0))
+    fgd = typical_measure(size, active_requests)
     idle = 0
     fragmented = 0.0
     for node in nodes:
         free = tuple(g.free_mib * MILLI // g.memory_mib if g.memory_mib else 0 for g in node.gpus)
         idle += sum(free)
-        # Shapes ask no CPU, so the free CPU passed does not matter.
-        fragmented += fgd.of(node.gpu_model, 0, free)
+        fragmented += fgd.of(node.gpu_model, node.cpu_free, free)
     return SharedFragmentation(sum(len(n.gpus) for n in nodes), idle, fragmented)

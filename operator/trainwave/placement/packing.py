@@ -20,8 +20,9 @@ Policies (scores are "higher is better"):
 - `Fgd`: Fragmentation Gradient Descent (Weng et al., ATC'23): int(100 * sigmoid(dF / 1000))
   where dF is how much the node's fragmentation (fragmentation.py) drops; for a shared task every
   GPU with room is tried and the best (first on ties) is used, and its score is the node's.
-- `Trainwave`: FGD's score, then a deliberate tie-break before the name: CPU-only tasks go where
-  the least GPU stays idle, GPU tasks prefer nodes already in use (measurements in its docstring).
+- `FgdConsolidate` ("fgd-consolidate", the one the operator runs for shared GPUs): FGD's
+  score, then a tie-break that consolidates before the name: CPU-only tasks go where the least
+  GPU stays idle, GPU tasks prefer nodes already in use (measurements in its docstring).
 
 Invariants:
 - Pure: no I/O, no clock, no randomness. Memo tables inside policies cache pure functions of
@@ -47,19 +48,23 @@ MAX_SPEC_GPU_MILLI = 8_000
 
 @dataclass(frozen=True, slots=True)
 class Task:
-    """One task (one pod): what it requests. `gpu_models` empty means any model."""
+    """One task (one pod): what it requests. `gpu_models` empty means any model.
+
+    `memory` is in the unit of the nodes' `memory_free`: MiB in the trace, bytes in the
+    operator (kube-scheduler's unit, so the packer compares exactly what the filters do).
+    """
 
     cpu_milli: int
-    memory_mib: int
+    memory: int
     num_gpu: int = 0
     gpu_milli: int = 0
     gpu_models: frozenset[str] = frozenset()
 
     def __post_init__(self) -> None:
-        if self.cpu_milli < 0 or self.memory_mib < 0 or self.num_gpu < 0:
+        if self.cpu_milli < 0 or self.memory < 0 or self.num_gpu < 0:
             raise ValueError(
-                f"task: cpu_milli, memory_mib and num_gpu must be >= 0, got "
-                f"{self.cpu_milli}, {self.memory_mib}, {self.num_gpu}"
+                f"task: cpu_milli, memory and num_gpu must be >= 0, got "
+                f"{self.cpu_milli}, {self.memory}, {self.num_gpu}"
             )
         if (self.num_gpu == 0) != (self.gpu_milli == 0):
             raise ValueError(
@@ -139,7 +144,7 @@ def fits(node: NodeState, task: Task) -> bool:
         return False
     return (
         node.cpu_free >= task.cpu_milli
-        and node.memory_free >= task.memory_mib
+        and node.memory_free >= task.memory
         and gpu_fit(node.gpu_free, task)
     )
 
@@ -179,7 +184,7 @@ def assign(node: NodeState, task: Task, gpus: tuple[int, ...]) -> NodeState:
     if len(gpus) != task.num_gpu or len(set(gpus)) != len(gpus):
         raise ValueError(f"task needs {task.num_gpu} distinct GPU(s), got indices {gpus}")
     after = take(node.gpu_free, gpus, task.gpu_milli)
-    cpu, memory = node.cpu_free - task.cpu_milli, node.memory_free - task.memory_mib
+    cpu, memory = node.cpu_free - task.cpu_milli, node.memory_free - task.memory
     if cpu < 0 or memory < 0 or any(free < 0 for free in after):
         raise ValueError(f"task {task} does not fit on {node.name} (GPUs {gpus}): {node}")
     return replace(node, cpu_free=cpu, memory_free=memory, gpu_free=after)
@@ -271,20 +276,20 @@ class Fgd:
 
 
 @dataclass(frozen=True)
-class Trainwave:
-    """FGD's gradient, then a tie-break that consolidates, then the node name.
+class FgdConsolidate:
+    """FGD's fragmentation gradient, then a tie-break that consolidates, then the node name.
 
     FGD's integer scores leave many nodes tied, and the fixed name order then acts as a
     first-fit that keeps later nodes empty: that consolidation is a large part of FGD's gain
-    (ranking by the exact dF instead loses 5 points on the default trace). Trainwave makes the
-    tie-break deliberate:
+    (ranking by the exact dF instead loses 5 points on the default trace). This policy makes
+    the tie-break deliberate:
     - a CPU-only task goes where the least GPU is left idle: CPU on a node whose GPUs are all
       taken can serve nothing else, while CPU next to idle GPUs strands those GPUs when it runs
       out (the binding constraint on the gpushare traces, where CPU is 91% used at full load);
     - a GPU task prefers a node whose GPUs are already in use over an untouched one, which
       keeps whole nodes free for multi-GPU tasks.
     Measured with the benchmark (tests/benchmarks/fgd_trace.py) on development seeds 1-3, kept
-    apart from the 42-51 evaluation seeds; unallocated GPU % at 100% load, FGD -> Trainwave:
+    apart from the 42-51 evaluation seeds; unallocated GPU % at 100% load, FGD -> fgd-consolidate:
     default 4.90 -> 4.67, gpushare100 13.55 -> 13.20, gpushare40 5.93 -> 5.83, multigpu20
     4.43 -> 4.30, gpuspec10 5.61 -> 5.06, cpu100 4.92 -> 4.85. `levels` = 50 (coarser) tied on
     average but lost to FGD on gpushare40, so FGD's 100 stays. Tried and dropped (default /
@@ -296,7 +301,7 @@ class Trainwave:
 
     measure: FragmentationMeasure
     levels: int = 100
-    name: str = "trainwave"
+    name: str = "fgd-consolidate"
     memo: Memo = field(default_factory=dict, repr=False, compare=False)
 
     def rank(self, node: NodeState, task: Task) -> Ranked:
@@ -311,7 +316,7 @@ class Trainwave:
 def choose(policy: Policy, nodes: Iterable[NodeState], task: Task) -> Choice | None:
     """The best node and GPU(s) for `task`, or None when it fits nowhere."""
     memo = policy.memo.setdefault(task.shape, {})
-    cpu, memory, models = task.cpu_milli, task.memory_mib, task.gpu_models
+    cpu, memory, models = task.cpu_milli, task.memory, task.gpu_models
     model_filter = task.num_gpu > 0 and bool(models)
     lookup = memo.get
     best: Ranked | None = None

@@ -38,6 +38,7 @@ from dataclasses import dataclass
 from trainwave.api.reasons import Reason
 from trainwave.placement import explain
 from trainwave.placement.gang import Blocker, GangRequest, Placement, Unschedulable, place
+from trainwave.placement.shared_tasks import SharedShape
 from trainwave.placement.sharing import (
     LARGER_THAN_ANY_GPU,
     SharedPlacement,
@@ -106,11 +107,11 @@ def schedule(
     snapshot: ClusterSnapshot,
     pending: Iterable[PendingJob],
     policy: QueuePolicy | None = None,
-    shared_shapes: Iterable[int] = (),
+    shared_shapes: Iterable[SharedShape] = (),
 ) -> Schedule:
     """One round: admit what fits, in order, within the backfill bound.
 
-    `shared_shapes`: the MiB requests of the shared workers running now, which the
+    `shared_shapes`: the GPU memory and CPU of the shared workers running now, which the
     packer's fragmentation measure weighs against.
     """
     active = tuple(shared_shapes)
@@ -174,7 +175,7 @@ _Shape = tuple[object, ...]
 
 
 def _place(
-    snapshot: ClusterSnapshot, request: GangRequest, active: tuple[int, ...]
+    snapshot: ClusterSnapshot, request: GangRequest, active: tuple[SharedShape, ...]
 ) -> Placement | SharedPlacement | Unschedulable | SharedRefusal:
     if request.shared_mib is None:
         return place(snapshot, request)

@@ -25,6 +25,7 @@ from trainwave.api.reasons import Reason
 from trainwave.placement.preemption import Preemption, RunningGang, plan_preemptions
 from trainwave.placement.queueing import Admit, PendingJob, QueuePolicy, Wait, schedule
 from trainwave.placement.rdma import rdma_shortfall
+from trainwave.placement.shared_tasks import SharedShape
 from trainwave.placement.snapshot import ClusterSnapshot
 
 RDMA_UNAVAILABLE = Reason.RDMA_UNAVAILABLE
@@ -51,7 +52,7 @@ def plan_round(
     now: datetime,
     *,
     policy: QueuePolicy | None = None,
-    shared_shapes: Iterable[int] = (),
+    shared_shapes: Iterable[SharedShape] = (),
     running: Sequence[RunningGang] = (),
 ) -> Round:
     """Decide one round; nothing is remembered between rounds but `PendingJob.skipped`."""

@@ -8,10 +8,14 @@ extended resource trainwave.io/gpu-memory so kube-scheduler accounts for it
 per node). Per GPU, the free memory is its size minus the requests of the
 pods pinned to it (bound, or released and not bound yet). A worker asks for
 memory on one GPU; memory is turned into the fraction of that GPU (milli-GPU,
-rounded up) and the packing policy (packing.py: FGD's fragmentation gradient
-with trainwave's tie-break) picks the node and GPU. Workers of one job are
-placed one after another on a working copy; if one does not fit, none is
-placed (all or nothing) and the answer says why in numbers.
+rounded up) and the packing policy (packing.py: fgd-consolidate, FGD's
+fragmentation gradient with ties consolidated) picks the node and GPU. The
+worker's task carries its pod's real CPU and memory requests and each node its
+free CPU and memory (shared_tasks.py), so the packer's filter agrees with
+kube-scheduler's and its fragmentation measure sees CPU a node would run out
+of. Workers of one job are placed one after another on a working copy; if one
+does not fit, none is placed (all or nothing) and the answer says why in
+numbers.
 
 Invariants: a GPU never gets more than its memory; only shared GPUs are used;
 a node's whole-GPU capacity is untouched (shared GPUs are the agent's choice).
@@ -19,7 +23,6 @@ a node's whole-GPU capacity is untouched (shared GPUs are the agent's choice).
 
 from __future__ import annotations
 
-import math
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any
@@ -27,9 +30,19 @@ from typing import TYPE_CHECKING, Any
 from trainwave.api.reasons import Reason
 from trainwave.contract import NODE_LABEL_GPU_PRODUCT
 from trainwave.placement.filters import Rejection, check, describe
-from trainwave.placement.fragmentation import MILLI, FragmentationMeasure, Shape, typical_shapes
-from trainwave.placement.packing import NodeState, Task, Trainwave, assign, choose
+from trainwave.placement.fragmentation import MILLI, FragmentationMeasure
+from trainwave.placement.packing import FgdConsolidate, NodeState, Task, assign, choose
+from trainwave.placement.quantities import CPU
 from trainwave.placement.records import SharedGpu
+from trainwave.placement.requirements import PodNeeds
+from trainwave.placement.shared_tasks import (
+    UNTRACKED,
+    SharedShape,
+    free_cpu_memory,
+    gpu_milli,
+    typical_measure,
+    worker_task,
+)
 from trainwave.placement.snapshot import ClusterSnapshot, NodeInfo, build_snapshot
 
 if TYPE_CHECKING:
@@ -45,13 +58,6 @@ __all__ = [
     "shared_nodes",
 ]
 
-# The packer's own CPU and memory check stays off: the filters' per-node slots
-# (`place_shared(slots=...)`) already hold every resource of the real pod.
-_UNCONSTRAINED = 1 << 40
-# What the fragmentation measure assumes arrives when nothing is running yet:
-# quarter, half and whole GPUs, the usual sizes of notebooks, fine-tunes and sweeps.
-DEFAULT_SHAPES = (250, 500, 1000)
-
 
 @dataclass(frozen=True)
 class SharedNode:
@@ -60,6 +66,9 @@ class SharedNode:
     gpus: tuple[SharedGpu, ...]
     schedulable: bool = True
     labels: Mapping[str, str] | None = None
+    # Free CPU (millicores) and memory (bytes) for the packer; UNTRACKED: GPU memory alone.
+    cpu_free: int = UNTRACKED
+    memory_free: int = UNTRACKED
 
 
 @dataclass(frozen=True)
@@ -113,14 +122,16 @@ def place_shared(
     workers: int,
     memory_mib: int,
     selector: Mapping[str, str] | None = None,
-    active_requests: Iterable[int] = (),
+    active_requests: Iterable[SharedShape] = (),
     *,
     slots: Mapping[str, int] | None = None,
+    pod: PodNeeds | None = None,
 ) -> tuple[Pin, ...] | SharedRefusal:
     """Pin each of `workers` to a shared GPU with `memory_mib` free, or say why not.
 
     `slots` caps how many workers each node takes (its other resources: CPU, memory,
-    pods; filters.worker_slots); None leaves only GPU memory to decide.
+    pods; filters.worker_slots); None leaves only GPU memory to decide. `pod` is the
+    worker's pod: its CPU and memory requests go into the packer's task (None: none).
     """
     room = dict(slots) if slots is not None else None
     wanted = dict(selector or {})
@@ -138,12 +149,13 @@ def place_shared(
             LARGER_THAN_ANY_GPU,
             f"asks {memory_mib} MiB of one GPU; the largest shared GPU has {largest} MiB",
         )
-    policy = Trainwave(measure(usable, memory_mib, active_requests))
+    cpu = pod.amount(CPU) if pod is not None else 0
+    policy = FgdConsolidate(measure(usable, SharedShape(memory_mib, cpu), active_requests))
     states = {n.name: _state(n) for n in usable}
     by_name = {n.name: n for n in usable}
     pins: list[Pin] = []
     for _ in range(workers):
-        task = Task(0, 0, num_gpu=1, gpu_milli=_milli(memory_mib, _gpu_memory(by_name)))
+        task = worker_task(pod, gpu_milli(memory_mib, _gpu_memory(by_name)))
         open_states = (
             states if room is None else {k: v for k, v in states.items() if room.get(k, 0) > 0}
         )
@@ -167,17 +179,15 @@ def place_shared(
 
 
 def measure(
-    nodes: list[SharedNode], memory_mib: int, active_requests: Iterable[int]
+    nodes: list[SharedNode], placing: SharedShape, active_requests: Iterable[SharedShape]
 ) -> FragmentationMeasure:
-    """The fragmentation measure over the shapes this cluster sees: what runs, plus defaults."""
-    size = _gpu_memory({n.name: n for n in nodes})
-    millis = [_milli(m, size) for m in (*active_requests, memory_mib)] + list(DEFAULT_SHAPES)
-    shapes = [Shape(0, milli, 1, "") for milli in millis]
-    return FragmentationMeasure(typical_shapes(shapes, coverage=1.0))
+    """The fragmentation measure over the shapes this cluster sees: what runs, what is
+    being placed, plus defaults."""
+    return typical_measure(_gpu_memory({n.name: n for n in nodes}), (*active_requests, placing))
 
 
 def _choose_fitting(
-    policy: Trainwave,
+    policy: FgdConsolidate,
     states: dict[str, NodeState],
     nodes: dict[str, SharedNode],
     task: Task,
@@ -204,8 +214,8 @@ def _state(node: SharedNode) -> NodeState:
     return NodeState(
         node.name,
         node.gpu_model,
-        _UNCONSTRAINED,
-        _UNCONSTRAINED,
+        node.cpu_free,
+        node.memory_free,
         tuple(g.free_mib * MILLI // g.memory_mib if g.memory_mib else 0 for g in node.gpus),
     )
 
@@ -226,23 +236,23 @@ def _gpu_memory(nodes: Mapping[str, SharedNode]) -> int:
     return min(g.memory_mib for n in nodes.values() for g in n.gpus)
 
 
-def _milli(memory_mib: int, gpu_mib: int) -> int:
-    return min(MILLI, max(1, math.ceil(memory_mib * MILLI / gpu_mib)))
-
-
 def shared_nodes(snapshot: ClusterSnapshot) -> list[SharedNode]:
-    """The nodes that offer GPUs for sharing, with the memory pinned on each GPU."""
-    return [
-        SharedNode(
-            name=node.name,
-            gpu_model=node.labels.get(NODE_LABEL_GPU_PRODUCT, ""),
-            gpus=node.shared,
-            schedulable=node.schedulable and node.ready and not node.cordoned,
-            labels=node.labels,
-        )
-        for node in snapshot.nodes
-        if node.shared
-    ]
+    """The nodes that offer GPUs for sharing, with the memory pinned on each GPU and the
+    CPU and memory free."""
+    return [_shared_node(node) for node in snapshot.nodes if node.shared]
+
+
+def _shared_node(node: NodeInfo) -> SharedNode:
+    cpu_free, memory_free = free_cpu_memory(node)
+    return SharedNode(
+        name=node.name,
+        gpu_model=node.labels.get(NODE_LABEL_GPU_PRODUCT, ""),
+        gpus=node.shared,
+        schedulable=node.schedulable and node.ready and not node.cordoned,
+        labels=node.labels,
+        cpu_free=cpu_free,
+        memory_free=memory_free,
+    )
 
 
 def build_shared_nodes(
@@ -253,7 +263,7 @@ def build_shared_nodes(
 
 
 def place_shared_gang(
-    snapshot: ClusterSnapshot, request: GangRequest, active_requests: Iterable[int] = ()
+    snapshot: ClusterSnapshot, request: GangRequest, active_requests: Iterable[SharedShape] = ()
 ) -> SharedPlacement | SharedRefusal:
     """A shared-GPU gang (`request.shared_mib` per worker) on the snapshot, all or nothing.
 
@@ -287,7 +297,9 @@ def place_shared_gang(
             NOT_ENOUGH_GPU_MEMORY, f"no node can take a worker now: {nodes}; {gpus}"
         )
     candidates = [n for n in shared_nodes(snapshot) if n.name in room]
-    result = place_shared(candidates, request.workers, mib, None, active_requests, slots=room)
+    result = place_shared(
+        candidates, request.workers, mib, None, active_requests, slots=room, pod=request.needs
+    )
     if isinstance(result, SharedRefusal):
         if result.code == LARGER_THAN_ANY_GPU:  # only the busy subset was too small
             return SharedRefusal(NOT_ENOUGH_GPU_MEMORY, result.reason)
