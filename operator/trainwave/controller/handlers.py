@@ -183,13 +183,17 @@ async def stop(memo: Any, **_: Any) -> None:
     metrics.LEADER.set(0)
     if getattr(memo, "lead", None):
         memo.lead.cancel()  # and with it the placer, the poller and the resync
+    placer = _PLACER.pop("gangs", None)
+    if placer is not None:
+        # Gangs already released are patched to the end, so no gang stops half ungated.
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(placer.drain(), 5)
     recorder = getattr(memo, "recorder", None)
     if recorder is not None:
         # Events already decided are posted before the process ends, within reason.
         with contextlib.suppress(TimeoutError):
             await asyncio.wait_for(recorder.drain(), 5)
         await recorder.stop()
-    _PLACER.pop("gangs", None)
     for name in ("jobs", "cluster", "workloads"):
         cache = _CACHE.pop(name, None)
         if cache is not None:

@@ -7,8 +7,9 @@ to another gang: kube-scheduler would then refuse one of them ("Insufficient
 nvidia.com/gpu") until the other is gone. So every pod the placer releases is
 reserved here before its patch is sent (the patches run in the background, so a
 round may start while they are in flight), counted on its node in every round,
-until the cache shows it released, bound or gone, or its patch is refused. Nothing here outlives the process: after a restart the
-cache is filled by a fresh LIST, which already shows every release.
+until the cache shows it released, bound or gone, or its patch is refused. Nothing
+here outlives the process: after a restart the cache is filled by a fresh LIST,
+which already shows every release.
 """
 
 from __future__ import annotations

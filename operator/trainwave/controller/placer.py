@@ -312,6 +312,11 @@ class Placer:
         self._releasing.add(task)
         task.add_done_callback(self._released)
 
+    async def drain(self) -> None:
+        """Wait until every gang handed to the background has been patched."""
+        while self._releasing:
+            await asyncio.wait(set(self._releasing))
+
     def _released(self, task: asyncio.Task[None]) -> None:
         self._releasing.discard(task)
         if not task.cancelled() and task.exception() is not None:
