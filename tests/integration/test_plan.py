@@ -10,7 +10,8 @@ import yaml
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(60)]
 
-EXAMPLE = Path(__file__).resolve().parents[2] / "examples" / "distributed-4x8.yaml"
+REPO = Path(__file__).resolve().parents[2]
+EXAMPLE = REPO / "examples" / "distributed-4x8.yaml"
 
 
 def plan(cluster, manifest: dict, tmp_path: Path) -> subprocess.CompletedProcess[str]:
@@ -19,7 +20,8 @@ def plan(cluster, manifest: dict, tmp_path: Path) -> subprocess.CompletedProcess
     return subprocess.run(
         [sys.executable, "-m", "trainwave.cli", "plan", str(path)],
         capture_output=True, text=True, check=False, timeout=30,
-        env=os.environ | {"KUBECONFIG": str(cluster.kubeconfig)},
+        # This checkout's code, whatever checkout the cached virtualenv was installed from.
+        env=os.environ | {"KUBECONFIG": str(cluster.kubeconfig), "PYTHONPATH": str(REPO / "operator")},
     )  # fmt: skip
 
 
