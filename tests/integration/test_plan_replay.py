@@ -1,7 +1,7 @@
 """`trainwave plan` and the operator's placer give the same answer, job after job.
 
-A seeded stream mixes whole-GPU, shared-GPU, CPU-only and RDMA jobs on two private
-pools (one of H100 nodes with InfiniBand, one node offering its GPUs for sharing).
+A seeded stream mixes whole-GPU, shared-GPU, CPU-only, RDMA and zone-spread
+(DoNotSchedule topologySpreadConstraints) jobs on two private pools (one of H100 nodes with InfiniBand, one node offering its GPUs for sharing).
 Jobs arrive one at a time: before each is applied, `plan_on` answers for it on a
 fresh listing of the cluster; then the operator places it (or says why it waits)
 from its own view, and both answers must be the same node per rank (and GPU, for
@@ -30,20 +30,30 @@ pytestmark = [pytest.mark.integration, pytest.mark.timeout(420)]
 IB_NODE = {"cpu": "64", "gpu": H100, "rdma": {"nics": 4, "linkLayer": "IB", "rateGbps": 400}}
 SHARED_NODE = {"cpu": "32", "gpu": {**H100, "count": 2, "shared": True}}
 JOBS = 14
+ZONE = "topology.kubernetes.io/zone"
+
+
+def zone_spread(name: str) -> list[dict]:
+    selector = {"matchLabels": {"trainwave.io/job-name": name}}
+    return [{"maxSkew": 1, "topologyKey": ZONE, "whenUnsatisfiable": "DoNotSchedule",
+             "labelSelector": selector}]  # fmt: skip
 
 
 def stream(seed: int, whole, shared) -> list[dict]:
     rng = random.Random(seed)
     jobs = []
     for index in range(JOBS):
-        kind = rng.choice(["whole", "whole", "shared", "cpu", "rdma"])
+        kind = rng.choice(["whole", "whole", "shared", "cpu", "rdma", "spread"])
         name = f"{kind}-{index}"
         pool = shared if kind == "shared" else whole
-        gpus = {"whole": rng.choice([2, 4, 8]), "rdma": 8, "cpu": 0, "shared": 0}[kind]
+        gpus = {"whole": rng.choice([2, 4, 8]), "rdma": 8, "cpu": 0, "shared": 0, "spread": 2}[kind]
         workers = 1 if kind == "shared" else rng.choice([1, 2, 3])
+        template = {"nodeSelector": pool.selector}
+        if kind == "spread":
+            template["topologySpreadConstraints"] = zone_spread(name)
         manifest = job_manifest(
             name, workers=workers, gpus=gpus, run_for="600s",
-            template_spec={"nodeSelector": pool.selector},
+            template_spec=template,
             resources={"requests": {"cpu": str(rng.choice([4, 16, 24]))}},
         )  # fmt: skip
         if kind == "shared":
@@ -92,6 +102,9 @@ def test_plan_and_the_placer_agree_on_a_mixed_stream(cluster, namespace, running
         node_pool(cluster, rack_sizes=(2, 2), shape=IB_NODE) as whole,
         node_pool(cluster, rack_sizes=(1,), shape=SHARED_NODE) as shared,
     ):
+        # One rack per zone: a spread job's workers leave the rack the objective prefers.
+        for zone, nodes in zip(("a", "b"), whole.racks.values(), strict=True):
+            cluster.kubectl("label", "nodes", *nodes, f"{ZONE}={zone}")
         agreed, waited, kinds = 0, 0, set()
         for manifest in stream(2026, whole, shared):
             name = manifest["metadata"]["name"]
@@ -107,4 +120,4 @@ def test_plan_and_the_placer_agree_on_a_mixed_stream(cluster, namespace, running
                 cluster.kubectl("delete", "trainingjob", name, "-n", namespace, "--wait=true")
         assert agreed == JOBS
         assert 0 < waited < JOBS, "the stream fills the pools: some jobs place, some wait"
-        assert kinds == {"whole", "shared", "cpu", "rdma"}, "the stream covers every kind"
+        assert kinds == {"whole", "shared", "cpu", "rdma", "spread"}, "the stream covers every kind"

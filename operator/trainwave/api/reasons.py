@@ -53,6 +53,7 @@ class Reason(StrEnum):
     NOT_ENOUGH_RESOURCES = "NotEnoughResources"
     PARALLELISM_DOES_NOT_FIT = "ParallelismDoesNotFit"
     REQUIRED_DOMAIN_TOO_SMALL = "RequiredDomainTooSmall"
+    TOPOLOGY_SPREAD = "TopologySpreadNotMet"
     HELD_FOR_EARLIER_JOB = "HeldForEarlierJob"
     NEVER_FITS = "NeverFits"
     LARGER_THAN_ANY_GPU = "LargerThanAnyGPU"

@@ -23,7 +23,7 @@ from trainwave.controller.kube import ACTIVE_PODS, KubeClient
 from trainwave.placement.records import NodeRecord, PodRecord, node_record, pod_record
 from trainwave.placement.requirements import HostPort
 from trainwave.placement.shared_tasks import SharedShape, pinned_shape
-from trainwave.placement.snapshot import ClusterSnapshot, NodeUsage, snapshot_of
+from trainwave.placement.snapshot import ClusterSnapshot, Labelled, NodeUsage, snapshot_of
 from trainwave.placement.topology import DEFAULT_LEVELS, Topology
 
 JobKey = tuple[str, str]  # (namespace, job name)
@@ -57,6 +57,7 @@ class _Tally:
     ports: Counter[HostPort] = field(default_factory=Counter)
     mib: Counter[str] = field(default_factory=Counter)  # shared GPU UUID -> MiB pinned
     pinned: Counter[str] = field(default_factory=Counter)  # shared GPU UUID -> pods pinned
+    labelled: Counter[Labelled] = field(default_factory=Counter)  # for topology spread
 
     def add(self, pod: PodRecord, sign: int) -> None:
         self.pods += sign
@@ -67,6 +68,8 @@ class _Tally:
         if pod.gpu_uuid:
             self.mib[pod.gpu_uuid] += sign * pod.gpu_mib
             self.pinned[pod.gpu_uuid] += sign
+        if pod.labels:
+            self.labelled[(pod.namespace, pod.labels)] += sign
 
     def usage(self) -> NodeUsage:
         return NodeUsage(
@@ -74,6 +77,7 @@ class _Tally:
             self.pods,
             tuple(sorted(p for p, n in self.ports.items() if n > 0)),
             MappingProxyType({u: self.mib[u] for u, n in self.pinned.items() if n > 0}),
+            MappingProxyType({k: n for k, n in self.labelled.items() if n > 0}),
         )
 
 

@@ -21,6 +21,10 @@ does, so each node has one reason (NodeResourcesFit may name several resources):
                      allocatable - requested (cpu, memory, ephemeral-storage,
                      hugepages-*, extended resources such as nvidia.com/gpu,
                      rdma/*, trainwave.io/gpu-memory)
+  PodTopologySpread  the node carries the topologyKey of every DoNotSchedule
+                     constraint (podtopologyspread/filtering.go `Filter`); the skew
+                     part depends on where the gang's other workers go, so spread.py
+                     checks it for the whole gang
 
 `worker_slots` goes one step further than kube-scheduler: how many workers of
 the same pod fit at once, which is what gang placement needs.
@@ -32,7 +36,7 @@ node agent offers for sharing are not free for whole-GPU workers.
 from __future__ import annotations
 
 from collections import Counter
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
@@ -44,6 +48,7 @@ from trainwave.placement.requirements import (
     Requirement,
     Taint,
     Term,
+    label_requirement_matches,
 )
 
 if TYPE_CHECKING:
@@ -73,12 +78,16 @@ def check(needs: PodNeeds, node: NodeInfo) -> tuple[Rejection, ...]:
         _not_ready(node),
         _node_name(needs, node),
         _taints(needs, node),
-        _affinity(needs, node),
+        affinity_rejection(needs, node),
         _ports(needs, node),
     ):
         if rejected is not None:
             return (rejected,)
-    return _resources(needs, node)
+    short = _resources(needs, node)
+    if short:
+        return short
+    missing = _spread_labels(needs, node)
+    return () if missing is None else (missing,)
 
 
 def worker_slots(needs: PodNeeds, node: NodeInfo) -> int:
@@ -133,7 +142,8 @@ def _taints(needs: PodNeeds, node: NodeInfo) -> Rejection | None:
     return None
 
 
-def _affinity(needs: PodNeeds, node: NodeInfo) -> Rejection | None:
+def affinity_rejection(needs: PodNeeds, node: NodeInfo) -> Rejection | None:
+    """NodeAffinity: nodeSelector AND required node affinity."""
     for key, value in needs.node_selector:
         if node.labels.get(key) != value:
             return Rejection("NodeAffinity", f"not matching nodeSelector {key}={value}")
@@ -166,6 +176,14 @@ def _resources(needs: PodNeeds, node: NodeInfo) -> tuple[Rejection, ...]:
     return tuple(short)
 
 
+def _spread_labels(needs: PodNeeds, node: NodeInfo) -> Rejection | None:
+    for constraint in needs.spread:
+        if constraint.hard and constraint.topology_key not in node.labels:
+            what = f"missing topology label {constraint.topology_key}"
+            return Rejection("PodTopologySpread", what)
+    return None
+
+
 def _short(resource: str, wanted: int, free: int, node: NodeInfo) -> Rejection:
     if resource == GPU_RESOURCE and node.shared and node.gpus == 0:
         # Every GPU is offered for sharing: not "busy", never for whole-GPU workers.
@@ -176,33 +194,9 @@ def _short(resource: str, wanted: int, free: int, node: NodeInfo) -> Rejection:
 
 
 def _matches(term: Term, node: NodeInfo) -> bool:
-    return all(_label(r, node.labels) for r in term.expressions) and all(
+    return all(label_requirement_matches(r, node.labels) for r in term.expressions) and all(
         _field(r, node.name) for r in term.fields
     )
-
-
-def _label(requirement: Requirement, labels: Mapping[str, str]) -> bool:
-    """apimachinery labels.Requirement.Matches for the node-affinity operators."""
-    key, operator, values = requirement.key, requirement.operator, requirement.values
-    present = key in labels
-    value = labels.get(key, "")
-    if operator == "In":
-        return present and value in values
-    if operator == "NotIn":
-        return not present or value not in values
-    if operator == "Exists":
-        return present
-    if operator == "DoesNotExist":
-        return not present
-    if operator in ("Gt", "Lt"):
-        if not present or len(values) != 1:
-            return False
-        try:
-            have, bound = int(value), int(values[0])
-        except ValueError:
-            return False  # a parse error fails only its own term
-        return have > bound if operator == "Gt" else have < bound
-    return False
 
 
 def _field(requirement: Requirement, name: str) -> bool:

@@ -64,7 +64,11 @@ from trainwave.placement.requirements import (
     Toleration,
 )
 from trainwave.placement.snapshot import ClusterSnapshot, Selector
+from trainwave.placement.spread import SpreadState, worker_by_worker
 from trainwave.placement.topology import Topology
+
+# Preferred node affinity outweighs the ScheduleAnyway spread score in one number.
+_AFFINITY_SCALE = 1 << 24
 
 
 class Blocker(StrEnum):
@@ -77,6 +81,7 @@ class Blocker(StrEnum):
     NOT_ENOUGH_RESOURCES = Reason.NOT_ENOUGH_RESOURCES  # CPU, memory or another resource is short
     PARALLELISM = Reason.PARALLELISM_DOES_NOT_FIT
     REQUIRED_LEVEL = Reason.REQUIRED_DOMAIN_TOO_SMALL
+    TOPOLOGY_SPREAD = Reason.TOPOLOGY_SPREAD  # the worker's DoNotSchedule spread (spread.py)
     HELD = Reason.HELD_FOR_EARLIER_JOB  # the room is held for an earlier gang (queueing.py)
 
 
@@ -202,6 +207,13 @@ def place(snapshot: ClusterSnapshot, request: GangRequest) -> Placement | Unsche
     if problem is not None:
         return refuse(*problem)
     allocation = planner.allocate(required or 0)
+    # The topology objective's choice stands when it keeps the user's spread; otherwise
+    # the workers are spread worker by worker, kube-scheduler's way.
+    if request.needs.hard_spread and not SpreadState(snapshot, request.needs).admits(allocation):
+        spread = planner.spread_out(required or 0)
+        if isinstance(spread, str):
+            return refuse(Blocker.TOPOLOGY_SPREAD, spread)
+        allocation = spread
     nodes = order_workers(topology, allocation)
     usage = _usage(topology, [node for node, _ in sorted(allocation)])
     met = None if preferred is None else len(_domains_at(topology, allocation, preferred)) == 1
@@ -226,6 +238,11 @@ class _Planner:
         # Free GPUs only where a worker can go: best fit and messages read them.
         self.node_free = [f if s else 0 for f, s in zip(snapshot.free, slots, strict=True)]
         self.preference = snapshot.preferences(self.needs)
+        if any(not c.hard for c in self.needs.spread):
+            soft = SpreadState(snapshot, self.needs)
+            self.preference = tuple(
+                p * _AFFINITY_SCALE - soft.soft_score(i) for i, p in enumerate(self.preference)
+            )
         self._ancestors: dict[tuple[int, int], tuple[int, ...]] = {}
 
         node_level = self.node_level = topology.node_level
@@ -373,6 +390,38 @@ class _Planner:
                     best_rank, best_out = rank, out
             return best_out
         raise AssertionError("allocate() called for a gang that does not fit")
+
+    def spread_out(self, top: int) -> list[tuple[int, int]] | str:
+        """The gang placed worker by worker under its DoNotSchedule spread constraints,
+        inside the best-fitting domain of `top` that takes it; the reason when none does.
+
+        Each worker goes to a node that passes the skew check now, preferring domains
+        the gang already uses (highest level first), then preferred affinity and the
+        ScheduleAnyway score, then the fullest node."""
+        if self.blocks.tensor_workers > 1 or self.blocks.pipeline_workers > 1:
+            return (
+                "topology spread constraints with DoNotSchedule cannot be kept together with "
+                "tensor or pipeline groups, which must stay inside one domain"
+            )
+        need, caps = self.need(top), self.caps[top]
+        domains = sorted(
+            (d for d, cap in enumerate(caps) if cap >= need), key=lambda d: (caps[d], d)
+        )
+        reason = ""
+        for domain in domains:
+            found = worker_by_worker(
+                self.snapshot,
+                self.needs,
+                workers=self.request.workers,
+                span=self._span(top, domain),
+                slots=self.slots,
+                preference=self.preference,
+                free=self.node_free,
+            )
+            if not isinstance(found, str):
+                return found
+            reason = reason or found
+        return reason
 
     def _choice(
         self, level: int, domain: int, spread: tuple[int, ...], preferred: int

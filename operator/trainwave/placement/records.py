@@ -94,6 +94,9 @@ class PodRecord:
     # Gated workers only: what the filters test, and what the release patch starts from.
     needs: PodNeeds | None = None
     release_basis: Mapping[str, Any] | None = None
+    # Holding pods that are not terminating: their labels, sorted, for the topology spread
+    # constraints of pods placed later (kube-scheduler skips terminating pods there).
+    labels: tuple[tuple[str, str], ...] = ()
 
 
 def node_record(node: Mapping[str, Any]) -> NodeRecord:
@@ -178,6 +181,9 @@ def pod_record(pod: Mapping[str, Any]) -> PodRecord | None:
         gated=gated,
         needs=needs,
         release_basis=_release_basis(metadata, spec) if needs is not None else None,
+        labels=tuple(sorted((str(k), str(v)) for k, v in labels.items()))
+        if holds and not deleting
+        else (),
     )
 
 

@@ -14,12 +14,19 @@ adding to the running sum; the larger of the two; pod-level `resources.requests`
 for cpu, memory and hugepages replacing the aggregate; plus `overhead`. API
 defaulting copies a limit into a missing request (`SetDefaults_Pod`); a stored
 pod already has it, a built one gets it here.
+
+Topology spread constraints follow k/k pkg/scheduler/framework/plugins/
+podtopologyspread/common.go (`filterTopologySpreadConstraints`): a nil
+labelSelector matches nothing, an empty one everything; `matchLabelKeys` adds
+`key In (the pod's value)` for each key the pod carries (the API server may have
+merged them already, and the same requirement twice changes nothing);
+nodeAffinityPolicy defaults to Honor, nodeTaintsPolicy to Ignore.
 """
 
 from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any, Final
 
 from trainwave.placement.quantities import CPU, MEMORY, amounts
@@ -86,6 +93,54 @@ class Term:
 HostPort = tuple[str, str, int]  # (hostIP, protocol, port)
 
 
+def label_requirement_matches(requirement: Requirement, labels: Mapping[str, str]) -> bool:
+    """apimachinery labels.Requirement.Matches for the selector and node-affinity operators."""
+    key, operator, values = requirement.key, requirement.operator, requirement.values
+    present = key in labels
+    value = labels.get(key, "")
+    if operator == "In":
+        return present and value in values
+    if operator == "NotIn":
+        return not present or value not in values
+    if operator == "Exists":
+        return present
+    if operator == "DoesNotExist":
+        return not present
+    if operator in ("Gt", "Lt"):
+        if not present or len(values) != 1:
+            return False
+        try:
+            have, bound = int(value), int(values[0])
+        except ValueError:
+            return False  # a parse error fails only its own term
+        return have > bound if operator == "Gt" else have < bound
+    return False
+
+
+@dataclass(frozen=True, slots=True)
+class LabelSelector:
+    """A metav1.LabelSelector: matchLabels and matchExpressions, all ANDed."""
+
+    expressions: tuple[Requirement, ...] = ()
+
+    def matches(self, labels: Mapping[str, str]) -> bool:
+        return all(label_requirement_matches(r, labels) for r in self.expressions)
+
+
+@dataclass(frozen=True, slots=True)
+class SpreadConstraint:
+    """One topologySpreadConstraints entry of the pod, as kube-scheduler reads it."""
+
+    max_skew: int
+    topology_key: str
+    hard: bool  # whenUnsatisfiable: DoNotSchedule (a filter); else ScheduleAnyway (a score)
+    selector: LabelSelector | None  # None: a nil selector, which matches no pod
+    min_domains: int = 1
+    honor_affinity: bool = True  # nodeAffinityPolicy
+    honor_taints: bool = False  # nodeTaintsPolicy
+    self_match: bool = False  # the pod's own labels match the selector
+
+
 @dataclass(frozen=True, slots=True)
 class PodNeeds:
     """Everything the filters ask of a node for one pod. Hashable: memo keys use it."""
@@ -97,6 +152,15 @@ class PodNeeds:
     preferred_terms: tuple[tuple[int, Term], ...] = ()  # (weight, term), a soft score
     host_ports: tuple[HostPort, ...] = ()
     node_name: str = ""  # spec.nodeName, which a gated pod cannot have
+    spread: tuple[SpreadConstraint, ...] = ()  # the pod's topologySpreadConstraints
+    # Only with spread constraints (so pods without them share one memo key): the pod's
+    # namespace and labels, which count toward its constraints once it is placed.
+    namespace: str = ""
+    labels: tuple[tuple[str, str], ...] = ()
+
+    @property
+    def hard_spread(self) -> tuple[SpreadConstraint, ...]:
+        return tuple(c for c in self.spread if c.hard)
 
     @property
     def request(self) -> dict[str, int]:
@@ -121,6 +185,9 @@ def pod_needs(pod: Mapping[str, Any]) -> PodNeeds:
         (int(p.get("weight") or 0), _term(p.get("preference") or {}))
         for p in affinity.get("preferredDuringSchedulingIgnoredDuringExecution") or ()
     )
+    metadata = pod.get("metadata") or {}
+    labels = {str(k): str(v) for k, v in (metadata.get("labels") or {}).items()}
+    spread = tuple(_spread(c, labels) for c in spec.get("topologySpreadConstraints") or () if c)
     return PodNeeds(
         requests=tuple(sorted(pod_requests(spec).items())),
         tolerations=tuple(_toleration(t) for t in spec.get("tolerations") or ()),
@@ -129,6 +196,36 @@ def pod_needs(pod: Mapping[str, Any]) -> PodNeeds:
         preferred_terms=preferred,
         host_ports=host_ports(spec),
         node_name=str(spec.get("nodeName") or ""),
+        spread=spread,
+        namespace=str(metadata.get("namespace") or "") if spread else "",
+        labels=tuple(sorted(labels.items())) if spread else (),
+    )
+
+
+def _spread(raw: Mapping[str, Any], labels: Mapping[str, str]) -> SpreadConstraint:
+    selector = raw.get("labelSelector")
+    parsed = None
+    if selector is not None:
+        expressions = [
+            Requirement(str(k), "In", (str(v),))
+            for k, v in sorted((selector.get("matchLabels") or {}).items())
+        ]
+        expressions += [_requirement(r) for r in selector.get("matchExpressions") or ()]
+        expressions += [
+            Requirement(key, "In", (labels[key],))
+            for key in raw.get("matchLabelKeys") or ()
+            if key in labels
+        ]
+        parsed = LabelSelector(tuple(expressions))
+    return SpreadConstraint(
+        max_skew=int(raw.get("maxSkew") or 1),
+        topology_key=str(raw.get("topologyKey") or ""),
+        hard=raw.get("whenUnsatisfiable", "DoNotSchedule") == "DoNotSchedule",
+        selector=parsed,
+        min_domains=int(raw.get("minDomains") or 1),
+        honor_affinity=raw.get("nodeAffinityPolicy", "Honor") == "Honor",
+        honor_taints=raw.get("nodeTaintsPolicy", "Ignore") == "Honor",
+        self_match=parsed is not None and parsed.matches(labels),
     )
 
 
@@ -140,15 +237,7 @@ def with_default_tolerations(needs: PodNeeds) -> PodNeeds:
             added.append(Toleration(key, "Exists", "", "NoExecute"))
     if not added:
         return needs
-    return PodNeeds(
-        needs.requests,
-        (*needs.tolerations, *added),
-        needs.node_selector,
-        needs.required_terms,
-        needs.preferred_terms,
-        needs.host_ports,
-        needs.node_name,
-    )
+    return replace(needs, tolerations=(*needs.tolerations, *added))
 
 
 def pod_requests(spec: Mapping[str, Any]) -> dict[str, int]:

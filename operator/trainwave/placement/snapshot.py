@@ -47,6 +47,7 @@ from trainwave.placement.topology import (
 
 __all__ = [
     "ClusterSnapshot",
+    "Labelled",
     "NodeInfo",
     "NodeUsage",
     "Selector",
@@ -61,6 +62,10 @@ __all__ = [
 _EMPTY: Mapping[str, int] = MappingProxyType({})
 DEFAULT_MAX_PODS = 110  # the kubelet's default, for nodes that do not say
 
+
+# (namespace, sorted labels) of a pod that counts toward topology spread constraints.
+Labelled = tuple[str, tuple[tuple[str, str], ...]]
+_NO_LABELLED: Mapping[Labelled, int] = MappingProxyType({})
 
 # Node label requirements: a value must equal a string, or be one of a set.
 Selector = Mapping[str, str | frozenset[str]]
@@ -90,6 +95,8 @@ class NodeInfo:
     ready: bool = True
     host_ports: tuple[HostPort, ...] = ()
     shared: tuple[SharedGpu, ...] = ()  # GPUs offered for sharing, with the MiB pinned on each
+    # Pods there that topology spread constraints count, by (namespace, labels).
+    labelled: Mapping[Labelled, int] = field(default_factory=lambda: _NO_LABELLED)
 
     @property
     def free(self) -> int:
@@ -110,6 +117,7 @@ class NodeUsage:
     gpu_mib: Mapping[str, int] = field(
         default_factory=lambda: _EMPTY
     )  # shared GPU UUID -> MiB pinned
+    labelled: Mapping[Labelled, int] = field(default_factory=lambda: _NO_LABELLED)
 
 
 @dataclass(frozen=True, eq=False)
@@ -255,6 +263,7 @@ class ClusterSnapshot:
                     pods=0,
                     host_ports=(),
                     shared=tuple(replace(g, used_mib=0) for g in n.shared),
+                    labelled=_NO_LABELLED,
                 )
                 for n in self.nodes
             ),
@@ -287,12 +296,21 @@ def _add_pods(node: NodeInfo, needs: PodNeeds, count: int) -> NodeInfo:
     ports = node.host_ports
     if count > 0 and needs.host_ports:
         ports = tuple(sorted({*ports, *needs.host_ports}))
+    labelled = node.labelled
+    if needs.spread:
+        # Only pods with spread constraints carry their labels here (PodNeeds), so a gang
+        # without them placed earlier in the same round counts from the next round on.
+        counts = dict(labelled)
+        key = (needs.namespace, needs.labels)
+        counts[key] = max(0, counts.get(key, 0) + count)
+        labelled = MappingProxyType({k: v for k, v in counts.items() if v})
     return replace(
         node,
         used=node.used + gpus,
         requested=MappingProxyType(requested),
         pods=node.pods + count,
         host_ports=ports,
+        labelled=labelled,
     )
 
 
@@ -302,6 +320,7 @@ def usage_of(pods: Iterable[PodRecord]) -> dict[str, NodeUsage]:
     counts: dict[str, int] = {}
     ports: dict[str, set[HostPort]] = {}
     mib: dict[str, dict[str, int]] = {}
+    labelled: dict[str, dict[Labelled, int]] = {}
     for pod in pods:
         if not pod.holds:
             continue
@@ -315,12 +334,17 @@ def usage_of(pods: Iterable[PodRecord]) -> dict[str, NodeUsage]:
         if pod.gpu_uuid:
             pinned = mib.setdefault(node, {})
             pinned[pod.gpu_uuid] = pinned.get(pod.gpu_uuid, 0) + pod.gpu_mib
+        if pod.labels:
+            here = labelled.setdefault(node, {})
+            key = (pod.namespace, pod.labels)
+            here[key] = here.get(key, 0) + 1
     return {
         node: NodeUsage(
             MappingProxyType(requests.get(node, {})),
             counts.get(node, 0),
             tuple(sorted(ports.get(node, ()))),
             MappingProxyType(mib.get(node, {})),
+            MappingProxyType(labelled.get(node, {})),
         )
         for node in counts
     }
@@ -343,6 +367,7 @@ def node_info(record: NodeRecord, usage: NodeUsage | None) -> NodeInfo:
         ready=record.ready,
         host_ports=usage.host_ports,
         shared=tuple(replace(g, used_mib=usage.gpu_mib.get(g.uuid, 0)) for g in record.shared),
+        labelled=usage.labelled,
     )
 
 
