@@ -3,7 +3,7 @@
 Runs on its own local cluster (tests/cluster/topologies/large.yaml: 1,024 nodes x 8 GPUs) in
 its own state directory, with the chart installed, the operator running as its
 ServiceAccount, and the API server writing an audit log of that ServiceAccount's requests
-(level Metadata; nothing else is audited). One run, two phases:
+(level Metadata; nothing else is audited). One run, three phases:
 
 A. trainwave: one `kubectl apply --server-side` of BENCH_JOBS TrainingJobs of 4 workers x
    BENCH_GPUS GPUs that never finish. Measured: apply start -> last of the workers Running
@@ -15,6 +15,10 @@ B. everything deleted, the operator stopped; the same number of bare Pods with t
    phase A's workers got (no gate, no operator) in one `kubectl apply --server-side`;
    kube-scheduler binds them. Measured: apply start -> last pod Running, the control plane's
    own limit on this machine.
+C. everything deleted, the operator still stopped; the same TrainingJobs as in phase A in one
+   `kubectl apply --server-side`, nothing acting on them. Measured: the apply's seconds, what
+   the API server alone takes to accept the jobs on this machine (phase A's apply shares it
+   with the operator's own writes).
 
 Environment: BENCH_JOBS (500; a smaller number is a smoke run, written to scale-smoke.*),
 BENCH_GPUS (1), BENCH_TOPOLOGY (large; or medium-64), BENCH_PROFILE (1: py-spy samples the
@@ -117,6 +121,10 @@ def main() -> int:
         bench.operator.stop()
         phase_b = run_bare(bench.cluster, api, phase_a["worker_pod"], load)
         print(json.dumps(phase_b), flush=True)
+        clear(bench.cluster, api, load)
+        load.enter("jobs-alone")
+        phase_b["jobs_alone_apply_seconds"] = round(apply(bench.cluster, job_manifests()), 1)
+        print(f"applied {JOBS} jobs, operator stopped, in {phase_b['jobs_alone_apply_seconds']}s")
         clear(bench.cluster, api, load)
     result = summarize(phase_a, phase_b, nodes, load, time.monotonic() - started)
     RESULTS.parent.mkdir(parents=True, exist_ok=True)
@@ -633,6 +641,7 @@ def summarize(
                 "before": load.samples[0][1] if load.samples else None,
                 "trainwave": load.during("trainwave"),
                 "kube_scheduler": load.during("kube-scheduler"),
+                "jobs_alone": load.during("jobs-alone"),
             },
             "run_seconds": round(seconds, 1),
             "kernel": platform.release(),
@@ -704,6 +713,10 @@ Phase B, bare pods bound by kube-scheduler (operator stopped):
 
 - `kubectl apply --server-side` of {b["pods"]} pods: {b["apply_seconds"]} s
 - apply start -> all {b["pods"]} pods Running: {b["apply_to_all_running_seconds"]} s (all Running: {b["all_running"]})
+
+Phase C, the same TrainingJobs with the operator stopped (nothing acts on them):
+
+- `kubectl apply --server-side` of {a["jobs"]} jobs: {b.get("jobs_alone_apply_seconds")} s
 
 {profile_text}
 
