@@ -8,6 +8,9 @@ PY := $(VENV)/bin/python
 BIN := $(CACHE)/bin
 export PATH := $(VENV)/bin:$(BIN):$(PATH)
 export TRAINWAVE_CACHE := $(CACHE)
+# This checkout's code first: the cached virtualenv is shared, and its editable install
+# points at whichever checkout last installed it.
+export PYTHONPATH := $(CURDIR)/operator$(if $(PYTHONPATH),:$(PYTHONPATH))
 CLUSTER := $(PY) -m cluster
 PYTEST := $(PY) -m pytest
 
