@@ -89,6 +89,18 @@ RESERVED_ENV: Final = (
 
 GPU_RESOURCE: Final = "nvidia.com/gpu"
 
+# NCCL's own variables, as the operator sets them (builders/network.py), the
+# launcher defaults them (runtime/environment.py) and the doctor checks them.
+ENV_NCCL_IB_HCA: Final = "NCCL_IB_HCA"  # which RDMA ports: "=mlx5_0:1,mlx5_1:1"
+ENV_NCCL_IB_GID_INDEX: Final = "NCCL_IB_GID_INDEX"  # RoCE: the GID of RoCE v2
+ENV_NCCL_IB_DISABLE: Final = "NCCL_IB_DISABLE"
+ENV_NCCL_NET: Final = "NCCL_NET"  # "Socket" forces TCP
+ENV_NCCL_NET_GDR_LEVEL: Final = "NCCL_NET_GDR_LEVEL"  # farthest GPU<->NIC path for GPUDirect
+ENV_NCCL_SOCKET_IFNAME: Final = "NCCL_SOCKET_IFNAME"
+ENV_NCCL_DEBUG: Final = "NCCL_DEBUG"
+ENV_NCCL_DEBUG_SUBSYS: Final = "NCCL_DEBUG_SUBSYS"
+ENV_NCCL_DEBUG_FILE: Final = "NCCL_DEBUG_FILE"
+
 # Node labels written by the topology (and, later, by the node agent).
 NODE_LABEL_SPINE: Final = "trainwave.io/spine"
 NODE_LABEL_RACK: Final = "trainwave.io/rack"

@@ -1,7 +1,7 @@
 """The node agent's inventory annotation for a simulated node.
 
-Built from the agent's own dataclasses and rendered by its own
-`inventory_document`, so a kwok node carries exactly what the agent would
+Built from the agent's own dataclasses and rendered by the same
+`encode`, so a kwok node carries exactly what the agent would
 publish for a real HGX-style node: GPU i and NIC i behind one PCIe switch
 (distance PIX), half the GPUs on each NUMA node, RoCE v2 at GID index 3.
 """
@@ -9,18 +9,17 @@ publish for a real HGX-style node: GPU i and NIC i behind one PCIe switch
 from __future__ import annotations
 
 import hashlib
-import json
 
-from trainwave.agent.inventory import (
-    Distance,
+from trainwave.contract import ANNOTATION_INVENTORY
+from trainwave.hardware.inventory import (
     GdrReadiness,
     GpuInfo,
     GpuNicDistance,
     NicInfo,
     NodeInventory,
+    encode,
 )
-from trainwave.agent.labels import inventory_document
-from trainwave.contract import ANNOTATION_INVENTORY
+from trainwave.hardware.pci import Distance
 
 ROCE_V2_GID_INDEX = 3
 
@@ -83,9 +82,9 @@ def inventory_annotation(
         nics=nic_infos,
         nearest_nics=nearest,
         gdr=gdr,
+        shared=tuple(range(gpus)) if shared else (),
     )
-    document = inventory_document(inventory, gpu_infos if shared else ())
-    return {ANNOTATION_INVENTORY: json.dumps(document, separators=(",", ":"), sort_keys=True)}
+    return {ANNOTATION_INVENTORY: encode(inventory)}
 
 
 def _uuid(node: str, index: int) -> str:

@@ -40,8 +40,8 @@ from integration.trainwave_fixtures import (
     worker_pods,
 )
 from trainwave import contract
-from trainwave.agent.inventory import GpuInfo
 from trainwave.agent.running import write_arbiter_gpus
+from trainwave.hardware.inventory import GpuInfo
 from trainwave.runtime.submodel.arbiter import ArbiterClient
 
 UNAVAILABLE = sandbox_unavailable()

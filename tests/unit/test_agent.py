@@ -23,10 +23,11 @@ from agent_trees import (
 from cluster.topology import NodeShape, build_node
 from trainwave import contract
 from trainwave.agent.discovery import discover
-from trainwave.agent.inventory import Distance, NodeInventory, normalize_bus_id, pci_distance
 from trainwave.agent.labels import build_annotations, build_labels
 from trainwave.agent.nvml import GpuBackendError, NvmlBackend
 from trainwave.contract import ANNOTATION_INVENTORY
+from trainwave.hardware.inventory import NodeInventory
+from trainwave.hardware.pci import Distance, normalize_bus_id, pci_distance
 
 pytestmark = pytest.mark.timeout(10)
 

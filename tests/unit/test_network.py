@@ -19,6 +19,7 @@ from trainwave.builders.network import (
     rdma_shortfall,
 )
 from trainwave.builders.pods import build_worker_pods
+from trainwave.hardware.inventory import NodeInventory, from_document
 from trainwave.placement.snapshot import ClusterSnapshot
 from trainwave.placement.topology import DEFAULT_LEVELS
 from trainwave.resolving import gang_request
@@ -42,7 +43,7 @@ def env(pod: dict[str, Any]) -> dict[str, str]:
     return {e["name"]: e["value"] for e in container(pod).get("env", [])}
 
 
-def inventory(
+def annotation_document(
     link_layer: str | None = "IB", *, gpu_direct: bool = True, nics: int = 8
 ) -> dict[str, Any]:
     text = inventory_annotation(
@@ -51,6 +52,13 @@ def inventory(
     )[contract.ANNOTATION_INVENTORY]  # fmt: skip
     document: dict[str, Any] = json.loads(text)
     return document
+
+
+def inventory(
+    link_layer: str | None = "IB", *, gpu_direct: bool = True, nics: int = 8
+) -> NodeInventory:
+    """A simulated node's annotation, read back as the placer reads it."""
+    return from_document(annotation_document(link_layer, gpu_direct=gpu_direct, nics=nics))
 
 
 def network(**rdma: Any) -> Any:
@@ -196,11 +204,11 @@ def test_ib_node_lists_its_ports_exactly_nearest_gpu_first() -> None:
 
 
 def test_down_ports_and_the_other_link_layer_are_left_out() -> None:
-    document = inventory("IB", nics=3)
+    document = annotation_document("IB", nics=3)
     document["nics"][1]["state"] = "DOWN"
     document["nics"].append({**document["nics"][0], "hca": "mlx5_9:1", "linkLayer": "RoCE"})
     assert (
-        node_network_env(network(linkLayer="InfiniBand"), document)["NCCL_IB_HCA"]
+        node_network_env(network(linkLayer="InfiniBand"), from_document(document))["NCCL_IB_HCA"]
         == "=mlx5_0:1,mlx5_2:1"
     )
 
@@ -225,16 +233,16 @@ def test_no_peer_memory_pins_gdr_off_instead_of_failing_later() -> None:
 def test_gdr_level_follows_the_worst_nearest_path_capped_at_the_host_bridge(
     distances: tuple[str, ...], level: str
 ) -> None:
-    document = inventory("IB", nics=2)
+    document = annotation_document("IB", nics=2)
     document["nearestNic"] = {
         str(i): {"hca": f"mlx5_{i % 2}:1", "distance": d, "gdrInReach": False}
         for i, d in enumerate(distances)
     }
-    assert node_network_env(network(), document)["NCCL_NET_GDR_LEVEL"] == level
+    assert node_network_env(network(), from_document(document))["NCCL_NET_GDR_LEVEL"] == level
 
 
 def test_a_node_without_an_inventory_or_rdma_gets_no_node_env() -> None:
-    assert node_network_env(network(), {}) == {}
+    assert node_network_env(network(), None) == {}
     assert node_network_env(network(), inventory(None)) == {}
     assert node_network_env(None, inventory("IB")) == {}
 
@@ -246,8 +254,9 @@ def test_the_users_nccl_settings_win_over_the_defaults() -> None:
 
 
 def test_the_gang_link_rate_is_its_slowest_nodes_active_ports() -> None:
-    fast, slow = inventory("IB"), inventory("IB", nics=2)
-    slow["nics"][1]["state"] = "DOWN"
+    document = annotation_document("IB", nics=2)
+    document["nics"][1]["state"] = "DOWN"
+    fast, slow = inventory("IB"), from_document(document)
     assert gang_link_env(network(), [fast, slow]) == {contract.ENV_INTER_NODE_GBPS: "400"}
     assert gang_link_env(network(), [fast, inventory(None)]) == {}, "a node without: unknown"
     assert gang_link_env(None, [fast]) == {}, "no RDMA asked: TCP's rate is not known"

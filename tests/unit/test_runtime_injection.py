@@ -108,8 +108,10 @@ def test_install_copies_a_runtime_that_imports_without_the_operator(tmp_path: Pa
     assert not (installed / "controller").exists()
     install(tmp_path / "opt")  # idempotent
     assert (installed / "signatures.py").is_file()  # the launcher signs its /status with it
+    assert (installed / "hardware" / "gpudirect.py").is_file()  # the doctor's shared checks
     probe = (
-        "import sys, trainwave.runtime.settings as s, trainwave.runtime.launch; "
+        "import sys, trainwave.runtime.settings as s, trainwave.runtime.launch, "
+        "trainwave.runtime.doctor.checklist; "
         "assert 'kopf' not in sys.modules and 'kubernetes' not in sys.modules; print(s.__file__)"
     )
     result = subprocess.run(

@@ -11,16 +11,16 @@ from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
 
 from trainwave.agent import sysfs
-from trainwave.agent.inventory import (
+from trainwave.agent.nvml import GpuBackend
+from trainwave.hardware.gpudirect import dmabuf_support, peer_memory_module
+from trainwave.hardware.inventory import (
     GdrReadiness,
     GpuInfo,
     GpuNicDistance,
     NicInfo,
     NodeInventory,
-    normalize_bus_id,
-    pci_distance,
 )
-from trainwave.agent.nvml import GpuBackend
+from trainwave.hardware.pci import normalize_bus_id, pci_distance
 
 
 def discover(backend: GpuBackend, root: Path = Path("/")) -> NodeInventory:
@@ -99,8 +99,8 @@ def nearest_nic(gpu: GpuInfo, nics: Sequence[NicInfo]) -> GpuNicDistance:
 
 def gdr_readiness(root: Path, nics: Sequence[NicInfo]) -> GdrReadiness:
     """GPUDirect RDMA needs an active RDMA port and a way to register GPU memory with it."""
-    peer_memory = sysfs.read_peer_memory(root)
-    dmabuf, dmabuf_why = sysfs.read_dmabuf(root)
+    peer_memory = peer_memory_module(root)
+    dmabuf, dmabuf_why = dmabuf_support(root)
     if not any(nic.active for nic in nics):
         reason = "no active RDMA port" if nics else "no RDMA devices in /sys/class/infiniband"
         return GdrReadiness(False, peer_memory, dmabuf, reason)

@@ -7,13 +7,11 @@ real nodes alike; GPU labels follow GPU feature discovery's spelling.
 
 from __future__ import annotations
 
-import json
 import re
 from collections import Counter
 from collections.abc import Sequence
-from typing import Any
+from dataclasses import replace
 
-from trainwave.agent.inventory import GpuInfo, NodeInventory
 from trainwave.contract import (
     ANNOTATION_INVENTORY,
     NODE_LABEL_GPU_COUNT,
@@ -25,6 +23,7 @@ from trainwave.contract import (
     NODE_LABEL_RDMA_NICS,
     RDMA_LINK_LAYER_LABELS,
 )
+from trainwave.hardware.inventory import GpuInfo, NodeInventory, encode
 
 _NOT_IN_LABEL = re.compile(r"[^A-Za-z0-9_.-]+")
 
@@ -57,60 +56,8 @@ def build_labels(inventory: NodeInventory, *, nvlink_domain: str) -> dict[str, s
 
 def build_annotations(inventory: NodeInventory, shared: Sequence[GpuInfo] = ()) -> dict[str, str]:
     """The inventory annotation; `shared` are the GPUs offered for sharing (`sharing.py`)."""
-    document = inventory_document(inventory, shared)
-    return {ANNOTATION_INVENTORY: json.dumps(document, separators=(",", ":"), sort_keys=True)}
-
-
-def inventory_document(inventory: NodeInventory, shared: Sequence[GpuInfo] = ()) -> dict[str, Any]:
-    """The inventory as JSON-ready data, in the camelCase of the Kubernetes API.
-
-    `sharedGpus` lists what the node's shared-GPU-memory resource adds up, GPU
-    by GPU, so the operator can pin a pod to one of them by UUID.
-    """
-    return {
-        "gpus": [
-            {
-                "index": gpu.index,
-                "uuid": gpu.uuid,
-                "product": gpu.product,
-                "memoryMiB": gpu.memory_mib,
-                "pciBusId": gpu.pci_bus_id,
-                "numaNode": gpu.numa_node,
-            }
-            for gpu in inventory.gpus
-        ],
-        "nvlinkIslands": [list(island) for island in inventory.nvlink_islands],
-        "nics": [
-            {
-                "hca": nic.hca,
-                "state": nic.state,
-                "linkLayer": nic.link_layer,
-                "rateGbps": nic.rate_gbps,
-                "pciPath": nic.pci_path,
-                "numaNode": nic.numa_node,
-                "gidTypes": {str(index): kind for index, kind in nic.gid_types},
-            }
-            for nic in inventory.nics
-        ],
-        "nearestNic": {
-            str(near.gpu_index): {
-                "hca": near.nic,
-                "distance": near.distance.name if near.distance is not None else None,
-                "gdrInReach": near.gdr_in_reach,
-            }
-            for near in inventory.nearest_nics
-        },
-        "gdr": {
-            "possible": inventory.gdr.possible,
-            "peerMemory": inventory.gdr.peer_memory,
-            "dmabuf": inventory.gdr.dmabuf,
-            "reason": inventory.gdr.reason,
-        },
-        "sharedGpus": [
-            {"index": gpu.index, "uuid": gpu.uuid, "memoryMiB": gpu.memory_mib} for gpu in shared
-        ],
-        "problems": list(inventory.problems),
-    }
+    offered = replace(inventory, shared=tuple(gpu.index for gpu in shared))
+    return {ANNOTATION_INVENTORY: encode(offered)}
 
 
 def product_label(name: str) -> str:

@@ -22,7 +22,6 @@ from pathlib import Path
 from trainwave.agent.changes import Change, DesiredNode
 from trainwave.agent.discovery import discover
 from trainwave.agent.fake_gpus import FakeGpusError, load_fake_gpus
-from trainwave.agent.inventory import GpuInfo, NodeInventory
 from trainwave.agent.labels import build_annotations, build_labels
 from trainwave.agent.nvml import GpuBackend, GpuBackendError, NvmlBackend
 from trainwave.agent.sharing import (
@@ -32,6 +31,7 @@ from trainwave.agent.sharing import (
     shared_memory_mib,
 )
 from trainwave.contract import ARBITER_GPUS_FILE, SHARED_GPU_MEMORY_RESOURCE
+from trainwave.hardware.inventory import GpuInfo, NodeInventory
 
 logger = logging.getLogger(__name__)
 MIB = 1 << 20

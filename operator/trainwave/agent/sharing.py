@@ -10,7 +10,7 @@ from __future__ import annotations
 from collections.abc import Iterable
 from dataclasses import dataclass
 
-from trainwave.agent.inventory import GpuInfo
+from trainwave.hardware.inventory import GpuInfo
 
 NONE = "none"
 ALL = "all"

@@ -12,19 +12,19 @@ later (builders/gating.py):
 `network_requirements` keeps the gang off nodes that cannot provide it.
 """
 
-from collections.abc import Mapping
+from collections.abc import Sequence
 from typing import Any
 
 from trainwave import contract
 from trainwave.api.network import NetworkSpec, RdmaSpec
 from trainwave.builders.worker import Worker
+from trainwave.hardware.inventory import GpuNicDistance, NicInfo, NodeInventory
+from trainwave.hardware.pci import Distance
 from trainwave.placement.rdma import LINK_LAYERS, network_requirements, rdma_shortfall
 
 __all__ = ["network_requirements", "node_network_env", "rdma_shortfall", "set_network"]
 
 SHM_VOLUME = "trainwave-shm"
-# NCCL's own spelling of GPU<->NIC path types, best first (NCCL_NET_GDR_LEVEL).
-_DISTANCES = ("PIX", "PXB", "PHB", "NODE", "SYS")
 
 
 def set_network(pod: dict[str, Any], worker: Worker) -> None:
@@ -58,90 +58,86 @@ def set_network(pod: dict[str, Any], worker: Worker) -> None:
 def static_network_env(network: NetworkSpec) -> dict[str, str]:
     env: dict[str, str] = {}
     if network.socket_interface:
-        env["NCCL_SOCKET_IFNAME"] = network.socket_interface
+        env[contract.ENV_NCCL_SOCKET_IFNAME] = network.socket_interface
     if network.rdma is None:
         return env
-    env["NCCL_IB_DISABLE"] = "0"
+    env[contract.ENV_NCCL_IB_DISABLE] = "0"
     if network.rdma.gpu_direct == "Disabled":
-        env["NCCL_NET_GDR_LEVEL"] = "LOC"  # never use GPUDirect RDMA
+        env[contract.ENV_NCCL_NET_GDR_LEVEL] = "LOC"  # never use GPUDirect RDMA
     # The doctor reads NCCL's INIT and NET lines for proof of the transport used.
-    env["NCCL_DEBUG"] = "INFO"
-    env["NCCL_DEBUG_SUBSYS"] = "INIT,NET"
+    env[contract.ENV_NCCL_DEBUG] = "INFO"
+    env[contract.ENV_NCCL_DEBUG_SUBSYS] = "INIT,NET"
     return env
 
 
-def node_network_env(network: NetworkSpec | None, inventory: Mapping[str, Any]) -> dict[str, str]:
-    """NCCL settings for a worker on the node whose inventory annotation this is."""
-    if network is None or network.rdma is None:
+def node_network_env(
+    network: NetworkSpec | None, inventory: NodeInventory | None
+) -> dict[str, str]:
+    """NCCL settings for a worker on the node of this inventory (None: the node has none)."""
+    if network is None or network.rdma is None or inventory is None:
         return {}
     rdma: RdmaSpec = network.rdma
-    layers = LINK_LAYERS[rdma.link_layer]
-    nics = [
-        nic for nic in inventory.get("nics") or []
-        if nic.get("state") == "ACTIVE" and nic.get("linkLayer") in layers
-    ]  # fmt: skip
+    nics = _usable_nics(inventory, rdma)
     if not nics:
         return {}
-    nearest = inventory.get("nearestNic") or {}
-    by_gpu = [nearest[k] for k in sorted(nearest, key=int)]
-    order = {n.get("hca"): i for i, n in reversed(list(enumerate(by_gpu)))}
-    nics.sort(key=lambda nic: (order.get(nic.get("hca"), len(order)), nic.get("hca", "")))
+    nearest = inventory.nearest_by_gpu()
+    first_gpu: dict[str | None, int] = {}
+    for position, near in enumerate(nearest):
+        first_gpu.setdefault(near.nic, position)
+    # Nearest-GPU order: NCCL hands out the listed ports to local ranks in turn.
+    nics.sort(key=lambda nic: (first_gpu.get(nic.hca, len(nearest)), nic.hca))
     # "=" makes NCCL match the names exactly (mlx5_1 must not also select mlx5_10).
-    env = {"NCCL_IB_HCA": "=" + ",".join(str(nic["hca"]) for nic in nics)}
+    env = {contract.ENV_NCCL_IB_HCA: "=" + ",".join(nic.hca for nic in nics)}
     gid = _roce_v2_gid(nics)
     if gid is not None:
-        env["NCCL_IB_GID_INDEX"] = str(gid)
+        env[contract.ENV_NCCL_IB_GID_INDEX] = str(gid)
     if rdma.gpu_direct != "Disabled":
-        env.update(_gdr_level(inventory, by_gpu))
+        env.update(_gdr_level(inventory, nearest))
     return env
 
 
-def gang_link_env(
-    network: NetworkSpec | None, inventories: list[Mapping[str, Any]]
-) -> dict[str, str]:
+def gang_link_env(network: NetworkSpec | None, inventories: list[NodeInventory]) -> dict[str, str]:
     """TRAINWAVE_INTER_NODE_GBPS for the runtime's `auto` comm choice: the slowest node's
     aggregate rate of the active ports NCCL will use. Only with RDMA configured: over
     TCP the pod network's rate is not something the inventory knows."""
     if network is None or network.rdma is None or not inventories:
         return {}
-    layers = LINK_LAYERS[network.rdma.link_layer]
     rates = []
     for inventory in inventories:
-        total = sum(
-            float(nic.get("rateGbps") or 0)
-            for nic in inventory.get("nics") or []
-            if nic.get("state") == "ACTIVE" and nic.get("linkLayer") in layers
-        )
+        total = sum(nic.rate_gbps for nic in _usable_nics(inventory, network.rdma))
         if total <= 0:
             return {}
         rates.append(total)
     return {contract.ENV_INTER_NODE_GBPS: f"{min(rates):g}"}
 
 
-def _gdr_level(inventory: Mapping[str, Any], by_gpu: list[Mapping[str, Any]]) -> dict[str, str]:
-    gdr = inventory.get("gdr") or {}
-    if not gdr.get("possible"):
-        return {"NCCL_NET_GDR_LEVEL": "LOC"}  # no peer memory: say so rather than fail later
-    distances = [d.get("distance") for d in by_gpu if d.get("distance") in _DISTANCES]
+def _usable_nics(inventory: NodeInventory, rdma: RdmaSpec) -> list[NicInfo]:
+    layers = LINK_LAYERS[rdma.link_layer]
+    return [nic for nic in inventory.active_nics if nic.link_layer in layers]
+
+
+def _gdr_level(inventory: NodeInventory, nearest: Sequence[GpuNicDistance]) -> dict[str, str]:
+    if not inventory.gdr.possible:
+        # No peer memory: say so rather than fail later.
+        return {contract.ENV_NCCL_NET_GDR_LEVEL: "LOC"}
+    distances = [near.distance for near in nearest if near.distance is not None]
     if not distances:
         return {}
     # Allow GPUDirect up to the worst path this node's GPUs have to their
     # nearest NIC: NCCL's default (PXB) silently stages through host memory
     # for every GPU beyond it. Never beyond the host bridge: across NUMA
     # nodes, GPUDirect is slower than staging.
-    worst = max(distances, key=_DISTANCES.index)
-    return {"NCCL_NET_GDR_LEVEL": str(min(worst, "PHB", key=_DISTANCES.index))}
+    level = min(max(distances), Distance.PHB)
+    return {contract.ENV_NCCL_NET_GDR_LEVEL: level.name}
 
 
-def _roce_v2_gid(nics: list[Mapping[str, Any]]) -> int | None:
+def _roce_v2_gid(nics: Sequence[NicInfo]) -> int | None:
     """The GID index of RoCE v2 shared by the RoCE ports (NCCL takes one for all)."""
-    indexes: set[int] = set()
-    for nic in nics:
-        if nic.get("linkLayer") != "RoCE":
-            continue
-        v2 = [int(i) for i, kind in (nic.get("gidTypes") or {}).items() if kind == "RoCE v2"]
-        if v2:
-            indexes.add(min(v2))
+    indexes = {
+        min(nic.roce_v2_gid_indices)
+        for nic in nics
+        if nic.link_layer == "RoCE" and nic.roce_v2_gid_indices
+    }
     return min(indexes) if indexes else None
 
 

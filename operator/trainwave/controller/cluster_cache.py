@@ -16,7 +16,7 @@ import logging
 import threading
 from collections.abc import Callable, Mapping
 from functools import partial
-from typing import Generic, TypeVar
+from typing import Any, Generic, TypeVar
 
 from trainwave.controller.clusterview import ClusterIndex, ClusterView
 from trainwave.controller.informer import PAGE_SIZE, WATCH_SECONDS, Informer
@@ -65,11 +65,12 @@ class ClusterCache:
         self._index = ClusterIndex()
         self._callbacks: list[Callable[[], None]] = []
         self._health_callbacks: list[Callable[[set[str]], None]] = []
+        self._inventory_problems: dict[str, str] = {}
         index = self._index
         self.nodes: Informer[NodeRecord] = Informer(
             "nodes",
             kube.core.list_node,
-            node_record,
+            self._node_record,
             _LockedStore(self._lock, index.replace_nodes, index.put_node),
             on_change=self._changed,
             page_size=page_size,
@@ -84,6 +85,20 @@ class ClusterCache:
             page_size=page_size,
             watch_seconds=watch_seconds,
         )
+
+    def _node_record(self, node: Mapping[str, Any]) -> NodeRecord:
+        record = node_record(node)
+        # Said once per node and problem, not on every heartbeat: the node offers
+        # no shared GPUs and no NIC choice until its agent rewrites the annotation.
+        if self._inventory_problems.get(record.name, "") != record.inventory_problem:
+            self._inventory_problems[record.name] = record.inventory_problem
+            if record.inventory_problem:
+                logger.warning(
+                    "node=%s %s; placement ignores it until the node agent rewrites it",
+                    record.name,
+                    record.inventory_problem,
+                )
+        return record
 
     @property
     def informers(self) -> tuple[Informer[NodeRecord], Informer[PodRecord]]:

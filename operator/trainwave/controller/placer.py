@@ -48,6 +48,7 @@ from trainwave.controller import metrics
 from trainwave.controller.clusterview import ClusterView, JobKey
 from trainwave.controller.inflight import Inflight
 from trainwave.controller.kube import Conflict, KubeClient, Rejected
+from trainwave.hardware.inventory import NodeInventory
 from trainwave.lifecycle.draft import PlacementWait
 from trainwave.placement.gang import GangRequest, Placement
 from trainwave.placement.occupancy import gpus_by_domain, shared_fragmentation
@@ -283,7 +284,7 @@ class Placer:
         key: JobKey,
         gang: list[PodRecord],
         placement: Placement,
-        inventories: Mapping[str, Mapping[str, Any]],
+        inventories: Mapping[str, NodeInventory],
     ) -> Release:
         summary = placement.describe()
         network = self._tickets[key].network if key in self._tickets else None
@@ -296,7 +297,7 @@ class Placer:
         link = gang_link_env(network, chosen) if len(chosen) == len(set(nodes)) else {}
         patches = []
         for pod, node in zip(gang, nodes, strict=True):
-            env = {**node_network_env(network, inventories.get(node, {})), **link}
+            env = {**node_network_env(network, inventories.get(node)), **link}
             patches.append((_basis(pod), build_release_patch(_basis(pod), node, notes, env)))
         targets = [(pod, node, "", 0) for pod, node in zip(gang, nodes, strict=True)]
         return Release(key, patches, summary, targets)

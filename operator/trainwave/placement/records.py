@@ -9,7 +9,6 @@ a fresh listing. Pods that hold nothing on any node and are not trainwave worker
 
 from __future__ import annotations
 
-import json
 from collections.abc import Mapping
 from dataclasses import dataclass
 from datetime import datetime
@@ -17,6 +16,7 @@ from types import MappingProxyType
 from typing import Any
 
 from trainwave import contract
+from trainwave.hardware.inventory import InventoryError, NodeInventory, decode
 from trainwave.placement.quantities import BadQuantity, amounts
 from trainwave.placement.requirements import (
     HostPort,
@@ -55,7 +55,8 @@ class NodeRecord:
     # been cut off, for the failure policy's nodeNotReadySeconds.
     not_ready_since: datetime | None = None
     shared: tuple[SharedGpu, ...] = ()  # offered for sharing (the agent's inventory)
-    inventory: Mapping[str, Any] | None = None  # the agent's annotation, parsed
+    inventory: NodeInventory | None = None  # the agent's annotation, read
+    inventory_problem: str = ""  # why the annotation could not be read
 
     @property
     def whole_gpus(self) -> int:
@@ -107,7 +108,7 @@ def node_record(node: Mapping[str, Any]) -> NodeRecord:
         allocatable = amounts(status.get("allocatable") or status.get("capacity") or {})
     except BadQuantity:
         allocatable = {}  # the kubelet wrote it; an unreadable one offers nothing
-    inventory = read_inventory(node)
+    inventory, problem = read_inventory(node)
     return NodeRecord(
         name=metadata["name"],
         labels=MappingProxyType(dict(metadata.get("labels") or {})),
@@ -118,6 +119,7 @@ def node_record(node: Mapping[str, Any]) -> NodeRecord:
         not_ready_since=_not_ready_since(status),
         shared=_shared_gpus(inventory),
         inventory=inventory,
+        inventory_problem=problem,
     )
 
 
@@ -238,25 +240,23 @@ def _release_basis(metadata: Mapping[str, Any], spec: Mapping[str, Any]) -> Mapp
     }
 
 
-def read_inventory(node: Mapping[str, Any]) -> Mapping[str, Any] | None:
-    """The node agent's inventory annotation, parsed; None when absent or unreadable
-    (the agent rewrites it on its next pass)."""
+def read_inventory(node: Mapping[str, Any]) -> tuple[NodeInventory | None, str]:
+    """The node agent's inventory annotation, read, or why it cannot be (naming the field).
+
+    An unreadable one offers nothing (no shared GPUs, no NIC choice) until the
+    agent rewrites it on its next pass.
+    """
     annotations = (node.get("metadata") or {}).get("annotations") or {}
     text = annotations.get(contract.ANNOTATION_INVENTORY)
     if not text:
-        return None
+        return None, ""
     try:
-        found = json.loads(text)
-    except ValueError:
-        return None
-    return found if isinstance(found, dict) else None
+        return decode(str(text)), ""
+    except InventoryError as error:
+        return None, f"annotation {contract.ANNOTATION_INVENTORY}: {error}"
 
 
-def _shared_gpus(inventory: Mapping[str, Any] | None) -> tuple[SharedGpu, ...]:
-    try:
-        listed = (inventory or {}).get("sharedGpus") or []
-        return tuple(
-            SharedGpu(str(g["uuid"]), int(g["index"]), int(g["memoryMiB"])) for g in listed
-        )
-    except (KeyError, TypeError, ValueError):
-        return ()  # an unreadable inventory offers nothing; the agent rewrites it
+def _shared_gpus(inventory: NodeInventory | None) -> tuple[SharedGpu, ...]:
+    if inventory is None:
+        return ()
+    return tuple(SharedGpu(gpu.uuid, gpu.index, gpu.memory_mib) for gpu in inventory.shared_gpus)

@@ -78,11 +78,13 @@ def loader(
 
 def nccl_debug(settings: Settings, environ: Mapping[str, str], out: Prepared) -> str | None:
     """Send NCCL's INFO lines about its transport to a file the doctor reads, not to stdout."""
-    if settings.feature("doctor") == "off" or "NCCL_DEBUG" in environ:
+    if settings.feature("doctor") == "off" or contract.ENV_NCCL_DEBUG in environ:
         return None
-    out.set_default(environ, "NCCL_DEBUG", "INFO")
-    out.set_default(environ, "NCCL_DEBUG_SUBSYS", "INIT,NET")
-    out.set_default(environ, "NCCL_DEBUG_FILE", str(settings.report_dir / NCCL_LOG_PATTERN))
+    out.set_default(environ, contract.ENV_NCCL_DEBUG, "INFO")
+    out.set_default(environ, contract.ENV_NCCL_DEBUG_SUBSYS, "INIT,NET")
+    out.set_default(
+        environ, contract.ENV_NCCL_DEBUG_FILE, str(settings.report_dir / NCCL_LOG_PATTERN)
+    )
     return str(settings.report_dir / NCCL_LOG_PATTERN)
 
 

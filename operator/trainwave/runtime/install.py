@@ -1,9 +1,10 @@
 """`python -m trainwave.runtime.install DIR`: copy the runtime into DIR (the init container).
 
 Only what workers import travels: the `trainwave` package marker, the
-contract, the report signatures and the runtime package; none of the operator's dependencies. The
-copy goes to a temporary name first and is renamed into place, so a worker
-never sees half a runtime, and running it twice is harmless.
+contract, the report signatures, the hardware checks and the runtime
+package; none of the operator's dependencies. The copy goes to a
+temporary name first and is renamed into place, so a worker never sees
+half a runtime, and running it twice is harmless.
 """
 
 from __future__ import annotations
@@ -29,6 +30,8 @@ def install(target: Path) -> Path:
     shutil.copy2(source / "__init__.py", package / "__init__.py")
     shutil.copy2(Path(contract.__file__), package / "contract.py")
     shutil.copy2(Path(signatures.__file__), package / "signatures.py")
+    # The doctor runs the node agent's hardware checks again inside the pod.
+    shutil.copytree(source / "hardware", package / "hardware", ignore=_IGNORED)
     shutil.copytree(source / "runtime", package / "runtime", ignore=_IGNORED)
     final = target / "trainwave"
     if final.exists():

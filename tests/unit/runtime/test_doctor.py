@@ -21,8 +21,8 @@ from doctor_trees import (
     write,
 )
 
+from trainwave.hardware.pci import Distance, pci_distance
 from trainwave.runtime.doctor import CHECKS, Host, Status, run_doctor
-from trainwave.runtime.doctor.pci import Distance, PciLocation, distance
 
 Breaker = Callable[[Path], None]
 
@@ -296,7 +296,8 @@ def test_pci_distance(
     nic_numa: int | None,
     expected: Distance,
 ) -> None:
-    assert distance(PciLocation(gpu, gpu_numa), PciLocation(nic, nic_numa)) is expected
+    # The agent's rule (trainwave.hardware.pci), which the doctor applies in the pod.
+    assert pci_distance("/".join(gpu), gpu_numa, "/".join(nic), nic_numa) is expected
 
 
 CLI = {

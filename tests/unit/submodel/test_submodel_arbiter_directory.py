@@ -11,8 +11,8 @@ from pathlib import Path
 
 import pytest
 
-from trainwave.agent.inventory import GpuInfo
 from trainwave.agent.running import write_arbiter_gpus
+from trainwave.hardware.inventory import GpuInfo
 from trainwave.runtime.submodel.arbiter import ArbiterClient, read_gpus
 
 pytestmark = pytest.mark.timeout(60)

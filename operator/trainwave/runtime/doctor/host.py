@@ -11,6 +11,9 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from trainwave.contract import ENV_NCCL_IB_HCA
+from trainwave.hardware.pci import normalize_bus_id
+
 
 @dataclass(frozen=True)
 class Host:
@@ -53,13 +56,4 @@ class Host:
 
     def expects_rdma(self) -> bool:
         """Whether this worker should talk RDMA: the operator chose HCAs, or the pod has some."""
-        return bool(self.env("NCCL_IB_HCA")) or bool(self.ib_devices())
-
-
-def normalize_bus_id(bus_id: str) -> str:
-    """NVML spells `00000000:18:00.0`, sysfs `0000:18:00.0`: compare in the sysfs spelling."""
-    text = bus_id.strip().lower()
-    domain, sep, rest = text.partition(":")
-    if not sep or not rest:
-        raise ValueError(f"PCI bus id {bus_id!r}: expected domain:bus:device.function")
-    return f"{int(domain, 16):04x}:{rest}"
+        return bool(self.env(ENV_NCCL_IB_HCA)) or bool(self.ib_devices())

@@ -5,6 +5,13 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 
+from trainwave.contract import (
+    ENV_NCCL_IB_DISABLE,
+    ENV_NCCL_IB_GID_INDEX,
+    ENV_NCCL_IB_HCA,
+    ENV_NCCL_NET,
+    ENV_NCCL_NET_GDR_LEVEL,
+)
 from trainwave.runtime.doctor.host import Host
 from trainwave.runtime.doctor.report import Check, failed, passed, skipped, warned
 
@@ -96,7 +103,7 @@ def check_rdma_devices(host: Host) -> Check:
 def check_hca_ports(host: Host) -> Check:
     name = "hca_ports"
     ports = read_ports(host)
-    wanted = host.env("NCCL_IB_HCA")
+    wanted = host.env(ENV_NCCL_IB_HCA)
     if not ports:
         if wanted:
             return failed(name, f"NCCL_IB_HCA={wanted!r} but /sys/class/infiniband is empty")
@@ -132,7 +139,7 @@ def check_roce_gid(host: Host) -> Check:
     roce = [p for p in read_ports(host) if p.link_layer.lower() == "ethernet"]
     if not roce:
         return skipped(name, "no RoCE (Ethernet link layer) port")
-    chosen = host.env("NCCL_IB_GID_INDEX")
+    chosen = host.env(ENV_NCCL_IB_GID_INDEX)
     # -1 (or unset) lets NCCL >= 2.21 pick a RoCE v2 GID itself.
     fixed = int(chosen) if chosen is not None and chosen.isdigit() else None
     problems: list[str] = []
@@ -178,13 +185,13 @@ def check_nccl_env(host: Host) -> Check:
     if not host.expects_rdma():
         return skipped(name, NO_RDMA)
     problems = []
-    if host.env("NCCL_IB_DISABLE") == "1":
+    if host.env(ENV_NCCL_IB_DISABLE) == "1":
         problems.append("NCCL_IB_DISABLE=1 forces TCP sockets")
-    net = host.env("NCCL_NET")
+    net = host.env(ENV_NCCL_NET)
     if net is not None and net.lower() == "socket":
         problems.append("NCCL_NET=Socket forces TCP sockets")
     if problems:
         return failed(name, "; ".join(problems) + "; unset it to use RDMA")
-    if host.env("NCCL_NET_GDR_LEVEL") in ("LOC", "0"):
+    if host.env(ENV_NCCL_NET_GDR_LEVEL) in ("LOC", "0"):
         return warned(name, "NCCL_NET_GDR_LEVEL=LOC disables GPUDirect RDMA")
     return passed(name, "no variable disables the IB transport")

@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 import re
 
+from trainwave.hardware.gpudirect import dmabuf_support, peer_memory_module
 from trainwave.runtime.doctor.host import Host
 from trainwave.runtime.doctor.rdma import NO_RDMA
 from trainwave.runtime.doctor.report import Check, failed, passed, skipped, warned
@@ -14,26 +15,20 @@ CAP_IPC_LOCK = 14
 # default crashes NCCL (ncclShmOpen) as soon as a few ranks share a node.
 SHM_FAIL_BYTES = 256 << 20
 SHM_WARN_BYTES = 1 << 30
-# DMA-BUF export needs the open GPU kernel modules from R515 and kernel 5.12.
-DMABUF_MIN_DRIVER = 515
-DMABUF_MIN_KERNEL = (5, 12)
-_PEER_MODULES = ("nvidia_peermem", "nv_peer_mem")
-_DRIVER = re.compile(r"\s(\d{3,})\.\d+(?:\.\d+)?\s")
 _SIZE = re.compile(r"^(\d+)([kmg]?)$", re.IGNORECASE)
 
 
 def check_peer_memory(host: Host) -> Check:
+    """The node agent's GPUDirect check (trainwave.hardware.gpudirect), run again in the pod."""
     name = "peer_memory"
     if not host.gpu_bus_ids():
         return skipped(name, "no NVIDIA GPU visible")
     if not host.expects_rdma():
         return skipped(name, NO_RDMA)
-    for module in _PEER_MODULES:
-        if host.path(f"sys/module/{module}").is_dir():
-            return passed(name, f"peer-memory module {module} loaded")
-    if host.path("sys/kernel/mm/memory_peers/nv_mem").is_dir():
-        return passed(name, "peer-memory client nv_mem registered")
-    dmabuf, why = _dmabuf(host)
+    module = peer_memory_module(host.root)
+    if module is not None:
+        return passed(name, f"peer-memory module {module} loaded")
+    dmabuf, why = dmabuf_support(host.root)
     if dmabuf:
         return passed(name, f"DMA-BUF path available: {why}")
     return failed(
@@ -41,22 +36,6 @@ def check_peer_memory(host: Host) -> Check:
         f"no nvidia_peermem/nv_peer_mem module and no DMA-BUF path ({why}): NCCL stages "
         "every transfer through host memory; load nvidia-peermem or use the open kernel modules",
     )
-
-
-def _dmabuf(host: Host) -> tuple[bool, str]:
-    version = host.read("proc/driver/nvidia/version")
-    if version is None:
-        return False, "/proc/driver/nvidia/version missing"
-    if "Open Kernel Module" not in version:
-        return False, "the proprietary kernel module cannot export DMA-BUF"
-    driver = _DRIVER.search(version)
-    if driver is None or int(driver.group(1)) < DMABUF_MIN_DRIVER:
-        return False, f"driver {driver.group(1) if driver else 'unknown'} < R{DMABUF_MIN_DRIVER}"
-    release = (host.read("proc/sys/kernel/osrelease") or "").strip()
-    kernel = re.match(r"^(\d+)\.(\d+)", release)
-    if kernel is None or (int(kernel.group(1)), int(kernel.group(2))) < DMABUF_MIN_KERNEL:
-        return False, f"kernel {release or 'unknown'} < {'.'.join(map(str, DMABUF_MIN_KERNEL))}"
-    return True, f"open kernel module R{driver.group(1)}, kernel {release}"
 
 
 def check_memlock(host: Host) -> Check:
