@@ -90,7 +90,7 @@ RESERVED_ENV: Final = (
 GPU_RESOURCE: Final = "nvidia.com/gpu"
 
 # NCCL's own variables, as the operator sets them (builders/network.py), the
-# launcher defaults them (runtime/environment.py) and the doctor checks them.
+# launcher defaults them (runtime/launcher/environment.py) and the doctor checks them.
 ENV_NCCL_IB_HCA: Final = "NCCL_IB_HCA"  # which RDMA ports: "=mlx5_0:1,mlx5_1:1"
 ENV_NCCL_IB_GID_INDEX: Final = "NCCL_IB_GID_INDEX"  # RoCE: the GID of RoCE v2
 ENV_NCCL_IB_DISABLE: Final = "NCCL_IB_DISABLE"

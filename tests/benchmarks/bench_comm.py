@@ -159,7 +159,7 @@ def conditions(load_before: tuple[float, ...], tools: str) -> dict:
         "model": f"{LAYERS} x Linear({WIDTH}, {WIDTH}) + ReLU, batch {BATCH} per rank, SGD",
         "steps": f"{WARMUP} warm-up + {STEPS} timed optimizer steps per strategy; median step time",
         "powersgd": "rank 1, compression from step 3 (start_iter=2), error feedback, warm start",
-        "auto": "compression=auto, hierarchical=auto, trainwave.runtime.trials.TrialOptions "
+        "auto": "compression=auto, hierarchical=auto, trainwave.runtime.comm.trials.TrialOptions "
         "defaults (the candidates the cost model does not call hopeless, <= 5; 1 warm-up + 3 "
         "timed rounds, one step per candidate per round, PowerSGD's 4 steps back to back after "
         "them; median; lossy only if > 1.1x faster than the best exact); then the same timed "

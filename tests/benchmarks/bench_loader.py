@@ -45,8 +45,12 @@ import torch  # noqa: E402
 from torch.utils.data import DataLoader, Dataset  # noqa: E402
 
 from benchmarks.provenance import git_commit  # noqa: E402
-from trainwave.runtime.loader_defaults import LoaderDefaults, cpu_quota, resolve_loader_defaults  # noqa: E402
-from trainwave.runtime.prefetch import build_loader  # noqa: E402
+from trainwave.runtime.data.loader_defaults import (  # noqa: E402
+    LoaderDefaults,
+    cpu_quota,
+    resolve_loader_defaults,
+)
+from trainwave.runtime.data.prefetch import build_loader  # noqa: E402
 from trainwave.runtime.settings import load_settings  # noqa: E402
 
 LATENCY_MS = float(os.environ.get("BENCH_LOADER_LATENCY_MS", "5"))

@@ -26,8 +26,8 @@ import torch  # noqa: E402
 import torch.distributed as dist  # noqa: E402
 
 from trainwave.runtime.accelerate import Accelerator  # noqa: E402
-from trainwave.runtime.comm import PowerSGDOptions  # noqa: E402
-from trainwave.runtime.hierarchical import build_node_groups  # noqa: E402
+from trainwave.runtime.comm.hierarchical import build_node_groups  # noqa: E402
+from trainwave.runtime.comm.hooks import PowerSGDOptions  # noqa: E402
 
 # name: (feature modes, accumulation steps)
 STRATEGIES = {

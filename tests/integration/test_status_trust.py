@@ -33,8 +33,8 @@ from integration.trainwave_fixtures import (
 )
 from trainwave import contract, signatures
 from trainwave.runtime.launch import status_signer
+from trainwave.runtime.launcher.status import StatusServer
 from trainwave.runtime.settings import load_settings
-from trainwave.runtime.status import StatusServer
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(240)]
 

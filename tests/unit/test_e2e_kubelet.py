@@ -11,7 +11,7 @@ from e2e.kubelet import AddressPool
 from e2e.podrun import sandbox_unavailable
 from e2e.podspec import PodContext, Unsupported, expand, field_value, plan_containers
 from e2e.podstatus import PodState
-from trainwave.runtime.podinfo import parse_annotations, unquote_go
+from trainwave.runtime.launcher.podinfo import parse_annotations, unquote_go
 
 NOW = "2026-11-22T03:00:00Z"
 LATER = "2026-11-22T03:00:05Z"

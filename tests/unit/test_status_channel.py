@@ -21,7 +21,7 @@ import pytest
 from trainwave import contract, signatures
 from trainwave.controller.fetching import FetchError, fetch
 from trainwave.controller.reporting import StatusPoller, Targets, parse_networks
-from trainwave.runtime.status import StatusServer
+from trainwave.runtime.launcher.status import StatusServer
 
 pytestmark = pytest.mark.timeout(30)
 

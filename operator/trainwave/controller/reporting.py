@@ -1,7 +1,7 @@
 """Read each running worker's runtime status (GET /status) and wake its job's reconcile.
 
 The runtime's launcher serves its worker's doctor report and progress on the
-status port (runtime/status.py); the operator pulls, like a Prometheus scrape,
+status port (runtime/launcher/status.py); the operator pulls, like a Prometheus scrape,
 so workers need no API credentials and no RBAC at all. Only pod IPs inside
 `networks` are contacted (the chart's `runtime.statusNetworks`): an operator
 never connects to addresses outside the pod network it was told about.

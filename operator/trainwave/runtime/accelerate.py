@@ -32,17 +32,17 @@ from torch.nn.parallel import DistributedDataParallel
 from torch.optim import Optimizer
 
 from trainwave import contract
-from trainwave.runtime import features
-from trainwave.runtime.autocomm import MeasuredComm
-from trainwave.runtime.budget import Held, LossFn, first_batch, hold_to_budget
 from trainwave.runtime.checkpoint import Checkpointer
-from trainwave.runtime.comm import PowerSGDOptions, RegisteredHook
-from trainwave.runtime.distributing import Distributor, env_int
-from trainwave.runtime.gang_checkpoint import resume_gang, save_gang
-from trainwave.runtime.process_group import join_from_env
+from trainwave.runtime.comm.autocomm import MeasuredComm
+from trainwave.runtime.comm.distributing import Distributor, env_int
+from trainwave.runtime.comm.hooks import PowerSGDOptions, RegisteredHook
+from trainwave.runtime.comm.process_group import join_from_env
+from trainwave.runtime.comm.strategy import Choice
+from trainwave.runtime.comm.trials import TrialOptions
 from trainwave.runtime.settings import Settings, load_settings
-from trainwave.runtime.strategy import Choice
-from trainwave.runtime.trials import TrialOptions
+from trainwave.runtime.train import features
+from trainwave.runtime.train.budget import Held, LossFn, first_batch, hold_to_budget
+from trainwave.runtime.train.gang_checkpoint import resume_gang, save_gang
 
 # What a feature the caller did not mention defaults to. Lossy compression and
 # the compilers change numbers or cost minutes of warm-up, so they are opt-in.

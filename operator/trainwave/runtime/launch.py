@@ -22,11 +22,12 @@ from pathlib import Path
 from typing import Any
 
 from trainwave import contract, signatures
-from trainwave.runtime import environment, podinfo, reports
+from trainwave.runtime import reports
+from trainwave.runtime.data.loader_defaults import cuda_present, resolve_loader_defaults
 from trainwave.runtime.doctor import DoctorReport, Host, Status, run_doctor
-from trainwave.runtime.loader_defaults import cuda_present, resolve_loader_defaults
+from trainwave.runtime.launcher import environment, podinfo
+from trainwave.runtime.launcher.status import StatusServer
 from trainwave.runtime.settings import Settings, SettingsError, load_settings
-from trainwave.runtime.status import StatusServer
 
 USAGE = "usage: python -m trainwave.runtime.launch [--] CMD [ARGS...]"
 EXIT_USAGE = 2

@@ -24,7 +24,7 @@ import torch
 from torch._C._distributed_c10d import GradBucket
 from torch.distributed.algorithms.ddp_comm_hooks import default_hooks, powerSGD_hook
 
-from trainwave.runtime.comm import BuiltHook, SerialState
+from trainwave.runtime.comm.hooks import BuiltHook, SerialState
 
 
 def _powersgd_state(built: BuiltHook) -> powerSGD_hook.PowerSGDState | None:

@@ -17,10 +17,10 @@ import torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel
 
 from trainwave import contract
-from trainwave.runtime import autocomm, strategy
-from trainwave.runtime.comm import PowerSGDOptions, RegisteredHook, register_comm_hook
-from trainwave.runtime.hierarchical import NodeGroups, build_node_groups
-from trainwave.runtime.trials import TrialOptions
+from trainwave.runtime.comm import autocomm, strategy
+from trainwave.runtime.comm.hierarchical import NodeGroups, build_node_groups
+from trainwave.runtime.comm.hooks import PowerSGDOptions, RegisteredHook, register_comm_hook
+from trainwave.runtime.comm.trials import TrialOptions
 
 
 class Distributor:

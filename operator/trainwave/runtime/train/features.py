@@ -12,15 +12,12 @@ import functools
 import importlib.util
 import inspect
 import shutil
-import time
 from collections.abc import Callable
 from typing import Any
 
 import torch
 from torch.optim import Optimizer
 from torch.utils import _foreach_utils
-
-from trainwave.runtime.strategy import DeviceCosts
 
 
 def choose_amp(
@@ -149,43 +146,3 @@ def compile_backend_missing(device: torch.device) -> str | None:
     if not (shutil.which("cc") or shutil.which("gcc") or shutil.which("clang")):
         return "no C compiler on PATH (Inductor builds CPU kernels with one)"
     return None
-
-
-def measure_device_costs(
-    device: torch.device, collective_latency_s: float | None = None
-) -> DeviceCosts:
-    """A ~50 ms probe of the rates strategy.py weighs compression with, on this device.
-
-    Measured while the other ranks do the same, so on a shared CPU the rates
-    already reflect the contention training will see.
-    """
-
-    def sync() -> None:
-        if device.type == "cuda":
-            torch.cuda.synchronize()
-
-    x = torch.randn(2**21, device=device)  # 8 MiB of fp32
-    a = torch.randn(256, 256, device=device)
-
-    def best_of(fn: Callable[[], object], reps: int = 3) -> float:
-        times = []
-        for _ in range(reps):
-            sync()
-            start = time.perf_counter()
-            fn()
-            sync()
-            times.append(time.perf_counter() - start)
-        return max(min(times), 1e-9)
-
-    cast = best_of(lambda: x.to(torch.float16))
-    matmul = best_of(lambda: a @ a)
-    copy = best_of(lambda: x.add(x))  # reads two buffers, writes one: what a reduction does
-    default_latency = 2e-5 if device.type == "cuda" else 2e-4
-    return DeviceCosts(
-        cast_gbytes_per_s=x.numel() * 4 / cast / 1e9,
-        matmul_gflops=2 * 256**3 / matmul / 1e9,
-        collective_latency_s=default_latency
-        if collective_latency_s is None
-        else collective_latency_s,
-        memory_gbytes_per_s=x.numel() * 4 / copy / 1e9,
-    )

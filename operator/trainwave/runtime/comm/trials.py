@@ -31,7 +31,7 @@ import statistics
 from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass, field
 
-from trainwave.runtime.strategy import EXACT
+from trainwave.runtime.comm.strategy import EXACT
 
 
 @dataclass(frozen=True)

@@ -16,7 +16,7 @@ from trainwave.hardware.inventory import GpuInfo
 from trainwave.runtime.submodel.arbiter import ArbiterClient, read_gpus
 
 pytestmark = pytest.mark.timeout(60)
-OPERATOR = Path(__file__).parents[3] / "operator"
+OPERATOR = Path(__file__).parents[4] / "operator"
 
 
 def gpu(index: int, mib: int) -> GpuInfo:

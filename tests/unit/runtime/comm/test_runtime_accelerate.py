@@ -8,7 +8,7 @@ from train_factories import LR, loss_fn, make_batch, make_model, max_abs_diff, r
 
 from trainwave.runtime import accelerate
 from trainwave.runtime.accelerate import Accelerator
-from trainwave.runtime.optim import LAMB
+from trainwave.runtime.train.optim import LAMB
 
 STEPS = 3
 

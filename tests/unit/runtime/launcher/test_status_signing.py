@@ -11,8 +11,8 @@ import pytest
 
 from trainwave import contract, signatures
 from trainwave.runtime.launch import status_signer
+from trainwave.runtime.launcher.status import Signer, StatusServer
 from trainwave.runtime.settings import load_settings
-from trainwave.runtime.status import Signer, StatusServer
 
 pytestmark = pytest.mark.timeout(20)
 

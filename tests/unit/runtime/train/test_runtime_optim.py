@@ -8,7 +8,7 @@ from collections.abc import Callable
 import pytest
 import torch
 
-from trainwave.runtime.optim import LAMB, LARS
+from trainwave.runtime.train.optim import LAMB, LARS
 
 STEPS = 5
 

@@ -15,7 +15,7 @@ from typing import Any
 import torch
 from torch.utils.data import DataLoader, Dataset, IterableDataset
 
-from trainwave.runtime.loader_defaults import LoaderDefaults
+from trainwave.runtime.data.loader_defaults import LoaderDefaults
 
 NO_CUDA = "skipped: no CUDA"
 

@@ -28,7 +28,7 @@ from torch.distributed.algorithms.ddp_comm_hooks import default_hooks, powerSGD_
 from torch.nn.parallel import DistributedDataParallel
 
 from trainwave import contract
-from trainwave.runtime.hierarchical import (
+from trainwave.runtime.comm.hierarchical import (
     HierarchicalState,
     NodeGroups,
     hierarchical_allreduce_hook,

@@ -20,8 +20,8 @@ EXACT = 2e-6
 
 def _accelerator(modes: dict, **options):
     from trainwave.runtime.accelerate import Accelerator
-    from trainwave.runtime.comm import PowerSGDOptions
-    from trainwave.runtime.trials import TrialOptions
+    from trainwave.runtime.comm.hooks import PowerSGDOptions
+    from trainwave.runtime.comm.trials import TrialOptions
 
     return Accelerator(
         modes,

@@ -7,7 +7,7 @@ from collections import Counter
 
 import pytest
 
-from trainwave.runtime.sampler import LengthGroupedSampler
+from trainwave.runtime.data.sampler import LengthGroupedSampler
 
 
 def lognormal_lengths(count: int, seed: int = 0) -> list[int]:

@@ -9,14 +9,14 @@ import pytest
 import torch
 from torch.utils.data import DataLoader, TensorDataset
 
-from trainwave.runtime.loader_defaults import (
+from trainwave.runtime.data.loader_defaults import (
     LoaderDefaults,
     compute_loader_defaults,
     cpu_quota,
     cuda_present,
     resolve_loader_defaults,
 )
-from trainwave.runtime.prefetch import (
+from trainwave.runtime.data.prefetch import (
     NO_CUDA,
     ConcurrentFetch,
     DevicePrefetcher,

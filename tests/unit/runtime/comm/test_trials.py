@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from trainwave.runtime.trials import TrialOptions, Trials, pick_fastest, prune, trial_order
+from trainwave.runtime.comm.trials import TrialOptions, Trials, pick_fastest, prune, trial_order
 
 ONE_AND_TWO = TrialOptions(warmup_steps=1, timed_steps=2)
 

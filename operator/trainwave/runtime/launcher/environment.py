@@ -13,7 +13,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 
 from trainwave import contract
-from trainwave.runtime.loader_defaults import LoaderDefaults
+from trainwave.runtime.data.loader_defaults import LoaderDefaults
 from trainwave.runtime.reports import NCCL_LOG_PATTERN
 from trainwave.runtime.settings import Settings
 

@@ -145,7 +145,7 @@ def test_report_says_what_was_done(results, variant, feature, expected):
 def _powersgd(rank: int, world: int, steps: int) -> dict:
     """Rank-1 gradients (every rank: one sample, the same input) are what rank-1 PowerSGD sends exactly."""
     from trainwave.runtime.accelerate import Accelerator
-    from trainwave.runtime.comm import PowerSGDOptions
+    from trainwave.runtime.comm.hooks import PowerSGDOptions
 
     acc = Accelerator(
         {"compression": "powersgd", "hierarchical_allreduce": "off"},

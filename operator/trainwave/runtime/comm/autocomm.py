@@ -17,17 +17,18 @@ from __future__ import annotations
 
 import math
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import torch
 import torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel
 
-from trainwave.runtime import features, strategy
-from trainwave.runtime.comm import BuiltHook, PowerSGDOptions, build_comm_hook
-from trainwave.runtime.dispatch import DispatchState, dispatch_hook
-from trainwave.runtime.hierarchical import NodeGroups
-from trainwave.runtime.trials import TrialOptions, Trials, prune, trial_order
+from trainwave.runtime.comm import strategy
+from trainwave.runtime.comm.dispatch import DispatchState, dispatch_hook
+from trainwave.runtime.comm.hierarchical import NodeGroups
+from trainwave.runtime.comm.hooks import BuiltHook, PowerSGDOptions, build_comm_hook
+from trainwave.runtime.comm.trials import TrialOptions, Trials, prune, trial_order
 
 AUTO_FEATURES = ("compression", "hierarchical_allreduce")
 
@@ -112,7 +113,7 @@ def plan(
         powersgd_rank=powersgd.rank,
         buckets=max(1, math.ceil(grad_bytes / (bucket_cap_mb * 2**20))),
     )
-    costs = features.measure_device_costs(device, collective_latency(world))
+    costs = measure_device_costs(device, collective_latency(world))
     choice = strategy.choose(problem, costs, candidates=allowed)
     keep, pruned = prune(choice.estimates, options)
     shared: list[object] = [keep or [choice.strategy], pruned]
@@ -231,3 +232,43 @@ class MeasuredComm:
 
     def close(self) -> None:
         self.state.close()
+
+
+def measure_device_costs(
+    device: torch.device, collective_latency_s: float | None = None
+) -> strategy.DeviceCosts:
+    """A ~50 ms probe of the rates strategy.py weighs compression with, on this device.
+
+    Measured while the other ranks do the same, so on a shared CPU the rates
+    already reflect the contention training will see.
+    """
+
+    def sync() -> None:
+        if device.type == "cuda":
+            torch.cuda.synchronize()
+
+    x = torch.randn(2**21, device=device)  # 8 MiB of fp32
+    a = torch.randn(256, 256, device=device)
+
+    def best_of(fn: Callable[[], object], reps: int = 3) -> float:
+        times = []
+        for _ in range(reps):
+            sync()
+            start = time.perf_counter()
+            fn()
+            sync()
+            times.append(time.perf_counter() - start)
+        return max(min(times), 1e-9)
+
+    cast = best_of(lambda: x.to(torch.float16))
+    matmul = best_of(lambda: a @ a)
+    copy = best_of(lambda: x.add(x))  # reads two buffers, writes one: what a reduction does
+    default_latency = 2e-5 if device.type == "cuda" else 2e-4
+    return strategy.DeviceCosts(
+        cast_gbytes_per_s=x.numel() * 4 / cast / 1e9,
+        matmul_gflops=2 * 256**3 / matmul / 1e9,
+        collective_latency_s=default_latency
+        if collective_latency_s is None
+        else collective_latency_s,
+        memory_gbytes_per_s=x.numel() * 4 / copy / 1e9,
+    )

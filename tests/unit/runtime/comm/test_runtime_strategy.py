@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from trainwave.runtime import strategy
-from trainwave.runtime.strategy import CommProblem, DeviceCosts
+from trainwave.runtime.comm import strategy
+from trainwave.runtime.comm.strategy import CommProblem, DeviceCosts
 
 # A fast device: compression costs nearly nothing, so only the links decide.
 FREE_COMPUTE = DeviceCosts(

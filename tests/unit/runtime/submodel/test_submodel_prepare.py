@@ -16,12 +16,12 @@ from submodel_training import OPTIMIZERS, deterministic, loss_fn, make_case, tra
 from torch import nn
 
 from trainwave.runtime.accelerate import Accelerator
-from trainwave.runtime.budget import BudgetError
 from trainwave.runtime.settings import Identity, Settings
 from trainwave.runtime.submodel.arbiter import ArbiterClient
+from trainwave.runtime.train.budget import BudgetError
 
 pytestmark = pytest.mark.timeout(120)
-OPERATOR = Path(__file__).parents[3] / "operator"
+OPERATOR = Path(__file__).parents[4] / "operator"
 
 
 def accelerator(mode: str, budget: int | None, socket: str | None = None) -> Accelerator:

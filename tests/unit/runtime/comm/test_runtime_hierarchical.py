@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 from dist_harness import run_world
 
-from trainwave.runtime.hierarchical import local_world_size_from
+from trainwave.runtime.comm.hierarchical import local_world_size_from
 
 WORLD = 4
 # id: (ranks per node, elements, values, travel dtype)
@@ -27,7 +27,7 @@ def _compare(rank: int, world: int, cases: dict) -> dict:
     import torch
     import torch.distributed as dist
 
-    from trainwave.runtime.hierarchical import build_node_groups, hierarchical_all_reduce_
+    from trainwave.runtime.comm.hierarchical import build_node_groups, hierarchical_all_reduce_
 
     groups = {local: build_node_groups(local) for local in sorted({c[0] for c in cases.values()})}
     dtypes = {"fp16": torch.float16, "bf16": torch.bfloat16, None: None}

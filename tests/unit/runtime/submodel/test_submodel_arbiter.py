@@ -19,7 +19,7 @@ from trainwave import contract
 from trainwave.runtime.submodel.arbiter import Arbiter, ArbiterClient
 
 HERE = Path(__file__).parent
-OPERATOR = HERE.parents[2] / "operator"
+OPERATOR = HERE.parents[3] / "operator"
 
 
 def run(coroutine):

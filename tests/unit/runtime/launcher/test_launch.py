@@ -14,13 +14,18 @@ from pathlib import Path
 import pytest
 
 from trainwave import contract
-from trainwave.runtime import environment
+from trainwave.runtime.data.loader_defaults import LoaderDefaults, cuda_present
 from trainwave.runtime.launch import child_command
-from trainwave.runtime.loader_defaults import LoaderDefaults, cuda_present
-from trainwave.runtime.podinfo import PodInfoError, parse_annotations, unquote_go, worker_env
+from trainwave.runtime.launcher import environment
+from trainwave.runtime.launcher.podinfo import (
+    PodInfoError,
+    parse_annotations,
+    unquote_go,
+    worker_env,
+)
 from trainwave.runtime.settings import load_settings
 
-REPO = Path(__file__).resolve().parents[3]
+REPO = Path(__file__).resolve().parents[4]
 RUN = [sys.executable, "-m", "torch.distributed.run"]
 
 COMMANDS = {
