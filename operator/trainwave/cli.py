@@ -62,6 +62,13 @@ def main(argv: list[str] | None = None) -> int:
         "Default: none (no arbiter)",
     )
     operator.add_argument(
+        "--gpu-claims",
+        action="store_true",
+        help="give each shared-GPU worker a DRA ResourceClaim for the GPU it is placed on, "
+        "so kube-scheduler accounts every GPU's memory (needs the agent's --gpu-slices and "
+        "the DRAConsumableCapacity feature gate)",
+    )
+    operator.add_argument(
         "--status-networks",
         default="",
         metavar="CIDRS",
@@ -126,6 +133,12 @@ def main(argv: list[str] | None = None) -> int:
         metavar="DIR",
         help=f"write the shared GPUs and their bytes to DIR/{contract.ARBITER_GPUS_FILE} for "
         "the node-local arbiter (default: no arbiter)",
+    )
+    agent.add_argument(
+        "--gpu-slices",
+        action="store_true",
+        help=f"publish each shared GPU as a DRA ResourceSlice of driver {contract.DRA_DRIVER} "
+        "(needs the DRAConsumableCapacity feature gate; see the README's Shared GPUs)",
     )
     agent.add_argument("--log-level", choices=LOG_LEVELS, default="info")
     doctor = commands.add_parser("doctor", help="check this worker's GPUDirect RDMA setup")
@@ -292,6 +305,7 @@ def run_agent(options: argparse.Namespace) -> int:
             options.shared_gpus,
             options.fake_gpus,
             arbiter_dir=options.arbiter_dir,
+            gpu_slices=options.gpu_slices,
         ),
         publisher.publish,
         publish_errors=(PublishError,),
@@ -436,6 +450,7 @@ def run_operator(options: argparse.Namespace) -> int:
               "absolute path", file=sys.stderr)  # fmt: skip
         return 2
     handlers.OPTIONS.arbiter_dir = options.arbiter_dir or None
+    handlers.OPTIONS.gpu_claims = options.gpu_claims
     from trainwave.controller.reporting import parse_networks
 
     try:

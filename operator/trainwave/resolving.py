@@ -36,12 +36,16 @@ def resolve(
     levels: Sequence[str] = DEFAULT_LEVELS,
     *,
     arbiter_dir: str | None = None,
+    gpu_claims: bool = False,
 ) -> ResolvedJob:
     """Raises InvalidSpec naming the field for what cannot run as written.
 
     `arbiter_dir`: the host directory of the node-local arbiter's sockets when the
-    operator runs one (Helm value agent.arbiter.enabled), else None."""
-    return resolve_job(parse_trainingjob(body), levels, arbiter_dir=arbiter_dir)
+    operator runs one (Helm value agent.arbiter.enabled), else None. `gpu_claims`:
+    shared workers get a DRA ResourceClaim for their GPU (Helm value sharing.gpuClaims)."""
+    return resolve_job(
+        parse_trainingjob(body), levels, arbiter_dir=arbiter_dir, gpu_claims=gpu_claims
+    )
 
 
 def resolve_job(
@@ -49,6 +53,7 @@ def resolve_job(
     levels: Sequence[str] = DEFAULT_LEVELS,
     *,
     arbiter_dir: str | None = None,
+    gpu_claims: bool = False,
 ) -> ResolvedJob:
     job = _pruned(job)
     check_template(job)
@@ -67,7 +72,9 @@ def resolve_job(
     setup = None
     if shared is not None:
         check_shared_env(job)
-        setup = shared_setup(shared.mib, shared.bytes, job.spec.runtime, arbiter_dir)
+        setup = shared_setup(
+            shared.mib, shared.bytes, job.spec.runtime, arbiter_dir, gpu_claim=gpu_claims
+        )
     return ResolvedJob(job, shared, gang, setup)
 
 

@@ -157,6 +157,13 @@ def audit_flags(layout: Layout) -> list[str]:
     ]
 
 
+# Shared GPUs as DRA devices with memory as consumable capacity (several claims on
+# one GPU): alpha and off in 1.34. Without it on kube-apiserver the slice fields are
+# silently dropped; without it on kube-scheduler capacity requests are refused; the
+# controller manager reads it only for device-taint eviction.
+DRA_GATES = "DRAConsumableCapacity=true"
+
+
 def apiserver_command(
     binary: Path, layout: Layout, ports: Ports, *, audit: bool = False
 ) -> list[str]:
@@ -206,7 +213,7 @@ def apiserver_command(
         # RequestWatchProgress (etcd >= 3.5.13). Against etcd 3.5.1 every such
         # watch fails at once: kwok (it always watches from "0") and any
         # client watching without a resourceVersion would re-list in a loop.
-        "--feature-gates=WatchList=false",
+        f"--feature-gates=WatchList=false,{DRA_GATES}",
         "--profiling=false",
         *(audit_flags(layout) if audit else []),
     ]
@@ -238,6 +245,7 @@ def controller_manager_command(binary: Path, layout: Layout, ports: Ports) -> li
         f"--node-monitor-grace-period={NODE_MONITOR_GRACE}",
         "--concurrent-gc-syncs=20",
         "--concurrent-namespace-syncs=10",
+        f"--feature-gates={DRA_GATES}",
         "--profiling=false",
     ]
 
@@ -265,6 +273,7 @@ def scheduler_command(binary: Path, layout: Layout, ports: Ports) -> list[str]:
         f"--authorization-kubeconfig={kubeconfig}",
         "--bind-address=127.0.0.1",
         f"--secure-port={ports.scheduler}",
+        f"--feature-gates={DRA_GATES}",
         "--profiling=false",
     ]
 

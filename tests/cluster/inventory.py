@@ -37,18 +37,7 @@ def inventory_annotation(
     shared: bool = False,
 ) -> dict[str, str]:
     per_numa = max(1, gpus // 2)
-    gpu_infos = tuple(
-        GpuInfo(
-            index=i,
-            uuid=_uuid(node, i),
-            product=product,
-            memory_mib=memory_mib,
-            pci_bus_id=f"0000:{0x18 + 0x10 * i:02x}:00.0",
-            numa_node=i // per_numa,
-            pci_path=f"pci0000:{i:02x}/0000:{i:02x}:01.0/0000:{0x18 + 0x10 * i:02x}:00.0",
-        )
-        for i in range(gpus)
-    )
+    gpu_infos = simulated_gpus(node, gpus=gpus, product=product, memory_mib=memory_mib)
     nic_infos: tuple[NicInfo, ...] = ()
     nearest: tuple[GpuNicDistance, ...] = ()
     if link_layer is not None:
@@ -85,6 +74,23 @@ def inventory_annotation(
         shared=tuple(range(gpus)) if shared else (),
     )
     return {ANNOTATION_INVENTORY: encode(inventory)}
+
+
+def simulated_gpus(node: str, *, gpus: int, product: str, memory_mib: int) -> tuple[GpuInfo, ...]:
+    """The GPUs of a simulated node, as the agent's discovery would report them."""
+    per_numa = max(1, gpus // 2)
+    return tuple(
+        GpuInfo(
+            index=i,
+            uuid=_uuid(node, i),
+            product=product,
+            memory_mib=memory_mib,
+            pci_bus_id=f"0000:{0x18 + 0x10 * i:02x}:00.0",
+            numa_node=i // per_numa,
+            pci_path=f"pci0000:{i:02x}/0000:{i:02x}:01.0/0000:{0x18 + 0x10 * i:02x}:00.0",
+        )
+        for i in range(gpus)
+    )
 
 
 def _uuid(node: str, index: int) -> str:

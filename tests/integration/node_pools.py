@@ -15,7 +15,9 @@ from dataclasses import dataclass
 from typing import Any
 
 from cluster.controlplane import Cluster
+from cluster.inventory import simulated_gpus
 from cluster.topology import NodeShape, build_node
+from trainwave.agent.slices import NodeRef, build_slices
 
 POOL_LABEL = "test.trainwave.io/pool"
 H100 = {"product": "NVIDIA-H100-80GB-HBM3", "count": 8, "memoryMiB": 81559}
@@ -40,8 +42,14 @@ class Pool:
 
 @contextmanager
 def node_pool(
-    cluster: Cluster, rack_sizes: tuple[int, ...], shape: dict[str, Any] | None = None
+    cluster: Cluster,
+    rack_sizes: tuple[int, ...],
+    shape: dict[str, Any] | None = None,
+    *,
+    gpu_slices: bool = False,
 ) -> Iterator[Pool]:
+    """`gpu_slices`: also publish each node's shared GPUs as DRA ResourceSlices, built by
+    the agent's own code (agent/slices.py), as `trainwave agent --gpu-slices` would."""
     pool_id = f"p{uuid.uuid4().hex[:6]}"
     node_shape = NodeShape.model_validate(shape or {"cpu": "192", "gpu": H100})
     manifests, racks = [], {}
@@ -63,11 +71,27 @@ def node_pool(
     try:
         names = [f"node/{n}" for n in pool.nodes]
         cluster.kubectl("wait", "--for=condition=Ready", *names, "--timeout=60s")
+        if gpu_slices:
+            _publish_slices(cluster, pool, node_shape)
         yield pool
     finally:
         cluster.kubectl(
             "delete", "nodes", "-l", f"{POOL_LABEL}={pool_id}", "--wait=false", check=False
         )
+
+
+def _publish_slices(cluster: Cluster, pool: Pool, shape: NodeShape) -> None:
+    assert shape.gpu is not None, "slices are for shared GPUs"
+    assert shape.gpu.shared, "slices are for shared GPUs"
+    slices = []
+    for name in pool.nodes:
+        uid = cluster.kubectl("get", "node", name, "-o", "jsonpath={.metadata.uid}").stdout
+        gpus = simulated_gpus(
+            name, gpus=shape.gpu.count, product=shape.gpu.product, memory_mib=shape.gpu.memory_mib
+        )
+        slices += build_slices(NodeRef(name, uid.strip()), gpus, generation=1)
+    document = json.dumps({"apiVersion": "v1", "kind": "List", "items": slices})
+    cluster.kubectl("create", "-f", "-", input=document)
 
 
 def blocker_pod(

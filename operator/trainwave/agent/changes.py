@@ -23,11 +23,12 @@ from dataclasses import dataclass, field
 from typing import Any, Literal
 
 from trainwave.contract import ANNOTATION_AGENT_LABELS, SHARED_GPU_MEMORY_RESOURCE
+from trainwave.hardware.inventory import GpuInfo
 
 OWNED_RESOURCES = (SHARED_GPU_MEMORY_RESOURCE,)
 STATUS_FIELDS = ("capacity", "allocatable")
 
-ChangeKind = Literal["label", "annotation", "capacity", "allocatable"]
+ChangeKind = Literal["label", "annotation", "capacity", "allocatable", "resourceslice"]
 
 _QUANTITY = re.compile(r"^([0-9]+)(|k|M|G|T|P|E|Ki|Mi|Gi|Ti|Pi|Ei)$")
 _MULTIPLIERS = {
@@ -43,6 +44,9 @@ class DesiredNode:
     labels: Mapping[str, str] = field(default_factory=dict)
     annotations: Mapping[str, str] = field(default_factory=dict)
     resources: Mapping[str, int] = field(default_factory=dict)
+    # The GPUs to publish as DRA ResourceSlices (slices.py); None: the agent
+    # publishes no slices and leaves any that exist alone.
+    slices: tuple[GpuInfo, ...] | None = None
 
 
 @dataclass(frozen=True)

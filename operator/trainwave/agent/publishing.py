@@ -12,6 +12,7 @@ from __future__ import annotations
 import json
 import logging
 from collections.abc import Callable
+from functools import partial
 from typing import Any
 
 import urllib3
@@ -19,14 +20,17 @@ from kubernetes import client, config
 from kubernetes.client.exceptions import ApiException
 
 from trainwave.agent.changes import Change, DesiredNode, diff_node
-from trainwave.contract import AGENT_FIELD_MANAGER, ENV_NODE_NAME
+from trainwave.agent.slices import NodeRef, gate_problem, plan_slices
+from trainwave.contract import AGENT_FIELD_MANAGER, DRA_DRIVER, ENV_NODE_NAME
+from trainwave.hardware.inventory import GpuInfo
 
 logger = logging.getLogger(__name__)
 
 MERGE_PATCH = "application/merge-patch+json"
 REQUEST_TIMEOUT = 15.0  # seconds; a hung API server must not hang the agent's loop
 RBAC_HINT = (
-    "the agent's ServiceAccount needs get and patch on nodes and patch on nodes/status "
+    "the agent's ServiceAccount needs get and patch on nodes, patch on nodes/status and, "
+    "with --gpu-slices, list, create, update and delete on resourceslices "
     "(chart: templates/agent-rbac.yaml)"
 )
 
@@ -52,10 +56,12 @@ def connect() -> client.CoreV1Api:
 class NodePublisher:
     def __init__(self, core: client.CoreV1Api, node_name: str) -> None:
         self.core = core
+        self.resources = client.ResourceV1Api(core.api_client)
         self.node_name = node_name
 
     def publish(self, desired: DesiredNode) -> tuple[Change, ...]:
         node = self._call("get", "nodes", self._read)
+        slice_changes = self._publish_slices(node, desired.slices)
         patches = diff_node(node, desired)
         if patches.node:
             self._call("patch", "nodes", lambda: self._patch(self.core.patch_node, patches.node))
@@ -67,7 +73,70 @@ class NodePublisher:
             )
         for change in patches.changes:
             logger.info("node=%s %s", self.node_name, change)
-        return patches.changes
+        return (*slice_changes, *patches.changes)
+
+    def _publish_slices(
+        self, node: dict[str, Any], shared: tuple[GpuInfo, ...] | None
+    ) -> tuple[Change, ...]:
+        """Create, replace or delete this node's ResourceSlices of our driver (slices.py)."""
+        if shared is None:
+            return ()
+        ref = NodeRef(self.node_name, str(node["metadata"]["uid"]))
+        published = self._call("list", "resourceslices", self._list_slices)
+        plan = plan_slices(ref, shared, published)
+        changes: list[Change] = []
+        for body in plan.write:
+            name = str(body["metadata"]["name"])
+            if "resourceVersion" in body["metadata"]:
+                stored = self._call("replace", "resourceslices", partial(self._replace, name, body))
+            else:
+                stored = self._call("create", "resourceslices", partial(self._create, body))
+            problem = gate_problem(stored)
+            if problem is not None:
+                raise PublishError(problem)
+            generation = str(body["spec"]["pool"]["generation"])
+            changes.append(Change("resourceslice", name, None, f"generation {generation}"))
+        for name in plan.delete:
+            self._call("delete", "resourceslices", partial(self._delete, name))
+            changes.append(Change("resourceslice", name, "published", None))
+        for change in changes:
+            logger.info("node=%s %s", self.node_name, change)
+        return tuple(changes)
+
+    def _list_slices(self) -> list[dict[str, Any]]:
+        response: Any = self.resources.list_resource_slice(
+            field_selector=f"spec.nodeName={self.node_name},spec.driver={DRA_DRIVER}",
+            _preload_content=False,
+            _request_timeout=REQUEST_TIMEOUT,
+        )
+        items: list[dict[str, Any]] = json.loads(response.data).get("items") or []
+        return items
+
+    def _create(self, body: dict[str, Any]) -> dict[str, Any]:
+        raw: Any = body  # the API's JSON as is: the client's models drop fields they predate
+        response: Any = self.resources.create_resource_slice(
+            raw,
+            field_manager=AGENT_FIELD_MANAGER,
+            _preload_content=False,
+            _request_timeout=REQUEST_TIMEOUT,
+        )
+        stored: dict[str, Any] = json.loads(response.data)
+        return stored
+
+    def _replace(self, name: str, body: dict[str, Any]) -> dict[str, Any]:
+        raw: Any = body
+        response: Any = self.resources.replace_resource_slice(
+            name,
+            raw,
+            field_manager=AGENT_FIELD_MANAGER,
+            _preload_content=False,
+            _request_timeout=REQUEST_TIMEOUT,
+        )
+        stored: dict[str, Any] = json.loads(response.data)
+        return stored
+
+    def _delete(self, name: str) -> None:
+        self.resources.delete_resource_slice(name, _request_timeout=REQUEST_TIMEOUT)
 
     def _read(self) -> dict[str, Any]:
         # The raw JSON, not the client's model: the diff reads the API's own field names.
@@ -101,6 +170,11 @@ class NodePublisher:
     def _explain(self, verb: str, resource: str, error: ApiException) -> str:
         what = f"{verb} {resource}/{self.node_name}"
         message = _server_message(error)
+        if error.status == 404 and resource == "resourceslices":
+            return (
+                f"{what}: not found: {message}; --gpu-slices needs resource.k8s.io/v1 "
+                "(Kubernetes 1.34 or newer)"
+            )
         if error.status == 404:
             return (
                 f"{what}: node not found; --node-name (default ${ENV_NODE_NAME}) must be this "

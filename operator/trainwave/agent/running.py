@@ -55,10 +55,15 @@ class AgentOptions:
     shared: SharedSelection = field(default_factory=SharedSelection)
     fake_gpus: Path | None = None  # a JSON file instead of NVML (fake_gpus.py)
     arbiter_dir: Path | None = None  # where the arbiter container reads the shared GPUs
+    gpu_slices: bool = False  # publish the shared GPUs as DRA ResourceSlices (slices.py)
 
 
 def desired_node(
-    inventory: NodeInventory, node_name: str, selection: SharedSelection
+    inventory: NodeInventory,
+    node_name: str,
+    selection: SharedSelection,
+    *,
+    gpu_slices: bool = False,
 ) -> DesiredNode:
     """Labels, the inventory annotation and the shared-memory resource of one node.
 
@@ -70,6 +75,7 @@ def desired_node(
         labels=build_labels(inventory, nvlink_domain=node_name),
         annotations=build_annotations(inventory, shared),
         resources={SHARED_GPU_MEMORY_RESOURCE: shared_memory_mib(shared)} if shared else {},
+        slices=shared if gpu_slices else None,
     )
 
 
@@ -120,7 +126,12 @@ class Agent:
         try:
             with open_backend(self.options) as backend:
                 inventory = discover(backend, self.options.root)
-            desired = desired_node(inventory, self.options.node_name, self.options.shared)
+            desired = desired_node(
+                inventory,
+                self.options.node_name,
+                self.options.shared,
+                gpu_slices=self.options.gpu_slices,
+            )
             self._report_problems(inventory.problems)
             if self.options.arbiter_dir is not None:
                 shared = shared_gpus(self.options.shared, inventory.gpus)

@@ -121,10 +121,18 @@ class SharedSetup:
     # Host directory of the node-local arbiter's sockets, mounted into the worker;
     # None when the operator runs no arbiter or nothing in the worker would use it.
     arbiter_dir: str | None = None
+    # The worker's GPU is a DRA ResourceClaim that kube-scheduler allocates on the
+    # GPU the packer chose, accounting that GPU's memory claim by claim.
+    gpu_claim: bool = False
 
 
 def shared_setup(
-    memory_mib: int, budget_bytes: int, runtime: RuntimeSpec | None, arbiter_dir: str | None
+    memory_mib: int,
+    budget_bytes: int,
+    runtime: RuntimeSpec | None,
+    arbiter_dir: str | None,
+    *,
+    gpu_claim: bool = False,
 ) -> SharedSetup:
     allocator = "off"
     if runtime is not None and runtime.enabled:
@@ -134,6 +142,7 @@ def shared_setup(
         budget_bytes=budget_bytes,
         allocator=allocator,
         arbiter_dir=arbiter_dir if allocator != "off" else None,
+        gpu_claim=gpu_claim,
     )
 
 
@@ -142,12 +151,17 @@ def isolation(setup: SharedSetup | None) -> str:
     if setup is None:
         return ""
     budget = f"{setup.memory_mib} MiB"
+    accounting = (
+        f"per-GPU accounting: a DRA ResourceClaim takes {budget} of the placed GPU's "
+        "memory capacity, allocated by kube-scheduler, which refuses a GPU without that much left"
+        if setup.gpu_claim
+        else "no per-GPU device allocation: Kubernetes accounts trainwave.io/gpu-memory per node"
+    )
     parts = [
         # Env pinning is always configured for a shared worker (builders/sharing.py).
         "GPU: pinned by env (NVIDIA_VISIBLE_DEVICES and CUDA_VISIBLE_DEVICES = the placed GPU's "
         "UUID, from the pod's trainwave.io/gpu-uuid annotation); the container sees one GPU "
-        "where the NVIDIA container runtime honours NVIDIA_VISIBLE_DEVICES; no per-GPU device "
-        "allocation: Kubernetes accounts trainwave.io/gpu-memory per node",
+        f"where the NVIDIA container runtime honours NVIDIA_VISIBLE_DEVICES; {accounting}",
     ]
     if setup.allocator == "off":
         parts.append(

@@ -13,6 +13,7 @@ enumerates only it), with or without the runtime. Everything here follows
 the resolved `SharedSetup`, which status.isolation is written from too.
 """
 
+from collections.abc import Mapping
 from typing import Any
 
 from trainwave import contract
@@ -35,6 +36,85 @@ def set_shared_gpu(pod: dict[str, Any], worker: Worker) -> None:
     container["env"] = [*container.get("env", []), *shared_env(setup)]
     if setup.arbiter_dir is not None:
         _mount_arbiter(pod, container, setup.arbiter_dir)
+    if setup.gpu_claim:
+        _reference_claim(pod, container)
+
+
+def claim_name(pod_name: str) -> str:
+    """The worker's ResourceClaim: named from the pod, since a pod's claims are fixed at
+    creation while the GPU is chosen later; the placer creates it at release."""
+    return f"{pod_name}-{contract.DRA_CLAIM_REQUEST}"
+
+
+def build_gpu_claim(
+    pod: Mapping[str, Any], gpu_uuid: str, memory_mib: int
+) -> dict[str, Any] | None:
+    """The ResourceClaim of a gated shared worker, for the GPU the packer chose; None for a
+    pod built without one. kube-scheduler allocates it, so it refuses the GPU when the
+    claims already allocated there leave less than `memory_mib` of its memory. The pod
+    owns it: the garbage collector deletes it with the pod.
+
+    One request with count 1 and a selector for one device: kube-scheduler v1.34.4 panics
+    on count >= 2 against shareable devices (kubernetes/kubernetes#133705)."""
+    meta, spec = pod["metadata"], pod["spec"]
+    referenced = [
+        c["resourceClaimName"]
+        for c in spec.get("resourceClaims") or ()
+        if c.get("name") == contract.DRA_POD_CLAIM and c.get("resourceClaimName")
+    ]
+    if not referenced:
+        return None
+    attribute = f'device.attributes["{contract.DRA_DRIVER}"].{contract.DRA_ATTRIBUTE_UUID}'
+    selector = f'{attribute} == "{gpu_uuid}"'
+    return {
+        "apiVersion": "resource.k8s.io/v1",
+        "kind": "ResourceClaim",
+        "metadata": {
+            "name": referenced[0],
+            "namespace": meta["namespace"],
+            "labels": {contract.LABEL_ROLE: contract.ROLE_WORKER},
+            "ownerReferences": [
+                {
+                    "apiVersion": "v1",
+                    "kind": "Pod",
+                    "name": meta["name"],
+                    "uid": meta["uid"],
+                }
+            ],
+        },
+        "spec": {
+            "devices": {
+                "requests": [
+                    {
+                        "name": contract.DRA_CLAIM_REQUEST,
+                        "exactly": {
+                            "deviceClassName": contract.DRA_DEVICE_CLASS,
+                            "allocationMode": "ExactCount",
+                            "count": 1,
+                            "selectors": [{"cel": {"expression": selector}}],
+                            "capacity": {
+                                "requests": {contract.DRA_CAPACITY_MEMORY: f"{memory_mib}Mi"}
+                            },
+                        },
+                    }
+                ]
+            }
+        },
+    }
+
+
+def _reference_claim(pod: dict[str, Any], container: dict[str, Any]) -> None:
+    name = claim_name(pod["metadata"]["name"])
+    claims = [
+        c for c in pod["spec"].get("resourceClaims", []) if c.get("name") != contract.DRA_POD_CLAIM
+    ]
+    pod["spec"]["resourceClaims"] = [
+        *claims,
+        {"name": contract.DRA_POD_CLAIM, "resourceClaimName": name},
+    ]
+    resources = container.setdefault("resources", {})
+    used = [c for c in resources.get("claims", []) if c.get("name") != contract.DRA_POD_CLAIM]
+    resources["claims"] = [*used, {"name": contract.DRA_POD_CLAIM}]
 
 
 def shared_env(setup: SharedSetup) -> list[dict[str, Any]]:

@@ -52,6 +52,7 @@ class Options:
     topology_levels: tuple[str, ...] = DEFAULT_LEVELS
     runtime_image: str = contract.DEFAULT_RUNTIME_IMAGE
     arbiter_dir: str | None = None  # the node-local arbiter's socket directory, if it runs
+    gpu_claims: bool = False  # shared workers get a DRA ResourceClaim for their GPU
     status_networks: tuple[Network, ...] = ANY_NETWORK
     namespaces: tuple[str, ...] = ()  # names or patterns; empty: every namespace
     status_key_secret: tuple[str, str] = ("trainwave-system", contract.DEFAULT_STATUS_KEY_SECRET)
@@ -131,6 +132,7 @@ async def start(*, settings: kopf.OperatorSettings, memo: Any, **_: Any) -> None
         levels=OPTIONS.topology_levels,
         runtime_image=OPTIONS.runtime_image,
         arbiter_dir=OPTIONS.arbiter_dir,
+        gpu_claims=OPTIONS.gpu_claims,
         poller=poller,
         master_key=master_key,
         departures=_DEPARTURES,

@@ -66,6 +66,7 @@ class KubeClient:
         self.core = client.CoreV1Api(api_client)
         self.custom = client.CustomObjectsApi(api_client)
         self.events = client.EventsV1Api(api_client)
+        self.resource = client.ResourceV1Api(api_client)
         self.instance = os.environ.get("POD_NAME") or socket.gethostname()
         # Asked before every write: with leader election, it refuses a replica that does
         # not hold the Lease (leadership.LeaderElector.check). Reads are never gated.
@@ -208,6 +209,50 @@ class KubeClient:
                 raise Rejected(_status_message(error)) from None
             raise
 
+    def create_gpu_claim(self, claim: dict[str, Any]) -> None:
+        """Create a shared worker's ResourceClaim (builders/sharing.py build_gpu_claim).
+
+        One left by an earlier pod of the same name, or asking for another GPU, is
+        deleted and Conflict raised: claims are immutable, and the next round creates
+        it afresh. Our own from a release that was retried is kept.
+        """
+        meta = claim["metadata"]
+        namespace, name = meta["namespace"], meta["name"]
+        raw: Any = claim  # sent as is: the client's models drop fields they predate
+        self.guard()
+        try:
+            _release(
+                self.resource.create_namespaced_resource_claim(
+                    namespace, raw, field_manager=contract.FIELD_MANAGER, _preload_content=False
+                )
+            )
+            return
+        except ApiException as error:
+            if error.status == 422:
+                raise Rejected(_status_message(error)) from None
+            if error.status in (403, 404):
+                raise Rejected(
+                    f"resourceclaim {namespace}/{name}: {_status_message(error)} (the operator "
+                    "needs create, get and delete on resource.k8s.io/v1 resourceclaims, "
+                    "Kubernetes 1.34 or newer)"
+                ) from None
+            if error.status != 409:
+                raise
+        response: Any = self.resource.read_namespaced_resource_claim(
+            name, namespace, _preload_content=False
+        )
+        existing = json.loads(response.data)
+        if _selectors(existing) == _selectors(claim) and _same_owner(existing, claim):
+            return
+        self._ignore_gone(
+            lambda: _release(
+                self.resource.delete_namespaced_resource_claim(
+                    name, namespace, _preload_content=False
+                )
+            )
+        )
+        raise Conflict(f"resourceclaim {namespace}/{name} was left by an earlier pod; replaced")
+
     def delete_pod(self, namespace: str, name: str) -> None:
         self._ignore_gone(
             lambda: _release(
@@ -321,6 +366,17 @@ def transient(error: BaseException) -> bool:
     # A write refused because this replica lost the Lease is the operator's state, not the
     # job's fault (the process is on its way out; leadership.py).
     return isinstance(error, OSError | HTTPError | NotLeading)  # Timeout/ConnectionError too
+
+
+def _selectors(claim: dict[str, Any]) -> list[Any]:
+    """What pins a claim to its GPU (the server defaults other fields of the spec)."""
+    requests = (claim.get("spec") or {}).get("devices", {}).get("requests") or []
+    return [(r.get("exactly") or {}).get("selectors") for r in requests]
+
+
+def _same_owner(existing: dict[str, Any], wanted: dict[str, Any]) -> bool:
+    owners = {o.get("uid") for o in existing["metadata"].get("ownerReferences") or ()}
+    return all(o["uid"] in owners for o in wanted["metadata"].get("ownerReferences") or ())
 
 
 def _status_message(error: ApiException) -> str:

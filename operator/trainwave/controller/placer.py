@@ -34,7 +34,7 @@ import contextlib
 import logging
 import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime
 from functools import partial
 from typing import Any
@@ -44,6 +44,7 @@ from trainwave.api.network import NetworkSpec
 from trainwave.api.reasons import Reason
 from trainwave.builders.gating import build_release_patch
 from trainwave.builders.network import gang_link_env, node_network_env
+from trainwave.builders.sharing import build_gpu_claim
 from trainwave.controller import metrics
 from trainwave.controller.clusterview import ClusterView, JobKey
 from trainwave.controller.inflight import Inflight
@@ -75,6 +76,8 @@ class Release:
     patches: list[tuple[Mapping[str, Any], dict[str, Any]]]
     summary: str
     targets: list[tuple[PodRecord, str, str, int]]  # (pod, node, GPU UUID, GPU MiB)
+    # Shared workers' DRA ResourceClaims, created before the pods are released.
+    claims: list[dict[str, Any]] = field(default_factory=list)
 
 
 @dataclass(frozen=True)
@@ -277,7 +280,12 @@ class Placer:
             (pod, pin.node, pin.gpu_uuid, pin.memory_mib)
             for pod, pin in zip(gang, placed.pins, strict=True)
         ]
-        return Release(key, patches, summary, targets)
+        claims = [
+            claim
+            for pod, pin in zip(gang, placed.pins, strict=True)
+            if (claim := build_gpu_claim(_basis(pod), pin.gpu_uuid, pin.memory_mib)) is not None
+        ]
+        return Release(key, patches, summary, targets, claims)
 
     def _release(
         self,
@@ -327,6 +335,8 @@ class Placer:
         key, patches, summary, targets = (
             release.key, release.patches, release.summary, release.targets
         )  # fmt: skip
+        if not await self._create_claims(release):
+            return
         results = await asyncio.gather(
             *(
                 asyncio.to_thread(
@@ -354,6 +364,28 @@ class Placer:
             logger.info("%s/%s: placed: %s", *key, summary)
             metrics.GANGS_PLACED.inc()
         self._wake(key)
+
+    async def _create_claims(self, release: Release) -> bool:
+        """The gang's GPU claims, all before any pod is released: a worker whose claim is
+        missing would wait unbound beside a running gang. False (nothing released, the
+        room given back, the gang placed again next round) when one was refused."""
+        if not release.claims:
+            return True
+        results = await asyncio.gather(
+            *(asyncio.to_thread(self._kube.create_gpu_claim, claim) for claim in release.claims),
+            return_exceptions=True,
+        )
+        failed = [r for r in results if isinstance(r, BaseException)]
+        if not failed:
+            return True
+        for pod, *_ in release.targets:
+            self._inflight.forget(pod)
+        for error in failed:
+            if not isinstance(error, Conflict | Rejected):
+                raise error
+            logger.warning("%s/%s: creating a GPU claim failed: %s", *release.key, error)
+        self._wake(release.key)
+        return False
 
     async def _preempt(
         self, preemption: Preemption, names: Mapping[str, JobKey], view: ClusterView

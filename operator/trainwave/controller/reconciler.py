@@ -82,6 +82,7 @@ class Reconciler:
         record_event: Callable[[dict[str, Any], JobEvent], None],
         runtime_image: str = contract.DEFAULT_RUNTIME_IMAGE,
         arbiter_dir: str | None = None,
+        gpu_claims: bool = False,
         poller: StatusPoller | None = None,
         master_key: bytes = b"",
         departures: Departures | None = None,
@@ -95,6 +96,7 @@ class Reconciler:
         self._levels = levels
         self._runtime_image = runtime_image
         self._arbiter_dir = arbiter_dir
+        self._gpu_claims = gpu_claims
         self._poller = poller
         self._master_key = master_key  # each job's status key is derived from it
         self._job_body = job_body
@@ -236,7 +238,7 @@ class Reconciler:
         now = self._clock()
         try:
             resolved = resolve(
-                body, self._levels, arbiter_dir=self._arbiter_dir
+                body, self._levels, arbiter_dir=self._arbiter_dir, gpu_claims=self._gpu_claims
             )  # the one parse of this reconcile
         except InvalidSpec as invalid:
             return decide_invalid(meta, parse_status(body), pods, str(invalid), now), None
@@ -251,6 +253,7 @@ class Reconciler:
                     with_flavors(resolved.job, flavors),
                     self._levels,
                     arbiter_dir=self._arbiter_dir,
+                    gpu_claims=self._gpu_claims,
                 )
         attempt = resolved.job.status.attempt
         reports = self._poller.reports(key, attempt) if self._poller else {}

@@ -231,11 +231,18 @@ def _release_basis(metadata: Mapping[str, Any], spec: Mapping[str, Any]) -> Mapp
         "metadata": {
             "name": metadata.get("name"),
             "namespace": metadata.get("namespace"),
+            "uid": metadata.get("uid"),
             "resourceVersion": metadata.get("resourceVersion"),
         },
         "spec": {
             "schedulingGates": list(spec.get("schedulingGates") or ()),
             "affinity": spec.get("affinity") or {},
+            # A shared worker's GPU claim, created at release (builders/sharing.py).
+            "resourceClaims": [
+                claim
+                for claim in spec.get("resourceClaims") or ()
+                if claim.get("name") == contract.DRA_POD_CLAIM
+            ],
         },
     }
 

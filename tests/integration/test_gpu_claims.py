@@ -1,0 +1,235 @@
+"""Shared GPUs accounted per GPU by Kubernetes (DRA) on the real control plane.
+
+The pool's shared GPUs are published as ResourceSlices by the agent's own code
+(`node_pool(gpu_slices=True)`), the chart installs the DeviceClass and the RBAC
+(`agent.gpuClaims=true`), and the operator runs with `--gpu-claims`: each shared
+worker's ResourceClaim is created at release for the GPU the packer chose, and
+kube-scheduler allocates it (control plane built with DRAConsumableCapacity on).
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from cluster.controlplane import Cluster
+from cluster.deploy import OperatorProcess, install_chart
+from integration import test_agent_publishes as agent_tests
+from integration.node_pools import H100, node_pool
+from integration.test_agent_publishes import create_node, run_agent, write_inputs
+from integration.trainwave_fixtures import (
+    apply,
+    get_json,
+    job,
+    job_manifest,
+    wait_for_phase,
+    wait_until,
+    worker_pods,
+)
+from trainwave.agent.changes import quantity_value
+
+pytestmark = [pytest.mark.integration, pytest.mark.timeout(240)]
+
+SHARED_NODE = {"cpu": "192", "gpu": {**H100, "count": 2, "shared": True}}
+MIB = 30 * 1024  # two fit on one 80GB GPU (81559 MiB), three do not
+DRIVER = "gpu.trainwave.io"
+
+
+# The agent tests' fixtures: a fresh node name, and the agent's token bound to a pod there.
+node_name = agent_tests.node_name
+bound_kubeconfig = agent_tests.bound_kubeconfig
+
+
+@pytest.fixture(scope="module")
+def claims_chart(operator: OperatorProcess, trainwave_installed: Cluster) -> Iterator[Cluster]:
+    """The chart with agent.gpuClaims: the DeviceClass and the RBAC for slices and claims."""
+    operator.stop()
+    install_chart(trainwave_installed, "--set", "agent.gpuClaims=true")
+    yield trainwave_installed
+    install_chart(trainwave_installed)
+    operator.start()
+
+
+@pytest.fixture(scope="module")
+def claims_operator(
+    operator: OperatorProcess, claims_chart: Cluster, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[OperatorProcess]:
+    log = tmp_path_factory.mktemp("claims-operator") / "operator.log"
+    mine = OperatorProcess(
+        kubeconfig=operator.kubeconfig, log_path=log, extra_args=("--gpu-claims",)
+    )
+    mine.start()
+    yield mine
+    mine.stop()
+
+
+def test_the_agent_publishes_its_shared_gpus_as_slices_and_keeps_them_current(
+    claims_chart: Cluster, bound_kubeconfig: Path, node_name: str, tmp_path: Path
+) -> None:
+    cluster = claims_chart
+    create_node(cluster, node_name)
+    root, gpus = write_inputs(tmp_path / "inputs")
+    args = ("--shared-gpus", "0,1", "--gpu-slices")
+
+    first = run_agent(bound_kubeconfig, node_name, root, gpus, *args)
+    assert first.returncode == 0, first.stderr
+    assert f"change=resourceslice-added key={node_name}-gpu-0 new='generation 1'" in first.stderr
+    devices = slices_of(cluster, node_name)
+    assert sorted(devices) == ["gpu-0", "gpu-1"]
+    assert all(d["allowMultipleAllocations"] for d in devices.values())
+    uid = cluster.kubectl("get", "node", node_name, "-o", "jsonpath={.metadata.uid}").stdout
+    owners = {
+        o["uid"]
+        for item in slice_items(cluster, node_name)
+        for o in item["metadata"]["ownerReferences"]
+    }
+    assert owners == {uid.strip()}, "owned by the Node: deleted with it"
+
+    again = run_agent(bound_kubeconfig, node_name, root, gpus, *args)
+    assert again.returncode == 0, again.stderr
+    assert "change=resourceslice" not in again.stderr, "nothing changed, nothing sent"
+
+    fewer = run_agent(bound_kubeconfig, node_name, root, gpus, "--shared-gpus", "1", "--gpu-slices")
+    assert fewer.returncode == 0, fewer.stderr
+    [item] = slice_items(cluster, node_name)
+    assert item["metadata"]["name"] == f"{node_name}-gpu-1"
+    assert item["spec"]["pool"] == {"name": node_name, "generation": 2, "resourceSliceCount": 1}
+
+
+def shared_job(name: str, pool: Any) -> dict[str, Any]:
+    manifest = job_manifest(
+        name, workers=1, gpus=0, run_for="300s", template_spec={"nodeSelector": pool.selector}
+    )
+    manifest["spec"]["gpuSharing"] = {"memory": "30Gi"}
+    return manifest
+
+
+def claim_of(cluster: Cluster, namespace: str, pod: dict[str, Any]) -> dict[str, Any]:
+    [reference] = pod["spec"]["resourceClaims"]
+    return get_json(cluster, namespace, "resourceclaim", reference["resourceClaimName"])  # type: ignore[no-any-return]
+
+
+def slice_items(cluster: Cluster, node: str) -> list[dict[str, Any]]:
+    """The node's ResourceSlices of our driver."""
+    listing = json.loads(
+        cluster.kubectl(
+            "get", "resourceslices", "--field-selector", f"spec.nodeName={node}", "-o", "json"
+        ).stdout
+    )
+    return [item for item in listing["items"] if item["spec"]["driver"] == DRIVER]
+
+
+def slices_of(cluster: Cluster, node: str) -> dict[str, dict[str, Any]]:
+    """device name -> its device, for the node's slices of our driver."""
+    return {
+        device["name"]: device
+        for item in slice_items(cluster, node)
+        for device in item["spec"]["devices"]
+    }
+
+
+def test_each_shared_worker_gets_a_claim_allocated_on_its_pinned_gpu(
+    cluster: Cluster, namespace: str, claims_operator: OperatorProcess
+) -> None:
+    with node_pool(cluster, rack_sizes=(1,), shape=SHARED_NODE, gpu_slices=True) as pool:
+        [node] = pool.nodes
+        devices = slices_of(cluster, node)
+        assert sorted(devices) == ["gpu-0", "gpu-1"]
+        assert all(d["allowMultipleAllocations"] for d in devices.values()), "gate is on"
+        by_uuid = {d["attributes"]["uuid"]["string"]: name for name, d in devices.items()}
+
+        names = [f"claimed-{i}" for i in range(4)]
+        apply(cluster, namespace, *(shared_job(n, pool) for n in names))
+        for name in names:
+            wait_for_phase(cluster, namespace, name, "Running", timeout=90)
+        used: dict[str, int] = {}
+        for name in names:
+            [pod] = worker_pods(cluster, namespace, name)
+            worker = next(c for c in pod["spec"]["containers"] if c["name"] == "worker")
+            assert worker["resources"]["claims"] == [{"name": "shared-gpu"}]
+            claim = claim_of(cluster, namespace, pod)
+            assert claim["metadata"]["ownerReferences"][0]["uid"] == pod["metadata"]["uid"]
+            [result] = claim["status"]["allocation"]["devices"]["results"]
+            uuid = pod["metadata"]["annotations"]["trainwave.io/gpu-uuid"]
+            assert (result["driver"], result["pool"]) == (DRIVER, node)
+            assert result["device"] == by_uuid[uuid], "allocated on the GPU the packer chose"
+            assert result["shareID"], "a share of the device, not the whole device"
+            assert quantity_value(result["consumedCapacity"]["memory"]) == MIB * 2**20
+            reserved = [r["name"] for r in claim["status"].get("reservedFor", [])]
+            assert reserved == [pod["metadata"]["name"]]
+            used[result["device"]] = used.get(result["device"], 0) + MIB
+        assert used == {"gpu-0": 2 * MIB, "gpu-1": 2 * MIB}
+        isolation = job(cluster, namespace, names[0])["status"]["isolation"]
+        assert "a DRA ResourceClaim takes" in isolation
+
+
+def foreign_claim_pod(name: str, pool: Any, uuid: str, mib: int) -> list[dict[str, Any]]:
+    """A pod trainwave does not know, whose claim kube-scheduler allocates on GPU `uuid`."""
+    selector = f'device.attributes["{DRIVER}"].uuid == "{uuid}"'
+    claim = {
+        "apiVersion": "resource.k8s.io/v1",
+        "kind": "ResourceClaim",
+        "metadata": {"name": name},
+        "spec": {"devices": {"requests": [{"name": "gpu", "exactly": {
+            "deviceClassName": "shared-gpu.trainwave.io",
+            "selectors": [{"cel": {"expression": selector}}],
+            "capacity": {"requests": {"memory": f"{mib}Mi"}},
+        }}]}},
+    }  # fmt: skip
+    pod = {
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": {"name": name, "annotations": {"sim.trainwave.io/run-for": "600s"}},
+        "spec": {
+            "nodeSelector": pool.selector,
+            "resourceClaims": [{"name": "g", "resourceClaimName": name}],
+            "containers": [{"name": "c", "image": "busybox", "resources": {"claims": [{"name": "g"}]}}],
+        },
+    }  # fmt: skip
+    return [claim, pod]
+
+
+def test_kube_scheduler_refuses_a_claim_where_the_gpu_has_no_memory_left(
+    cluster: Cluster, namespace: str, claims_operator: OperatorProcess
+) -> None:
+    """Memory taken behind the packer's back (pods it does not see as shared workers) is still
+    counted: the worker waits unbound instead of sharing an over-committed GPU, and binds once
+    the memory is given back."""
+    with node_pool(cluster, rack_sizes=(1,), shape=SHARED_NODE, gpu_slices=True) as pool:
+        [node] = pool.nodes
+        devices = slices_of(cluster, node)
+        hogs = []
+        for index, device in enumerate(devices.values()):
+            uuid = device["attributes"]["uuid"]["string"]
+            hogs.append(f"hog-{index}")
+            apply(cluster, namespace, *foreign_claim_pod(f"hog-{index}", pool, uuid, 60 * 1024))
+        for hog in hogs:
+            wait_until(
+                lambda hog=hog: get_json(cluster, namespace, "pod", hog)["spec"].get("nodeName"),
+                60, f"{hog} to be bound with its claim",
+            )  # fmt: skip
+
+        apply(cluster, namespace, shared_job("squeezed", pool))
+        why = wait_until(
+            lambda: next(
+                (
+                    c
+                    for pod in worker_pods(cluster, namespace, "squeezed")
+                    for c in pod["status"].get("conditions", [])
+                    if c["type"] == "PodScheduled" and c.get("reason") == "Unschedulable"
+                ),
+                None,
+            ),
+            60, "kube-scheduler to refuse the worker's claim",
+        )  # fmt: skip
+        assert "claim" in why["message"], why
+        [pod] = worker_pods(cluster, namespace, "squeezed")
+        assert not pod["spec"].get("nodeName")
+        assert "allocation" not in claim_of(cluster, namespace, pod).get("status", {})
+
+        cluster.kubectl("delete", "pod", *hogs, "-n", namespace, "--wait=true")
+        wait_for_phase(cluster, namespace, "squeezed", "Running", timeout=120)
