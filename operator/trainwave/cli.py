@@ -140,6 +140,7 @@ def main(argv: list[str] | None = None) -> int:
         help=f"publish each shared GPU as a DRA ResourceSlice of driver {contract.DRA_DRIVER} "
         "(needs the DRAConsumableCapacity feature gate; see the README's Shared GPUs)",
     )
+    _add_kubelet_plugin_arguments(agent)
     agent.add_argument("--log-level", choices=LOG_LEVELS, default="info")
     doctor = commands.add_parser("doctor", help="check this worker's GPUDirect RDMA setup")
     doctor.add_argument("--root", default="/", help="read /sys, /proc and /dev under this root")
@@ -306,16 +307,39 @@ def run_agent(options: argparse.Namespace) -> int:
             options.fake_gpus,
             arbiter_dir=options.arbiter_dir,
             gpu_slices=options.gpu_slices,
+            cdi_dir=options.cdi_dir if options.kubelet_plugin else None,
         ),
         publisher.publish,
         publish_errors=(PublishError,),
     )
     if options.once:
         return 0 if agent.run_once() else 1
+    plugin = None
+    if options.kubelet_plugin:
+        from trainwave.agent.kubelet.plugin import KubeletPlugin
+
+        plugin = KubeletPlugin(options.node_name, publisher.read_claim, options.kubelet_dir)
+        plugin.start()
     stop = threading.Event()
     signal.signal(signal.SIGTERM, lambda *_: stop.set())  # finish the pass, then exit
-    agent.run_forever(options.interval, stop)
+    try:
+        agent.run_forever(options.interval, stop)
+    finally:
+        if plugin is not None:
+            plugin.stop()
     return 0
+
+
+def _add_kubelet_plugin_arguments(agent: argparse.ArgumentParser) -> None:
+    agent.add_argument(
+        "--kubelet-plugin",
+        action="store_true",
+        help=f"serve the kubelet side of DRA driver {contract.DRA_DRIVER} (registration and "
+        "NodePrepareResources sockets under --kubelet-dir) and write the shared GPUs' CDI "
+        "spec to --cdi-dir",
+    )
+    agent.add_argument("--kubelet-dir", type=Path, default=Path("/var/lib/kubelet"))
+    agent.add_argument("--cdi-dir", type=Path, default=Path("/var/run/cdi"))
 
 
 def _positive_seconds(text: str) -> float:

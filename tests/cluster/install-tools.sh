@@ -34,9 +34,9 @@ stamp_ok() { [ -f "$1" ] && [ "$(cat "$1")" = "$2" ]; }
 
 build_kubernetes() {
   local out="$cache/k8s-$K8S_VERSION" want
-  want="$K8S_VERSION $(go env GOVERSION) $(sha256sum "$here/k8s-build/go.mod" "$here/k8s-build/go.sum" | sha256sum | cut -c1-16)"
+  want="$K8S_VERSION $(go env GOVERSION) $(sha256sum "$here/k8s-build/go.mod" "$here/k8s-build/go.sum" "$here/k8s-build/draclient/main.go" | sha256sum | cut -c1-16)"
   if ! stamp_ok "$out/.stamp" "$want"; then
-    log "building kube-apiserver, kube-controller-manager, kube-scheduler $K8S_VERSION (cold: ~20-30 min)"
+    log "building kube-apiserver, kube-controller-manager, kube-scheduler $K8S_VERSION and draclient (the kubelet's DRA plugin client, for tests) (cold: ~20-30 min)"
     local ld="-s -w" minor
     minor=$(echo "$K8S_VERSION" | cut -d. -f2)
     for p in k8s.io/component-base/version k8s.io/client-go/pkg/version; do
@@ -46,10 +46,12 @@ build_kubernetes() {
     (cd "$here/k8s-build" && go build -ldflags "$ld" -o "$out/bin/" \
       k8s.io/kubernetes/cmd/kube-apiserver \
       k8s.io/kubernetes/cmd/kube-controller-manager \
-      k8s.io/kubernetes/cmd/kube-scheduler)
+      k8s.io/kubernetes/cmd/kube-scheduler \
+      ./draclient)
     echo "$want" > "$out/.stamp"
   fi
-  ln -sf "$out/bin/kube-apiserver" "$out/bin/kube-controller-manager" "$out/bin/kube-scheduler" "$bin/"
+  ln -sf "$out/bin/kube-apiserver" "$out/bin/kube-controller-manager" "$out/bin/kube-scheduler" \
+    "$out/bin/draclient" "$bin/"
 }
 
 build_kwok() {

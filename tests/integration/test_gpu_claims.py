@@ -10,17 +10,28 @@ kube-scheduler allocates it (control plane built with DRAConsumableCapacity on).
 from __future__ import annotations
 
 import json
+import shutil
+import signal
+import subprocess
+import tempfile
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
 
-from cluster.controlplane import Cluster
+from cluster.controlplane import Cluster, tool
 from cluster.deploy import OperatorProcess, install_chart
 from integration import test_agent_publishes as agent_tests
 from integration.node_pools import H100, node_pool
-from integration.test_agent_publishes import create_node, run_agent, write_inputs
+from integration.test_agent_publishes import (
+    TEST_TAINT,
+    agent_argv,
+    agent_env,
+    create_node,
+    run_agent,
+    write_inputs,
+)
 from integration.trainwave_fixtures import (
     apply,
     get_json,
@@ -113,6 +124,89 @@ def claim_of(cluster: Cluster, namespace: str, pod: dict[str, Any]) -> dict[str,
     return get_json(cluster, namespace, "resourceclaim", reference["resourceClaimName"])  # type: ignore[no-any-return]
 
 
+def test_the_agent_prepares_an_allocated_claim_for_the_kubelet(
+    claims_chart: Cluster, bound_kubeconfig: Path, node_name: str, namespace: str, tmp_path: Path
+) -> None:
+    """The kubelet side, on its real gRPC protocol: draclient is built from the kubelet's own
+    generated clients (tests/cluster/k8s-build/draclient) and asks the running agent what
+    the kubelet asks; the claim is one kube-scheduler allocated on this node's slices."""
+    cluster = claims_chart
+    create_node(cluster, node_name)
+    root, gpus = write_inputs(tmp_path / "inputs")
+    args = ("--shared-gpus", "0,1", "--gpu-slices")
+    assert run_agent(bound_kubeconfig, node_name, root, gpus, *args).returncode == 0
+    devices = slices_of(cluster, node_name)
+    uuid = devices["gpu-1"]["attributes"]["uuid"]["string"]
+    claim, pod = foreign_claim_pod("on-agent-node", None, uuid, 10 * 1024)
+    pod["spec"]["nodeSelector"] = {"kubernetes.io/hostname": node_name}
+    pod["spec"]["tolerations"] = [{**TEST_TAINT, "operator": "Exists"}]
+    apply(cluster, namespace, claim, pod)
+    wait_until(
+        lambda: get_json(cluster, namespace, "pod", "on-agent-node")["spec"].get("nodeName"),
+        60, "kube-scheduler to allocate the claim and bind the pod",
+    )  # fmt: skip
+    stored = get_json(cluster, namespace, "resourceclaim", "on-agent-node")
+    uid = stored["metadata"]["uid"]
+
+    # Short paths: a unix socket's path must fit in 108 bytes.
+    short = Path(tempfile.mkdtemp(prefix="kp-", dir="/tmp"))
+    kubelet, cdi = short / "kubelet", short / "cdi"
+    agent = subprocess.Popen(
+        agent_argv(node_name, root, gpus, *args, "--kubelet-plugin", "--kubelet-dir",
+                   str(kubelet), "--cdi-dir", str(cdi), "--interval", "60"),
+        env=agent_env(bound_kubeconfig), stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+        text=True,
+    )  # fmt: skip
+    registration = kubelet / "plugins_registry" / f"{DRIVER}-reg.sock"
+    try:
+        wait_until(lambda: registration.exists() and (cdi / "trainwave.io-gpu.json").exists(),
+                   30, "the agent's plugin sockets and CDI spec")  # fmt: skip
+
+        def ask(claim_uid: str) -> dict[str, Any]:
+            found = subprocess.run(
+                [str(tool("draclient")), "-registration", str(registration), "-namespace",
+                 namespace, "-name", "on-agent-node", "-uid", claim_uid],
+                capture_output=True, text=True, timeout=60, check=True,
+            )  # fmt: skip
+            answer: dict[str, Any] = json.loads(found.stdout)
+            return answer
+
+        answer = ask(uid)
+        assert answer["info"] == {
+            "type": "DRAPlugin",
+            "name": DRIVER,
+            "endpoint": str(kubelet / "plugins" / DRIVER / "dra.sock"),
+            "supported_versions": ["v1.DRAPlugin"],
+        }
+        assert answer["prepared"]["claims"][uid] == {
+            "devices": [
+                {
+                    "request_names": ["gpu"],
+                    "pool_name": node_name,
+                    "device_name": "gpu-1",
+                    "cdi_device_ids": ["trainwave.io/gpu=gpu-1"],
+                }
+            ]
+        }
+        assert answer["unprepared"]["claims"] == {uid: {}}
+        wrong = ask("not-the-uid")["prepared"]["claims"]["not-the-uid"]
+        assert f"has UID {uid}, the kubelet asked for not-the-uid" in wrong["error"]
+
+        spec = json.loads((cdi / "trainwave.io-gpu.json").read_text())
+        assert spec["kind"] == "trainwave.io/gpu"
+        edits = {d["name"]: d["containerEdits"]["env"] for d in spec["devices"]}
+        assert edits["gpu-1"] == [f"NVIDIA_VISIBLE_DEVICES={uuid}"]
+    except AssertionError as failed:
+        agent.send_signal(signal.SIGTERM)
+        output, _ = agent.communicate(timeout=90)
+        raise AssertionError(f"{failed}\nthe agent said:\n{output}") from None
+    agent.send_signal(signal.SIGTERM)
+    output, _ = agent.communicate(timeout=90)
+    assert agent.returncode == 0, output
+    assert not registration.exists(), "the sockets go with the agent"
+    shutil.rmtree(short, ignore_errors=True)
+
+
 def slice_items(cluster: Cluster, node: str) -> list[dict[str, Any]]:
     """The node's ResourceSlices of our driver."""
     listing = json.loads(
@@ -168,7 +262,8 @@ def test_each_shared_worker_gets_a_claim_allocated_on_its_pinned_gpu(
 
 
 def foreign_claim_pod(name: str, pool: Any, uuid: str, mib: int) -> list[dict[str, Any]]:
-    """A pod trainwave does not know, whose claim kube-scheduler allocates on GPU `uuid`."""
+    """A pod trainwave does not know, whose claim kube-scheduler allocates on GPU `uuid`.
+    `pool`: where the pod may go (its nodeSelector); None leaves that to the caller."""
     selector = f'device.attributes["{DRIVER}"].uuid == "{uuid}"'
     claim = {
         "apiVersion": "resource.k8s.io/v1",
@@ -185,7 +280,7 @@ def foreign_claim_pod(name: str, pool: Any, uuid: str, mib: int) -> list[dict[st
         "kind": "Pod",
         "metadata": {"name": name, "annotations": {"sim.trainwave.io/run-for": "600s"}},
         "spec": {
-            "nodeSelector": pool.selector,
+            "nodeSelector": pool.selector if pool is not None else {},
             "resourceClaims": [{"name": "g", "resourceClaimName": name}],
             "containers": [{"name": "c", "image": "busybox", "resources": {"claims": [{"name": "g"}]}}],
         },

@@ -103,6 +103,19 @@ class NodePublisher:
             logger.info("node=%s %s", self.node_name, change)
         return tuple(changes)
 
+    def read_claim(self, namespace: str, name: str) -> dict[str, Any] | None:
+        """A ResourceClaim for the kubelet plugin's NodePrepareResources; None when gone."""
+        try:
+            response: Any = self.resources.read_namespaced_resource_claim(
+                name, namespace, _preload_content=False, _request_timeout=REQUEST_TIMEOUT
+            )
+        except ApiException as error:
+            if error.status == 404:
+                return None
+            raise PublishError(self._explain("get", "resourceclaims", error)) from error
+        claim: dict[str, Any] = json.loads(response.data)
+        return claim
+
     def _list_slices(self) -> list[dict[str, Any]]:
         response: Any = self.resources.list_resource_slice(
             field_selector=f"spec.nodeName={self.node_name},spec.driver={DRA_DRIVER}",

@@ -22,6 +22,7 @@ from pathlib import Path
 from trainwave.agent.changes import Change, DesiredNode
 from trainwave.agent.discovery import discover
 from trainwave.agent.fake_gpus import FakeGpusError, load_fake_gpus
+from trainwave.agent.kubelet.cdi import write_cdi_spec
 from trainwave.agent.labels import build_annotations, build_labels
 from trainwave.agent.nvml import GpuBackend, GpuBackendError, NvmlBackend
 from trainwave.agent.sharing import (
@@ -56,6 +57,7 @@ class AgentOptions:
     fake_gpus: Path | None = None  # a JSON file instead of NVML (fake_gpus.py)
     arbiter_dir: Path | None = None  # where the arbiter container reads the shared GPUs
     gpu_slices: bool = False  # publish the shared GPUs as DRA ResourceSlices (slices.py)
+    cdi_dir: Path | None = None  # where the kubelet plugin's CDI spec goes (kubelet/cdi.py)
 
 
 def desired_node(
@@ -133,6 +135,14 @@ class Agent:
                 gpu_slices=self.options.gpu_slices,
             )
             self._report_problems(inventory.problems)
+            if self.options.cdi_dir is not None:
+                try:
+                    if write_cdi_spec(
+                        self.options.cdi_dir, shared_gpus(self.options.shared, inventory.gpus)
+                    ):
+                        logger.info("CDI spec written to %s", self.options.cdi_dir)
+                except OSError as error:
+                    raise PassError(f"CDI directory: {error}") from error
             if self.options.arbiter_dir is not None:
                 shared = shared_gpus(self.options.shared, inventory.gpus)
                 try:

@@ -1,0 +1,1 @@
+"""The kubelet side of the DRA driver gpu.trainwave.io: registration, prepare, CDI."""
