@@ -8,13 +8,21 @@ from typing import Any
 import pytest
 from factories import make_job
 
+from cluster.inventory import inventory_annotation
 from trainwave import contract
 from trainwave.agent.slices import NodeRef, build_slices, gate_problem, plan_slices
 from trainwave.api.sharing import isolation
 from trainwave.builders.pods import build_worker_pods
 from trainwave.builders.sharing import build_gpu_claim
+from trainwave.controller.clusterview import ClusterIndex
 from trainwave.hardware.inventory import GpuInfo
-from trainwave.placement.records import pod_record
+from trainwave.placement.records import (
+    WHOLE_DEVICE_MIB,
+    ClaimRecord,
+    claim_record,
+    node_record,
+    pod_record,
+)
 from trainwave.resolving import resolve_job
 
 pytestmark = pytest.mark.timeout(10)
@@ -132,3 +140,60 @@ def test_isolation_says_per_gpu_accounting_only_when_configured() -> None:
     assert "a DRA ResourceClaim takes 20480 MiB of the placed GPU's memory" in with_claims
     assert "accounts trainwave.io/gpu-memory per node" in without
     assert "DRA" not in without
+
+
+def raw_claim(
+    device: str = "gpu-1",
+    consumed: str | None = "20Gi",
+    *,
+    driver: str = "gpu.trainwave.io",
+    worker: bool = False,
+    allocated: bool = True,
+) -> dict[str, Any]:
+    result: dict[str, Any] = {"request": "gpu", "driver": driver, "pool": "gpu-7", "device": device}
+    if consumed is not None:
+        result |= {"shareID": "5f1e8b4a-0000-4000-8000-000000000001"}
+        result["consumedCapacity"] = {"memory": consumed}
+    labels = {contract.LABEL_ROLE: contract.ROLE_WORKER} if worker else {}
+    status = {"allocation": {"devices": {"results": [result]}}} if allocated else {}
+    return {"metadata": {"name": "c", "namespace": "ns", "labels": labels}, "status": status}
+
+
+CLAIMS = {
+    "share": (raw_claim(), ClaimRecord((("gpu-7", 1, 20480),))),
+    "rounded-up": (raw_claim(consumed="1500Ki"), ClaimRecord((("gpu-7", 1, 2),))),
+    "whole-device": (raw_claim(consumed=None), ClaimRecord((("gpu-7", 1, WHOLE_DEVICE_MIB),))),
+    "a-workers-own": (raw_claim(worker=True), None),
+    "not-allocated": (raw_claim(allocated=False), None),
+    "another-driver": (raw_claim(driver="gpu.nvidia.com"), None),
+    "odd-device-name": (raw_claim(device="nic-0"), None),
+}
+
+
+@pytest.mark.parametrize(("claim", "expected"), CLAIMS.values(), ids=CLAIMS.keys())
+def test_placement_keeps_what_a_foreign_claim_holds(claim: Any, expected: Any) -> None:
+    assert claim_record(claim) == expected
+
+
+def test_the_packer_sees_memory_held_by_claims_it_did_not_make() -> None:
+    node = {
+        "metadata": {
+            "name": "gpu-7",
+            "annotations": inventory_annotation(
+                "gpu-7", gpus=2, product="H100", memory_mib=81559, nics=0, link_layer=None,
+                rate_gbps=0, gpu_direct=False, shared=True,
+            ),
+        },
+        "status": {"allocatable": {contract.GPU_RESOURCE: "2"}},
+    }  # fmt: skip
+    index = ClusterIndex()
+    index.put_node("gpu-7", node_record(node))
+    [gpu0, gpu1] = index.node("gpu-7").shared  # type: ignore[union-attr]
+    index.put_claim("ns/hog", claim_record(raw_claim("gpu-1", "60Gi")))
+    assert index.view().usage["gpu-7"].gpu_mib == {gpu1.uuid: 61440}
+    snapshot = index.view().snapshot()
+    [info] = snapshot.nodes
+    assert {g.uuid: g.used_mib for g in info.shared} == {gpu0.uuid: 0, gpu1.uuid: 61440}
+    index.put_claim("ns/hog", None)
+    assert "gpu-7" not in index.view().usage, "released: nothing held"
+    assert index.counts["resourceclaims"] == 0

@@ -22,7 +22,14 @@ from trainwave.controller.clusterview import ClusterIndex, ClusterView
 from trainwave.controller.informer import PAGE_SIZE, WATCH_SECONDS, Informer
 from trainwave.controller.kube import ACTIVE_PODS, KubeClient
 from trainwave.lifecycle.observed import NodeHealth
-from trainwave.placement.records import NodeRecord, PodRecord, node_record, pod_record
+from trainwave.placement.records import (
+    ClaimRecord,
+    NodeRecord,
+    PodRecord,
+    claim_record,
+    node_record,
+    pod_record,
+)
 
 logger = logging.getLogger(__name__)
 
@@ -59,7 +66,12 @@ class ClusterCache:
     """
 
     def __init__(
-        self, kube: KubeClient, *, page_size: int = PAGE_SIZE, watch_seconds: int = WATCH_SECONDS
+        self,
+        kube: KubeClient,
+        *,
+        page_size: int = PAGE_SIZE,
+        watch_seconds: int = WATCH_SECONDS,
+        gpu_claims: bool = False,
     ):
         self._lock = threading.Lock()
         self._index = ClusterIndex()
@@ -85,6 +97,19 @@ class ClusterCache:
             page_size=page_size,
             watch_seconds=watch_seconds,
         )
+        # With --gpu-claims: claims that are not workers' hold shared GPU memory too
+        # (kube-scheduler counts them); the packer must see them to choose a GPU that fits.
+        self.claims: Informer[ClaimRecord] | None = None
+        if gpu_claims:
+            self.claims = Informer(
+                "resourceclaims",
+                kube.resource.list_resource_claim_for_all_namespaces,
+                claim_record,
+                _LockedStore(self._lock, index.replace_claims, index.put_claim),
+                on_change=self._changed,
+                page_size=page_size,
+                watch_seconds=watch_seconds,
+            )
 
     def _node_record(self, node: Mapping[str, Any]) -> NodeRecord:
         record = node_record(node)
@@ -101,8 +126,8 @@ class ClusterCache:
         return record
 
     @property
-    def informers(self) -> tuple[Informer[NodeRecord], Informer[PodRecord]]:
-        return self.nodes, self.pods
+    def informers(self) -> tuple[Informer[Any], ...]:
+        return (self.nodes, self.pods) + ((self.claims,) if self.claims is not None else ())
 
     def start(self) -> None:
         """Start both informers (again, after stop: each begins with a LIST that
@@ -116,7 +141,7 @@ class ClusterCache:
 
     def wait_synced(self, timeout: float | None = None) -> bool:
         """Whether both stores were filled by a LIST within `timeout` seconds."""
-        return self.nodes.wait_synced(timeout) and self.pods.wait_synced(timeout)
+        return all(informer.wait_synced(timeout) for informer in self.informers)
 
     def force_relist(self) -> None:
         for informer in self.informers:

@@ -14,13 +14,19 @@ from __future__ import annotations
 
 from collections import Counter
 from collections.abc import Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from functools import partial
 from types import MappingProxyType
 
 from trainwave.controller.informer import list_records
 from trainwave.controller.kube import ACTIVE_PODS, KubeClient
-from trainwave.placement.records import NodeRecord, PodRecord, node_record, pod_record
+from trainwave.placement.records import (
+    ClaimRecord,
+    NodeRecord,
+    PodRecord,
+    node_record,
+    pod_record,
+)
 from trainwave.placement.requirements import HostPort
 from trainwave.placement.shared_tasks import SharedShape, pinned_shape
 from trainwave.placement.snapshot import ClusterSnapshot, Labelled, NodeUsage, snapshot_of
@@ -99,13 +105,20 @@ class ClusterIndex:
         # Nodes that appeared, vanished or changed readiness since the last drain:
         # the jobs with workers there must look again (failure policy).
         self._health_changed: set[str] = set()
+        # Foreign ResourceClaims on shared GPUs: per node, GPU index -> MiB held.
+        self._claims: dict[str, ClaimRecord] = {}
+        self._claimed: dict[str, Counter[int]] = {}
 
     def __len__(self) -> int:
         return len(self._nodes) + len(self._pods)
 
     @property
     def counts(self) -> dict[str, int]:
-        return {"nodes": len(self._nodes), "pods": len(self._pods)}
+        return {
+            "nodes": len(self._nodes),
+            "pods": len(self._pods),
+            "resourceclaims": len(self._claims),
+        }
 
     # --- nodes -------------------------------------------------------------------------
 
@@ -127,6 +140,8 @@ class ClusterIndex:
         if old is None and record is None:
             return
         self._note_health(key, old, record)
+        if key in self._claimed:
+            self._dirty.add(key)  # its claims name GPUs by index: the UUIDs may have changed
         if old is None or record is None or old.labels != record.labels:
             self.labels_version += 1
         self._node_tuple = self._view = None
@@ -136,6 +151,7 @@ class ClusterIndex:
         self._nodes = dict(records)
         for key in old.keys() | records.keys():
             self._note_health(key, old.get(key), records.get(key))
+        self._dirty.update(self._claimed.keys())
         if old.keys() != records.keys() or any(
             old[k].labels != r.labels for k, r in records.items()
         ):
@@ -181,6 +197,51 @@ class ClusterIndex:
         if pod.holds:
             _index(self._workers, job, key, pod, sign)
 
+    # --- claims ------------------------------------------------------------------------
+
+    def put_claim(self, key: str, record: ClaimRecord | None) -> None:
+        old = self._claims.pop(key, None)
+        if old is None and record is None:
+            return
+        if old is not None:
+            self._count_claim(old, -1)
+        if record is not None:
+            self._claims[key] = record
+            self._count_claim(record, +1)
+        self._view = None
+
+    def replace_claims(self, records: Mapping[str, ClaimRecord]) -> None:
+        for key in list(self._claims):
+            if key not in records:
+                self.put_claim(key, None)
+        for key, record in records.items():
+            if self._claims.get(key) != record:
+                self.put_claim(key, record)
+
+    def _count_claim(self, claim: ClaimRecord, sign: int) -> None:
+        for node, index, mib in claim.shares:
+            held = self._claimed.setdefault(node, Counter())
+            held[index] += sign * mib
+            if not any(held.values()):
+                del self._claimed[node]
+            self._dirty.add(node)
+
+    def _node_usage(self, node: str) -> NodeUsage | None:
+        tally = self._tallies.get(node)
+        usage = tally.usage() if tally is not None else None
+        claimed = self._claimed.get(node)
+        record = self._nodes.get(node)
+        if not claimed or record is None:
+            return usage
+        # The claims name GPUs by index (device gpu-<i>); the packer counts by UUID.
+        uuids = {gpu.index: gpu.uuid for gpu in record.shared}
+        mib = Counter(usage.gpu_mib if usage is not None else {})
+        for index, held in claimed.items():
+            if index in uuids and held > 0:
+                mib[uuids[index]] += held
+        base = usage if usage is not None else NodeUsage()
+        return replace(base, gpu_mib=MappingProxyType(dict(mib)))
+
     # --- reading -----------------------------------------------------------------------
 
     def view(self) -> ClusterView:
@@ -188,11 +249,11 @@ class ClusterIndex:
         if self._view is not None:
             return self._view
         for node in self._dirty:
-            tally = self._tallies.get(node)
-            if tally is None:
+            usage = self._node_usage(node)
+            if usage is None:
                 self._usage.pop(node, None)
             else:
-                self._usage[node] = tally.usage()
+                self._usage[node] = usage
         self._dirty.clear()
         if self._node_tuple is None:
             self._node_tuple = tuple(self._nodes[k] for k in sorted(self._nodes))

@@ -85,7 +85,7 @@ async def start(*, settings: kopf.OperatorSettings, memo: Any, **_: Any) -> None
         kube.guard = OPTIONS.leadership.check
     # Nodes and active pods for placement, followed by watches instead of listed
     # every round. Its informers run in their own threads.
-    cache = ClusterCache(kube)
+    cache = ClusterCache(kube, gpu_claims=OPTIONS.gpu_claims)
     cache.start()
     _CACHE["cluster"] = cache
     # The jobs, their workers and Services, for reconciles; a change wakes the job.

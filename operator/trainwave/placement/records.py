@@ -17,7 +17,7 @@ from typing import Any
 
 from trainwave import contract
 from trainwave.hardware.inventory import InventoryError, NodeInventory, decode
-from trainwave.placement.quantities import BadQuantity, amounts
+from trainwave.placement.quantities import BadQuantity, amounts, parse_quantity
 from trainwave.placement.requirements import (
     HostPort,
     PodNeeds,
@@ -29,6 +29,7 @@ from trainwave.placement.requirements import (
 )
 
 _FINISHED = frozenset({"Succeeded", "Failed"})
+MIB = 1024**2
 
 
 @dataclass(frozen=True, slots=True)
@@ -187,6 +188,40 @@ def pod_record(pod: Mapping[str, Any]) -> PodRecord | None:
         if holds and not deleting
         else (),
     )
+
+
+@dataclass(frozen=True, slots=True)
+class ClaimRecord:
+    """GPU memory a ResourceClaim that is not a trainwave worker's holds on shared GPUs
+    (driver gpu.trainwave.io): (node, GPU index, MiB) per allocated device. A worker's own
+    claim is counted through its pod (`PodRecord.gpu_uuid`), never twice."""
+
+    shares: tuple[tuple[str, int, int], ...]
+
+
+# A device allocated whole (no shareID) leaves nothing to share: counted as more than any GPU.
+WHOLE_DEVICE_MIB = 1 << 40
+
+
+def claim_record(claim: Mapping[str, Any]) -> ClaimRecord | None:
+    """What placement keeps of a ResourceClaim; None when it holds no shared GPU of ours."""
+    labels = (claim.get("metadata") or {}).get("labels") or {}
+    if labels.get(contract.LABEL_ROLE) == contract.ROLE_WORKER:
+        return None  # a worker's claim (builders/sharing.py): its pod is counted
+    allocation = (claim.get("status") or {}).get("allocation") or {}
+    shares = []
+    for result in (allocation.get("devices") or {}).get("results") or ():
+        device = str(result.get("device") or "")
+        index = device.removeprefix(contract.DRA_DEVICE_PREFIX)
+        if result.get("driver") != contract.DRA_DRIVER or not index.isdigit():
+            continue
+        consumed = (result.get("consumedCapacity") or {}).get(contract.DRA_CAPACITY_MEMORY)
+        try:
+            mib = -(-int(parse_quantity(consumed)) // MIB) if consumed else WHOLE_DEVICE_MIB
+        except BadQuantity:
+            mib = WHOLE_DEVICE_MIB  # unreadable: assume the worst rather than over-commit
+        shares.append((str(result.get("pool") or ""), int(index), mib))
+    return ClaimRecord(tuple(shares)) if shares else None
 
 
 def is_gated(spec: Mapping[str, Any]) -> bool:
