@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from kubernetes import config
 
 from cluster.controlplane import Cluster, tool
 from cluster.deploy import OperatorProcess, install_chart
@@ -43,6 +44,8 @@ from integration.trainwave_fixtures import (
     worker_pods,
 )
 from trainwave.agent.changes import quantity_value
+from trainwave.controller.clusterview import listed_view
+from trainwave.controller.kube import KubeClient
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(240)]
 
@@ -308,6 +311,11 @@ def test_memory_held_by_other_claims_is_counted_by_the_packer_and_kube_scheduler
                 lambda hog=hog: get_json(cluster, namespace, "pod", hog)["spec"].get("nodeName"),
                 60, f"{hog} to be bound with its claim",
             )  # fmt: skip
+
+        # `trainwave plan`'s fresh listing counts them as the placer's watch does.
+        kube = KubeClient(config.new_client_from_config(str(cluster.kubeconfig)))
+        listed = listed_view(kube).usage[node].gpu_mib
+        assert listed == dict.fromkeys(uuids, 60 * 1024)
 
         apply(cluster, namespace, shared_job("squeezed", pool))
         why = wait_until(

@@ -18,12 +18,15 @@ from dataclasses import dataclass, field, replace
 from functools import partial
 from types import MappingProxyType
 
+from kubernetes.client.exceptions import ApiException
+
 from trainwave.controller.informer import list_records
 from trainwave.controller.kube import ACTIVE_PODS, KubeClient
 from trainwave.placement.records import (
     ClaimRecord,
     NodeRecord,
     PodRecord,
+    claim_record,
     node_record,
     pod_record,
 )
@@ -297,4 +300,11 @@ def listed_view(kube: KubeClient) -> ClusterView:
         partial(kube.core.list_pod_for_all_namespaces, field_selector=ACTIVE_PODS), pod_record
     )
     index.replace_pods(pods)
+    try:
+        claims, _ = list_records(kube.resource.list_resource_claim_for_all_namespaces, claim_record)
+    except ApiException as error:
+        if error.status not in (403, 404):
+            raise
+        claims = {}  # no resource.k8s.io, or claims not readable: nothing to count
+    index.replace_claims(claims)
     return index.view()
