@@ -44,8 +44,10 @@ from integration.trainwave_fixtures import (
     worker_pods,
 )
 from trainwave.agent.changes import quantity_value
+from trainwave.agent.slices import NodeRef, build_slices
 from trainwave.controller.clusterview import listed_view
 from trainwave.controller.kube import KubeClient
+from trainwave.hardware.inventory import GpuInfo
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(240)]
 
@@ -107,6 +109,20 @@ def test_the_agent_publishes_its_shared_gpus_as_slices_and_keeps_them_current(
     again = run_agent(bound_kubeconfig, node_name, root, gpus, *args)
     assert again.returncode == 0, again.stderr
     assert "change=resourceslice" not in again.stderr, "nothing changed, nothing sent"
+
+    # The token is bound to a pod on node_name: no slice of another node (admission policy).
+    other = build_slices(
+        NodeRef("someone-elses-node", "uid-0"),
+        (GpuInfo(0, "GPU-x", "H100", 81559, "0000:18:00.0", 0),),
+        generation=1,
+    )[0]
+    refused = subprocess.run(
+        [str(tool("kubectl")), "--kubeconfig", str(bound_kubeconfig), "create", "-f", "-"],
+        input=json.dumps(other), capture_output=True, text=True, timeout=30, check=False,
+    )  # fmt: skip
+    assert refused.returncode != 0
+    assert "may write only the ResourceSlices of the Node its pod runs on" in refused.stderr
+    assert f"bound to a pod on {node_name}, the slice is on someone-elses-node" in refused.stderr
 
     fewer = run_agent(bound_kubeconfig, node_name, root, gpus, "--shared-gpus", "1", "--gpu-slices")
     assert fewer.returncode == 0, fewer.stderr
