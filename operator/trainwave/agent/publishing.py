@@ -88,9 +88,13 @@ class NodePublisher:
         for body in plan.write:
             name = str(body["metadata"]["name"])
             if "resourceVersion" in body["metadata"]:
-                stored = self._call("replace", "resourceslices", partial(self._replace, name, body))
+                replace = partial(
+                    self._write_slice, self.resources.replace_resource_slice, name, body
+                )
+                stored = self._call("replace", "resourceslices", replace)
             else:
-                stored = self._call("create", "resourceslices", partial(self._create, body))
+                create = partial(self._write_slice, self.resources.create_resource_slice, body)
+                stored = self._call("create", "resourceslices", create)
             problem = gate_problem(stored)
             if problem is not None:
                 raise PublishError(problem)
@@ -125,22 +129,11 @@ class NodePublisher:
         items: list[dict[str, Any]] = json.loads(response.data).get("items") or []
         return items
 
-    def _create(self, body: dict[str, Any]) -> dict[str, Any]:
-        raw: Any = body  # the API's JSON as is: the client's models drop fields they predate
-        response: Any = self.resources.create_resource_slice(
-            raw,
-            field_manager=AGENT_FIELD_MANAGER,
-            _preload_content=False,
-            _request_timeout=REQUEST_TIMEOUT,
-        )
-        stored: dict[str, Any] = json.loads(response.data)
-        return stored
-
-    def _replace(self, name: str, body: dict[str, Any]) -> dict[str, Any]:
-        raw: Any = body
-        response: Any = self.resources.replace_resource_slice(
-            name,
-            raw,
+    def _write_slice(self, write: Callable[..., Any], *args: Any) -> dict[str, Any]:
+        """Create or replace: the body goes as the API's JSON (the client's models drop
+        fields they predate), and the slice comes back as the server stored it."""
+        response: Any = write(
+            *args,
             field_manager=AGENT_FIELD_MANAGER,
             _preload_content=False,
             _request_timeout=REQUEST_TIMEOUT,

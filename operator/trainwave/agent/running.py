@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import json
 import logging
-import os
 import threading
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
@@ -22,6 +21,7 @@ from pathlib import Path
 from trainwave.agent.changes import Change, DesiredNode
 from trainwave.agent.discovery import discover
 from trainwave.agent.fake_gpus import FakeGpusError, load_fake_gpus
+from trainwave.agent.files import replace_if_changed
 from trainwave.agent.kubelet.cdi import write_cdi_spec
 from trainwave.agent.labels import build_annotations, build_labels
 from trainwave.agent.nvml import GpuBackend, GpuBackendError, NvmlBackend
@@ -97,15 +97,8 @@ def write_arbiter_gpus(directory: Path, gpus: Sequence[GpuInfo]) -> bool:
     atomically, so the arbiter never reads half a file. True when written."""
     path = directory / ARBITER_GPUS_FILE
     content = json.dumps({gpu.uuid: gpu.memory_mib * MIB for gpu in gpus}, sort_keys=True)
-    try:
-        if path.read_text() == content:
-            return False
-    except FileNotFoundError:
-        pass
-    directory.mkdir(parents=True, exist_ok=True)
-    staged = path.with_name(f".{path.name}.tmp")
-    staged.write_text(content)
-    os.replace(staged, path)
+    if not replace_if_changed(path, content):
+        return False
     logger.info("arbiter: %d shared GPU(s) written to %s", len(gpus), path)
     return True
 

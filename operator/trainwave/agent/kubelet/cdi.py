@@ -12,13 +12,12 @@ agent knows, and the NVIDIA runtime resolves them from the UUID.
 from __future__ import annotations
 
 import json
-import os
-import tempfile
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
 from trainwave import contract
+from trainwave.agent.files import replace_if_changed
 from trainwave.agent.slices import device_name
 from trainwave.hardware.inventory import GpuInfo
 
@@ -44,17 +43,5 @@ def cdi_spec(shared: Sequence[GpuInfo]) -> dict[str, Any]:
 
 def write_cdi_spec(directory: Path, shared: Sequence[GpuInfo]) -> bool:
     """Write the spec if it changed, atomically (runtimes watch the directory); True if written."""
-    path = directory / SPEC_FILE
     text = json.dumps(cdi_spec(shared), indent=2, sort_keys=True) + "\n"
-    try:
-        if path.read_text() == text:
-            return False
-    except OSError:
-        pass
-    directory.mkdir(parents=True, exist_ok=True)
-    handle, staged = tempfile.mkstemp(prefix=".trainwave-", dir=directory)
-    with os.fdopen(handle, "w") as out:
-        out.write(text)
-    os.chmod(staged, 0o644)
-    os.replace(staged, path)
-    return True
+    return replace_if_changed(directory / SPEC_FILE, text)

@@ -93,6 +93,14 @@ def _fields(data: bytes) -> Iterator[tuple[int, int | bytes]]:
             raise WireError(f"field {number}: wire type {wire_type} is not supported")
 
 
+def _texts(data: bytes) -> dict[int, list[str]]:
+    """Field number -> its string values, for messages made only of (repeated) strings."""
+    found: dict[int, list[str]] = {}
+    for number, value in _fields(data):
+        found.setdefault(number, []).append(_text(value))
+    return found
+
+
 def _text(value: int | bytes) -> str:
     if not isinstance(value, bytes):
         raise WireError("expected a length-delimited field")
@@ -119,9 +127,7 @@ class PluginInfo:
 
     @classmethod
     def decode(cls, data: bytes) -> PluginInfo:
-        found: dict[int, list[str]] = {}
-        for number, value in _fields(data):
-            found.setdefault(number, []).append(_text(value))
+        found = _texts(data)
         first = {number: values[0] for number, values in found.items()}
         return cls(first.get(1, ""), first.get(2, ""), first.get(3, ""), tuple(found.get(4, [])))
 
@@ -197,9 +203,7 @@ class Device:
 
     @classmethod
     def decode(cls, data: bytes) -> Device:
-        found: dict[int, list[str]] = {}
-        for number, value in _fields(data):
-            found.setdefault(number, []).append(_text(value))
+        found = _texts(data)
         return cls(
             tuple(found.get(1, [])),
             (found.get(2) or [""])[0],

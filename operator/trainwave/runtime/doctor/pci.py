@@ -7,8 +7,6 @@ or another socket (SYS) silently stages every transfer through host memory.
 
 from __future__ import annotations
 
-from pathlib import Path
-
 from trainwave.contract import ENV_NCCL_IB_HCA, ENV_NCCL_NET_GDR_LEVEL
 from trainwave.hardware.pci import GDR_MAX_DISTANCE, Distance, pci_distance, pci_location
 from trainwave.runtime.doctor.host import Host
@@ -49,14 +47,16 @@ def check_gpu_nic_distance(host: Host) -> Check:
     if not ports:
         return skipped(name, NO_RDMA)
     nics = {
-        port.device: _locate(host, host.path(f"sys/class/infiniband/{port.device}/device"))
+        port.device: pci_location(
+            host.root, host.path(f"sys/class/infiniband/{port.device}/device")
+        )
         for port in ports
     }
     level = gdr_level(host)
     nearest: dict[str, str] = {}
     too_far: list[str] = []
     for bus in gpus:
-        gpu = _locate(host, host.path(f"sys/bus/pci/devices/{bus}"))
+        gpu = pci_location(host.root, host.path(f"sys/bus/pci/devices/{bus}"))
         if gpu[0] is None:
             nearest[bus] = "unknown (GPU not in sysfs)"
             too_far.append(bus)
@@ -83,8 +83,3 @@ def check_gpu_nic_distance(host: Host) -> Check:
             nearest=nearest,
         )
     return passed(name, f"every GPU has a NIC within {allowed}", nearest=nearest)
-
-
-def _locate(host: Host, link: Path) -> tuple[str | None, int | None]:
-    """The device's PCI path and NUMA node; (None, None) when it has no PCI function."""
-    return pci_location(host.root, link)
