@@ -16,7 +16,7 @@ from trainwave.controller.clusterview import ClusterIndex
 from trainwave.controller.informer import Informer, object_key
 from trainwave.placement.records import PodRecord, node_record, pod_record
 from trainwave.placement.shared_tasks import SharedShape, pinned_shape
-from trainwave.placement.snapshot import usage_of
+from trainwave.placement.snapshot import NodeInfoMemo, usage_of
 
 pytestmark = pytest.mark.timeout(20)
 
@@ -199,12 +199,19 @@ def random_pod(rng: random.Random, name: str) -> dict[str, Any]:
 def test_incremental_usage_equals_usage_of_after_random_events(seed: int) -> None:
     rng = random.Random(seed)
     index = ClusterIndex()
+    for node in NODES:
+        index.put_node(node, node_record(raw_node(node)))
+    memo = NodeInfoMemo()
     live: dict[str, PodRecord] = {}
     for step in range(400):
         name = f"p{rng.randrange(40)}"
         key = f"ns/{name}"
         roll = rng.random()
-        if roll < 0.03:  # a relist: some pods went while nobody watched
+        if roll < 0.02:  # a node changed (relabelled, resized)
+            node = rng.choice(NODES)
+            raw = raw_node(node, rack=rng.choice(("r0", "r1")), gpus=rng.choice((4, 8)))
+            index.put_node(node, node_record(raw))
+        elif roll < 0.05:  # a relist: some pods went while nobody watched
             listed = {k: r for k, r in live.items() if rng.random() < 0.7}
             index.replace_pods(listed)
             live = dict(listed)
@@ -227,6 +234,35 @@ def test_incremental_usage_equals_usage_of_after_random_events(seed: int) -> Non
                 pinned_shape(r.gpu_mib, r.requests) for r in live.values() if r.holds and r.gpu_uuid
             )
             assert list(view.shared_shapes) == held
+            workers: dict[tuple[str, str], list[str]] = {}
+            for k in sorted(live):
+                r = live[k]
+                if r.worker and r.holds:
+                    workers.setdefault((r.namespace, r.worker.job), []).append(r.name)
+            assert {j: [p.name for p in pods] for j, pods in view.workers.items()} == workers
+            # The memo's snapshot (only changed nodes rebuilt) equals one built from scratch.
+            assert view.snapshot(memo=memo).nodes == view.snapshot().nodes, f"step {step}"
+
+
+def test_node_info_memo_rebuilds_only_the_nodes_that_changed() -> None:
+    index = ClusterIndex()
+    for node in NODES:
+        index.put_node(node, node_record(raw_node(node)))
+    memo = NodeInfoMemo()
+    first = index.view().snapshot(memo=memo)
+    assert memo.rebuilt == len(NODES)
+    put(index, raw_pod("a", node="n1", gpus=2))
+    second = index.view().snapshot(memo=memo)
+    assert memo.rebuilt == 1, "only n1's usage changed"
+    assert second.node("n1").free == 6
+    assert first.node("n1").free == 8
+    assert second.node("n0") is first.node("n0")
+    index.put_node("n2", node_record(raw_node("n2", gpus=4)))
+    third = index.view().snapshot(memo=memo)
+    assert memo.rebuilt == 1
+    assert third.node("n2").gpus == 4
+    index.put_node("n0", None)
+    assert [n.name for n in index.view().snapshot(memo=memo).nodes] == ["n1", "n2"]
 
 
 # --- the informer against a fake API ------------------------------------------------------

@@ -106,6 +106,22 @@ def test_a_pod_update_that_changes_nothing_decisions_read_wakes_nobody() -> None
         assert woken == Counter({("ns", "a"): 2})
 
 
+def test_a_worker_s_change_wakes_through_wake_pod_and_a_job_s_change_directly() -> None:
+    pod = raw_pod("a-0", job="a", node="n0")
+    batched: Counter[JobKey] = Counter()
+    fake = Cluster([raw_job("a")], [pod], [], wake_pod=lambda key: batched.update([key]))
+    with fake as cache:
+        fake.woken.clear()
+        batched.clear()
+        failed = {**pod, "status": {"phase": "Failed"}}
+        cache.pods.apply({"type": "MODIFIED", "object": failed})
+        assert batched == Counter({("ns", "a"): 1})
+        assert fake.woken == Counter(), "a pod's change goes to the batched wake only"
+        cache.jobs.apply({"type": "MODIFIED", "object": raw_job("a", version="7")})
+        assert fake.woken == Counter({("ns", "a"): 1})
+        assert batched == Counter({("ns", "a"): 1})
+
+
 def test_service_count_follows_adds_and_deletes() -> None:
     fake = Cluster([raw_job("a")], [], [])
     with fake as cache:

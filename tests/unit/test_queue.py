@@ -167,6 +167,21 @@ def test_delayed_add_does_not_block_an_immediate_one() -> None:
     run(scenario)
 
 
+def test_delayed_add_for_a_key_waiting_to_run_now_is_dropped() -> None:
+    # A batched pod event for a job already queued: the run that comes reads it.
+    async def scenario() -> None:
+        work = Recorder(hold=0.05)
+        queue = started(work, workers=1)
+        queue.add("a")
+        queue.add("a", after=0.06)  # would fire just after the run that is already due
+        await until(lambda: work.count("a") == 1)
+        await asyncio.sleep(0.15)
+        assert work.count("a") == 1
+        await queue.stop()
+
+    run(scenario)
+
+
 def spy_on_adds(queue: WorkQueue) -> list[tuple[Hashable, float]]:
     """Record every delayed add: the queue's own requeues and retries."""
     adds: list[tuple[Hashable, float]] = []

@@ -32,7 +32,13 @@ from trainwave.placement.records import (
 )
 from trainwave.placement.requirements import HostPort
 from trainwave.placement.shared_tasks import SharedShape, pinned_shape
-from trainwave.placement.snapshot import ClusterSnapshot, Labelled, NodeUsage, snapshot_of
+from trainwave.placement.snapshot import (
+    ClusterSnapshot,
+    Labelled,
+    NodeInfoMemo,
+    NodeUsage,
+    snapshot_of,
+)
 from trainwave.placement.topology import DEFAULT_LEVELS, Topology
 
 JobKey = tuple[str, str]  # (namespace, job name)
@@ -50,10 +56,14 @@ class ClusterView:
     shared_shapes: tuple[SharedShape, ...]  # each holding pod pinned to a shared GPU, sorted
 
     def snapshot(
-        self, levels: tuple[str, ...] = DEFAULT_LEVELS, topology: Topology | None = None
+        self,
+        levels: tuple[str, ...] = DEFAULT_LEVELS,
+        topology: Topology | None = None,
+        memo: NodeInfoMemo | None = None,
     ) -> ClusterSnapshot:
-        """`topology` may be reused while `labels_version` is the one it was built at."""
-        return snapshot_of(self.nodes, self.usage, levels=levels, topology=topology)
+        """`topology` may be reused while `labels_version` is the one it was built at;
+        `memo` keeps the NodeInfos of nodes unchanged since the caller's last snapshot."""
+        return snapshot_of(self.nodes, self.usage, levels=levels, topology=topology, memo=memo)
 
 
 @dataclass
@@ -101,6 +111,10 @@ class ClusterIndex:
         self._dirty: set[str] = set()  # nodes whose NodeUsage must be rebuilt
         self._gated: dict[JobKey, dict[str, PodRecord]] = {}
         self._workers: dict[JobKey, dict[str, PodRecord]] = {}
+        # Each job's pods as the views hand them out, rebuilt only for jobs that changed,
+        # so a consumer may keep what it derived from a job's tuple while it is the same.
+        self._gated_tuples: dict[JobKey, tuple[PodRecord, ...]] = {}
+        self._worker_tuples: dict[JobKey, tuple[PodRecord, ...]] = {}
         self._shapes: Counter[SharedShape] = Counter()
         self._node_tuple: tuple[NodeRecord, ...] | None = None
         self._view: ClusterView | None = None
@@ -197,8 +211,10 @@ class ClusterIndex:
         job = (pod.namespace, pod.worker.job)
         if pod.gated:
             _index(self._gated, job, key, pod, sign)
+            self._gated_tuples.pop(job, None)
         if pod.holds:
             _index(self._workers, job, key, pod, sign)
+            self._worker_tuples.pop(job, None)
 
     # --- claims ------------------------------------------------------------------------
 
@@ -263,8 +279,8 @@ class ClusterIndex:
         self._view = ClusterView(
             nodes=self._node_tuple,
             usage=MappingProxyType(dict(self._usage)),
-            gated=_frozen(self._gated),
-            workers=_frozen(self._workers),
+            gated=_frozen(self._gated, self._gated_tuples),
+            workers=_frozen(self._workers, self._worker_tuples),
             labels_version=self.labels_version,
             shared_shapes=tuple(sorted(self._shapes.elements())),
         )
@@ -285,10 +301,15 @@ def _index(
 
 def _frozen(
     index: Mapping[JobKey, Mapping[str, PodRecord]],
+    tuples: dict[JobKey, tuple[PodRecord, ...]],
 ) -> Mapping[JobKey, tuple[PodRecord, ...]]:
-    return MappingProxyType(
-        {job: tuple(pods[k] for k in sorted(pods)) for job, pods in index.items()}
-    )
+    """Per job its pods by key; `tuples` keeps each job's tuple until that job changes."""
+    for job in tuples.keys() - index.keys():
+        del tuples[job]
+    for job, pods in index.items():
+        if job not in tuples:
+            tuples[job] = tuple(pods[k] for k in sorted(pods))
+    return MappingProxyType(dict(tuples))
 
 
 def listed_view(kube: KubeClient) -> ClusterView:

@@ -61,6 +61,7 @@ class Options:
 
 
 OPTIONS = Options()
+POD_BATCH_SECONDS = 1.0
 _QUEUE: dict[str, WorkQueue] = {}
 _PLACER: dict[str, Placer] = {}
 _CACHE: dict[str, ClusterCache | JobCache | WorkloadCache] = {}
@@ -92,6 +93,7 @@ async def start(*, settings: kopf.OperatorSettings, memo: Any, **_: Any) -> None
     jobs = JobCache(
         kube,
         lambda key: loop.call_soon_threadsafe(_wake, key),
+        wake_pod=lambda key: loop.call_soon_threadsafe(_wake_batched, key),
         # Recorded on the informer thread before the pod leaves the store, not queued
         # on the loop: a reconcile running meanwhile must find it in one or the other.
         on_departure=_DEPARTURES.record,
@@ -224,3 +226,14 @@ def _wake(key: JobKey) -> None:
     queue = _QUEUE.get("jobs")
     if queue is not None:
         queue.add(key)
+
+
+def _wake_batched(key: JobKey) -> None:
+    """A worker pod changed: reconcile its job within POD_BATCH_SECONDS, not at once.
+    A gang's pods are created, released, bound and started within moments of each
+    other; one reconcile then sees them all instead of one per pod, each writing a
+    status that says "2/4 workers bound". Mirrors the Job controller's
+    syncJobBatchPeriod (pkg/controller/job/job_controller.go, 1 s)."""
+    queue = _QUEUE.get("jobs")
+    if queue is not None:
+        queue.add(key, after=POD_BATCH_SECONDS)

@@ -11,7 +11,9 @@ if the missed events had been seen.
 A job is woken (`wake(key)`, from an informer thread) only when what its
 reconcile reads changed: the job's resourceVersion, a worker's `WorkerPod`
 record (a pod update that changes nothing decisions read wakes nobody), or
-whether its Service exists.
+whether its Service exists. A worker's change wakes it through `wake_pod`, which
+the operator batches (handlers.py), as kube-controller-manager's Job controller
+batches pod events: a gang's pods change together, one reconcile sees them all.
 """
 
 from __future__ import annotations
@@ -51,6 +53,7 @@ class JobCache:
         kube: KubeClient,
         wake: Wake,
         *,
+        wake_pod: Wake | None = None,
         on_departure: Departure = lambda key, pod: None,
         namespaces: Iterable[str] = (),
         page_size: int = PAGE_SIZE,
@@ -58,6 +61,7 @@ class JobCache:
     ):
         self._lock = threading.Lock()
         self._wake = wake
+        self._wake_pod = wake_pod or wake
         self._namespaces = tuple(namespaces)
         self._bodies: dict[JobKey, Body] = {}
         self._pods: ByJob[WorkerPod] = ByJob()
@@ -204,7 +208,8 @@ class JobCache:
             old = self._pods.put(name, record)
         if old == record:
             return  # nothing a decision reads changed (a condition's timestamp, say)
-        self._wake_all({r[0] for r in (old, record) if r is not None})
+        for key in {r[0] for r in (old, record) if r is not None}:
+            self._wake_pod(key)
 
     def _replace_services(self, records: Mapping[str, JobKey]) -> None:
         with self._lock:

@@ -60,12 +60,15 @@ from trainwave.placement.requirements import PodNeeds
 from trainwave.placement.round import Ticket as RoundTicket
 from trainwave.placement.round import plan_round
 from trainwave.placement.sharing import SharedPlacement
-from trainwave.placement.snapshot import ClusterSnapshot
+from trainwave.placement.snapshot import ClusterSnapshot, NodeInfoMemo
 from trainwave.placement.topology import Topology
 
 logger = logging.getLogger(__name__)
 
 Pod = dict[str, Any]
+# The GPU gauges are scraped every few seconds: a busy placer sets them at most this often
+# (the idle loop catches up), rather than walking every node after every round.
+MEASURE_SECONDS = 1.0
 
 
 @dataclass(frozen=True)
@@ -118,6 +121,9 @@ class Placer:
         self._waits: dict[JobKey, PlacementWait] = {}
         self._since: dict[JobKey, tuple[int, float]] = {}  # (attempt, epoch) it first waited
         self._measured: ClusterView | None = None  # the view the GPU gauges were last set from
+        self._measured_at = 0.0  # time.monotonic() of that
+        self._infos = NodeInfoMemo()  # node by node, only what changed is rebuilt per round
+        self._running: dict[JobKey, tuple[tuple[PodRecord, ...], RunningGang | None]] = {}
         self._preempting: dict[JobKey, frozenset[JobKey]] = {}
         self._topology: tuple[int, Topology] | None = None
         self._inflight = Inflight()
@@ -191,7 +197,7 @@ class Placer:
         self._preempting = {
             k: v for k, v in self._preempting.items() if any(view.workers.get(g) for g in v)
         }
-        running = running_gangs(view, exclude=gangs.keys())
+        running = self._running_gangs(view, exclude=gangs.keys())
         result = await asyncio.to_thread(
             partial(
                 plan_round,
@@ -223,7 +229,8 @@ class Placer:
             await self._preempt(preemption, names, view)
         metrics.GANGS_WAITING.set(len(result.waiting))
         self._publish_waits()
-        await asyncio.to_thread(self._measure, view, snapshot)
+        if time.monotonic() - self._measured_at >= MEASURE_SECONDS:
+            await asyncio.to_thread(self._measure, view, snapshot)
 
     def _publish_waits(self) -> None:
         """Set the waiting gauges from the gangs that still wait (placed ones are gone)."""
@@ -246,6 +253,7 @@ class Placer:
             shared=shared_fragmentation(snapshot, view.shared_shapes),
         )
         self._measured = view
+        self._measured_at = time.monotonic()
 
     async def _measure_idle(self) -> None:
         view = await asyncio.to_thread(self._view)
@@ -259,9 +267,23 @@ class Placer:
         reuse = (
             known[1] if known and view.labels_version and known[0] == view.labels_version else None
         )
-        snapshot = view.snapshot(self._levels, topology=reuse)
+        snapshot = view.snapshot(self._levels, topology=reuse, memo=self._infos)
         self._topology = (view.labels_version, snapshot.topology)
         return snapshot
+
+    def _running_gangs(self, view: ClusterView, exclude: Iterable[JobKey]) -> list[RunningGang]:
+        """running_gangs, with each job's gang kept while the cache hands out the same pods
+        for it (the view's per-job tuples are reused until that job's pods change)."""
+        known, fresh = self._running, {}
+        for key, pods in view.workers.items():
+            hit = known.get(key)
+            fresh[key] = (
+                pods,
+                hit[1] if hit is not None and hit[0] is pods else running_gang(key, pods),
+            )
+        self._running = fresh
+        skip = set(exclude)
+        return [gang for key, (_, gang) in fresh.items() if gang is not None and key not in skip]
 
     def _release_pinned(
         self, key: JobKey, gang: list[PodRecord], placed: SharedPlacement
@@ -453,29 +475,30 @@ def _gated_gangs(
 def running_gangs(view: ClusterView, exclude: Iterable[JobKey] = ()) -> list[RunningGang]:
     """Trainwave gangs holding resources now, as preemption candidates (their newest attempt)."""
     skip = set(exclude)
-    gangs = []
-    for key, pods in view.workers.items():
-        live = [p for p in pods if not p.deleting and p.worker is not None]
-        if key in skip or not live:
-            continue
-        attempt = max(p.worker.attempt for p in live if p.worker)
-        current = [p for p in live if p.worker and p.worker.attempt == attempt]
-        first = current[0].worker
-        assert first is not None
-        counts: dict[str, int] = {}
-        for pod in current:
-            counts[pod.node] = counts.get(pod.node, 0) + 1
-        gangs.append(
-            RunningGang(
-                key=f"{key[0]}/{key[1]}",
-                priority=first.priority,
-                preemptible=first.preemptible,
-                needs=PodNeeds(requests=current[0].requests),
-                workers_by_node=tuple(sorted(counts.items())),
-                preempted_at=_parse(first.preempted_at),
-            )
-        )
-    return gangs
+    gangs = (running_gang(key, pods) for key, pods in view.workers.items() if key not in skip)
+    return [gang for gang in gangs if gang is not None]
+
+
+def running_gang(key: JobKey, pods: Sequence[PodRecord]) -> RunningGang | None:
+    """One job's holding worker pods as a preemption candidate; None when none is live."""
+    live = [p for p in pods if not p.deleting and p.worker is not None]
+    if not live:
+        return None
+    attempt = max(p.worker.attempt for p in live if p.worker)
+    current = [p for p in live if p.worker and p.worker.attempt == attempt]
+    first = current[0].worker
+    assert first is not None
+    counts: dict[str, int] = {}
+    for pod in current:
+        counts[pod.node] = counts.get(pod.node, 0) + 1
+    return RunningGang(
+        key=f"{key[0]}/{key[1]}",
+        priority=first.priority,
+        preemptible=first.preemptible,
+        needs=PodNeeds(requests=current[0].requests),
+        workers_by_node=tuple(sorted(counts.items())),
+        preempted_at=_parse(first.preempted_at),
+    )
 
 
 def _basis(pod: PodRecord) -> Mapping[str, Any]:

@@ -3,7 +3,8 @@
 Many events about one job (its pods change, its spec changes) collapse into
 one pending reconcile of that job. A key is never processed by two workers at
 once; a key added while it is being processed runs again right after, so no
-event is lost. Delayed adds (deadlines, TTLs, retries) keep the earliest time.
+event is lost. Delayed adds (deadlines, TTLs, retries, batched pod events) keep
+the earliest time, and are dropped for a key already waiting to run now.
 """
 
 import asyncio
@@ -40,6 +41,8 @@ class WorkQueue:
             self._ready.put_nowait(key)
 
     def _add_later(self, key: Key, after: float) -> None:
+        if key in self._queued:
+            return  # it runs soon and reads everything there is to read then
         loop = asyncio.get_running_loop()
         due = loop.time() + after
         existing = self._timers.get(key)

@@ -49,6 +49,7 @@ __all__ = [
     "ClusterSnapshot",
     "Labelled",
     "NodeInfo",
+    "NodeInfoMemo",
     "NodeUsage",
     "Selector",
     "build_snapshot",
@@ -371,6 +372,37 @@ def node_info(record: NodeRecord, usage: NodeUsage | None) -> NodeInfo:
     )
 
 
+class NodeInfoMemo:
+    """Each node's NodeInfo from the last snapshot, rebuilt only where its record or its
+    usage changed. The watch cache hands out the very same record and usage objects for
+    nodes nothing happened on, so a round on 1,000 nodes rebuilds the handful its last
+    events touched instead of all of them (building every NodeInfo was a third of the
+    operator's CPU at 500 jobs on 1,024 nodes). Equal objects count as unchanged too."""
+
+    def __init__(self) -> None:
+        self._known: dict[str, tuple[NodeRecord, NodeUsage | None, NodeInfo]] = {}
+        self.rebuilt = 0  # NodeInfos built by the last call, for tests and profiling
+
+    def infos(self, nodes: Iterable[NodeRecord], usage: Mapping[str, NodeUsage]) -> list[NodeInfo]:
+        known, fresh, infos, rebuilt = self._known, {}, [], 0
+        for record in nodes:
+            used = usage.get(record.name)
+            hit = known.get(record.name)
+            if hit is not None and _same(hit[0], record) and _same(hit[1], used):
+                info = hit[2]
+            else:
+                info = node_info(record, used)
+                rebuilt += 1
+            fresh[record.name] = (record, used, info)
+            infos.append(info)
+        self._known, self.rebuilt = fresh, rebuilt  # vanished nodes are forgotten
+        return infos
+
+
+def _same(old: object, new: object) -> bool:
+    return old is new or old == new
+
+
 def snapshot_of(
     nodes: Iterable[NodeRecord],
     usage: Mapping[str, NodeUsage],
@@ -378,10 +410,15 @@ def snapshot_of(
     levels: Sequence[str] = DEFAULT_LEVELS,
     nvlink_labels: Sequence[str] = DEFAULT_NVLINK_LABELS,
     topology: Topology | None = None,
+    memo: NodeInfoMemo | None = None,
 ) -> ClusterSnapshot:
     """A snapshot from node records and per-node usage; `topology` is reused when the
-    caller knows the labels did not change."""
-    infos = [node_info(record, usage.get(record.name)) for record in nodes]
+    caller knows the labels did not change, and `memo` keeps the NodeInfos of nodes that
+    did not change since the caller's last snapshot."""
+    if memo is None:
+        infos = [node_info(record, usage.get(record.name)) for record in nodes]
+    else:
+        infos = memo.infos(nodes, usage)
     return ClusterSnapshot.of(infos, levels, nvlink_labels, topology)
 
 
