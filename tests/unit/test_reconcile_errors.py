@@ -12,7 +12,7 @@ from types import SimpleNamespace
 from typing import Any
 
 import pytest
-from factories import NOW, make_body
+from factories import NOW, make_body, make_pod, pod_name
 from kubernetes.client.exceptions import ApiException
 
 from trainwave.controller.reconciler import Reconciler
@@ -135,3 +135,36 @@ def test_when_the_error_cannot_be_written_either_the_original_is_handed_on() -> 
     reconcile, _ = reconciler(store, pods)
     with pytest.raises(ValueError, match="a bug"):
         asyncio.run(reconcile(KEY))
+
+
+class CountingStore(StatusStore):
+    def __init__(self, body: dict[str, Any]):
+        super().__init__(body)
+        self.applied: list[str] = []
+
+    def apply_pod(self, pod: dict[str, Any]) -> None:
+        self.applied.append(pod["metadata"]["name"])
+
+
+def test_pods_created_but_not_yet_watched_hold_the_next_decision_back() -> None:
+    # The watch shows our own status write before the pods' ADDED events: deciding
+    # then would apply the pods again and write "0/2 workers created" once more.
+    store = CountingStore(make_body(workers=2))
+    watched: list[Any] = []
+    reconcile, _ = reconciler(store, lambda _key: list(watched))
+    assert asyncio.run(reconcile(KEY)) is None
+    assert sorted(store.applied) == [pod_name(0), pod_name(1)]
+    patches = store.patches
+
+    waited = asyncio.run(reconcile(KEY))
+    assert waited is not None
+    assert 0 < waited <= 15, "held back, and woken again when the hold expires"
+    assert len(store.applied) == 2, "no second apply of pods already created"
+    assert store.patches == patches, "no status write from a view that lacks them"
+
+    watched.append(make_pod(0, phase="Pending", bound=False, gated=True))
+    assert asyncio.run(reconcile(KEY)) is not None, "one of the two is still unseen"
+    watched.append(make_pod(1, phase="Pending", bound=False, gated=True))
+    asyncio.run(reconcile(KEY))
+    assert len(store.applied) == 2
+    assert store.body["status"]["phase"] == "Scheduling", "decided once both are seen"

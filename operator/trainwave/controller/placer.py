@@ -379,13 +379,17 @@ class Placer:
             if not isinstance(error, Conflict | Rejected):
                 raise error
             logger.warning("%s/%s: releasing a worker failed: %s", *key, error)
-        if not failed:
-            self._tickets.pop(key, None)
-            self._skips.pop(key, None)
-            self._waits.pop(key, None)
-            logger.info("%s/%s: placed: %s", *key, summary)
-            metrics.GANGS_PLACED.inc()
-        self._wake(key)
+        if failed:
+            self._wake(key)  # its reconcile says so; the rest are placed again next round
+            return
+        self._tickets.pop(key, None)
+        self._skips.pop(key, None)
+        self._waits.pop(key, None)
+        logger.info("%s/%s: placed: %s", *key, summary)
+        metrics.GANGS_PLACED.inc()
+        # No wake: each patched pod's watch event wakes the job (batched), and a reconcile
+        # woken now would find the pods released but not bound and write a status
+        # that is stale a moment later.
 
     async def _create_claims(self, release: Release) -> bool:
         """The gang's GPU claims, all before any pod is released: a worker whose claim is

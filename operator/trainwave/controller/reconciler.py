@@ -15,7 +15,7 @@ import asyncio
 import logging
 import time
 from collections.abc import Callable, Iterable
-from dataclasses import replace
+from dataclasses import dataclass, replace
 from datetime import UTC, datetime
 from typing import Any
 
@@ -67,6 +67,18 @@ JobKey = tuple[str, str]
 CONFLICT_RETRY_SECONDS = 0.05
 # A child the API server refused is retried after 2, 4, 8... seconds, at most this.
 REFUSED_MAX_BACKOFF = 300
+# Pods created but not yet seen by the watch hold the job's next decision back at most
+# this long (kube-controller-manager's ControllerExpectations wait 5 minutes).
+EXPECTATIONS_SECONDS = 15.0
+
+
+@dataclass(frozen=True)
+class Expected:
+    """Pods this reconciler created for an attempt and the watch has not shown yet."""
+
+    attempt: int
+    names: frozenset[str]
+    until: float  # time.monotonic(): decide anyway after this
 
 
 class Reconciler:
@@ -106,6 +118,7 @@ class Reconciler:
         self._has_service = has_service
         self._clock = clock
         self._refusals: dict[JobKey, int] = {}  # children refused in a row, per job
+        self._expected: dict[JobKey, Expected] = {}
         self._departures = departures or Departures()
         self._node_health = node_health
         self._workloads = workloads  # None: Kueue integration off, queue labels ignored
@@ -145,11 +158,15 @@ class Reconciler:
         if body is None or body["metadata"].get("deletionTimestamp"):
             self._placer.withdraw(key)
             self._departures.forget(key)
+            self._expected.pop(key, None)
             if self._poller:
                 self._poller.forget(key)
             return None  # garbage collection removes the children
         meta = parse_metadata(body)
         pods = self._pods(key, parse_status(body).attempt)
+        unseen = self._unseen(key, pods)
+        if unseen is not None:
+            return unseen
         decision, resolved = self._decide(key, body, meta, pods)
         if decision.wants_placement and resolved is not None:
             self._placer.submit(key, self._ticket(resolved, decision))
@@ -219,6 +236,22 @@ class Reconciler:
         metrics.RECONCILE_ERRORS.inc()
         logger.warning("%s/%s: %s", meta.namespace, meta.name, failed.status.message)
         return float(min(REFUSED_MAX_BACKOFF, 2 ** min(count, 10)))
+
+    def _unseen(self, key: JobKey, pods: list[WorkerPod]) -> float | None:
+        """Seconds to wait while pods this reconciler created are not in the watch cache yet;
+        None to decide now. Deciding before the watch shows them would apply them again
+        and write a status that counts them missing; their ADDED events wake the job.
+        Mirrors ControllerExpectations (pkg/controller/controller_utils.go), with a
+        shorter expiry: a decision is held back 15 s at most."""
+        expected = self._expected.get(key)
+        if expected is None:
+            return None
+        left = expected.until - time.monotonic()
+        seen = {p.name for p in pods if p.attempt == expected.attempt}
+        if left <= 0 or expected.names <= seen:
+            del self._expected[key]
+            return None
+        return left
 
     def _pods(self, key: JobKey, attempt: int) -> list[WorkerPod]:
         """The index's pods, plus those of the current attempt seen leaving unfinished
@@ -432,6 +465,11 @@ class Reconciler:
                 # no need to create it before them.
                 writes.append(asyncio.to_thread(kube.apply_service, build_service(job)))
             await asyncio.gather(*writes)
+            self._expected[(meta.namespace, meta.name)] = Expected(
+                decision.status.attempt,
+                frozenset(pod["metadata"]["name"] for pod in pods),
+                time.monotonic() + EXPECTATIONS_SECONDS,
+            )
         if decision.delete_job:
             logger.info(
                 "%s/%s: ttlSecondsAfterFinished passed; deleting", meta.namespace, meta.name
