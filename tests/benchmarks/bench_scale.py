@@ -10,11 +10,13 @@ A. trainwave: one `kubectl apply --server-side` of BENCH_JOBS TrainingJobs of 4 
    (read from the pods' Ready conditions), per job creationTimestamp -> status.allRunningTime,
    placement rounds (from the operator's histogram: count, mean, p50/p99 interpolated from
    its buckets), the operator's API requests (from the audit log, watches excluded) per
-   placed gang, the operator's peak RSS (VmHWM), and optionally a py-spy profile.
+   placed gang, the operator's peak RSS (VmHWM), the CPU seconds each control-plane
+   process and the operator used until all were Running, and optionally a py-spy profile.
 B. everything deleted, the operator stopped; the same number of bare Pods with the requests
    phase A's workers got (no gate, no operator) in one `kubectl apply --server-side`;
    kube-scheduler binds them. Measured: apply start -> last pod Running, the control plane's
-   own limit on this machine.
+   own limit on this machine, and the CPU seconds per process as in A (both phases keep
+   the 2 cores busy, so the ratio of A to B follows the ratio of CPU they need).
 C. everything deleted, the operator still stopped; the same TrainingJobs as in phase A in one
    `kubectl apply --server-side`, nothing acting on them. Measured: the apply's seconds, what
    the API server alone takes to accept the jobs on this machine (phase A's apply shares it
@@ -244,10 +246,12 @@ def run_trainwave(
     pid = operator.process.pid
     profiler = Profiler(pid, workdir / "profile.txt") if PROFILE else None
     load.enter("trainwave")
+    cpu_before = component_cpu(cluster, pid)
     started = time.time()
     apply_seconds = apply(cluster, job_manifests())
     print(f"applied {JOBS} jobs in {apply_seconds:.1f}s", flush=True)
     all_running, running = wait_running(api, total, started)
+    cpu = cpu_delta(cpu_before, component_cpu(cluster, pid))
     reached = time.time()
     last = last_ready(api) if running else None
     # The operator writes allRunningTime after the last pod turns Running: wait for it.
@@ -306,6 +310,7 @@ def run_trainwave(
         "failed_scheduling_events": refusals,
         "operator_peak_rss_mib": peak_rss_mib,
         "operator_cpu_seconds": operator_cpu_seconds(pid),
+        "cpu_seconds_until_all_running": cpu,
         "profile": profile,
         "job_timeline": timeline,
         "worker_pod": worker,
@@ -318,10 +323,12 @@ def run_bare(
     total = JOBS * WORKERS
     pods = [bare_pod(worker, i) for i in range(total)]
     load.enter("kube-scheduler")
+    cpu_before = component_cpu(cluster)
     started = time.time()
     apply_seconds = apply(cluster, pods)
     print(f"applied {total} bare pods in {apply_seconds:.1f}s", flush=True)
     all_running, running = wait_running(api, total, started)
+    cpu = cpu_delta(cpu_before, component_cpu(cluster))
     last = last_ready(api) if running else None
     load.enter("between")
     return {
@@ -330,6 +337,7 @@ def run_bare(
         "all_running": all_running,
         "pods_running_at_end": running,
         "apply_to_all_running_seconds": round(last - started, 1) if last else None,
+        "cpu_seconds_until_all_running": cpu,
         "pod_spec": pods[0]["spec"],
     }
 
@@ -462,6 +470,25 @@ def vm_hwm_mib(pid: int) -> float | None:
     except OSError:
         pass
     return None
+
+
+def component_cpu(cluster: Cluster, operator_pid: int | None = None) -> dict[str, float]:
+    """CPU seconds (user + system) each control-plane process and the operator used so far:
+    two readings around a phase say which process the machine's 2 cores went to."""
+    state = json.loads(Layout(cluster.state_dir).state_file.read_text())
+    pids = {p["name"]: p["pid"] for p in state["processes"]}
+    if operator_pid is not None:
+        pids["operator"] = operator_pid
+    return {
+        name: seconds
+        for name, pid in pids.items()
+        if (seconds := operator_cpu_seconds(pid)) is not None
+    }
+
+
+def cpu_delta(before: dict[str, float], after: dict[str, float]) -> dict[str, float]:
+    spent = {name: round(after[name] - before.get(name, 0.0), 1) for name in after}
+    return spent | {"total": round(sum(spent.values()), 1)}
 
 
 def operator_cpu_seconds(pid: int) -> float | None:
@@ -708,11 +735,13 @@ Phase A, trainwave:
 - kube-scheduler FailedScheduling in phase A: {a.get("failed_scheduling_events", "not recorded")}
 - slowest jobs, times after the apply started: {tail or "not recorded"}
 - operator peak RSS (VmHWM): {a["operator_peak_rss_mib"]} MiB; operator CPU since its start: {a["operator_cpu_seconds"]} s
+- CPU seconds per process, apply start -> all Running: {a.get("cpu_seconds_until_all_running")}
 
 Phase B, bare pods bound by kube-scheduler (operator stopped):
 
 - `kubectl apply --server-side` of {b["pods"]} pods: {b["apply_seconds"]} s
 - apply start -> all {b["pods"]} pods Running: {b["apply_to_all_running_seconds"]} s (all Running: {b["all_running"]})
+- CPU seconds per process, apply start -> all Running: {b.get("cpu_seconds_until_all_running")}
 
 Phase C, the same TrainingJobs with the operator stopped (nothing acts on them):
 
