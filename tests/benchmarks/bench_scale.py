@@ -26,7 +26,8 @@ Environment: BENCH_JOBS (500; a smaller number is a smoke run, written to scale-
 BENCH_GPUS (1), BENCH_TOPOLOGY (large; or medium-64), BENCH_PROFILE (1: py-spy samples the
 operator during phase A, if installed), BENCH_KEEP_CLUSTER (0; 1 leaves the cluster up),
 BENCH_OPERATOR_WORKERS (the operator's --workers; default its own, 4), BENCH_TAG (appended
-to the results' name, for repeats). Writes tests/benchmarks/results/scale.{json,md}.
+to the results' name, for repeats), BENCH_AUDIT_ALL (0; 1 audits every client, not only the
+operator, and reports each phase's writes by client: a diagnostic, auditing costs CPU). Writes tests/benchmarks/results/scale.{json,md}.
 """
 
 from __future__ import annotations
@@ -73,6 +74,7 @@ KEEP_CLUSTER = os.environ.get("BENCH_KEEP_CLUSTER", "0") == "1"
 OPERATOR_WORKERS = os.environ.get("BENCH_OPERATOR_WORKERS", "")
 # Appended to the results' name, so a repeat does not replace the reference run.
 TAG = os.environ.get("BENCH_TAG", "")
+AUDIT_ALL = os.environ.get("BENCH_AUDIT_ALL", "0") == "1"
 NAMESPACE = "bench-scale"
 STATE_NAME = "bench-scale-cluster"
 OPERATOR_USER = f"system:serviceaccount:{OPERATOR_NAMESPACE}:{SERVICE_ACCOUNT}"
@@ -109,7 +111,7 @@ def main() -> int:
         TOPOLOGY,
         STATE_NAME,
         NAMESPACE,
-        audit_users=[OPERATOR_USER],
+        audit_users=["*"] if AUDIT_ALL else [OPERATOR_USER],
         keep_cluster=KEEP_CLUSTER,
         operator_args=("--workers", OPERATOR_WORKERS) if OPERATOR_WORKERS else (),
     ) as bench:
@@ -289,6 +291,9 @@ def run_trainwave(
     )
     placed = delta(metrics_before, metrics_after, "trainwave_gangs_placed_total")
     requests = count_requests(audit_log, audit_offset, started, settled)
+    writers = (
+        writes_by_client(audit_log, audit_offset, started, last or settled) if AUDIT_ALL else None
+    )
     worker = api.full(api.pods_path())[0]
     refusals = failed_scheduling(api)
     return {
@@ -311,6 +316,7 @@ def run_trainwave(
         "operator_peak_rss_mib": peak_rss_mib,
         "operator_cpu_seconds": operator_cpu_seconds(pid),
         "cpu_seconds_until_all_running": cpu,
+        "writes_by_client_until_all_running": writers,
         "profile": profile,
         "job_timeline": timeline,
         "worker_pod": worker,
@@ -322,6 +328,8 @@ def run_bare(
 ) -> dict[str, Any]:
     total = JOBS * WORKERS
     pods = [bare_pod(worker, i) for i in range(total)]
+    audit_log = Layout(cluster.state_dir).audit_log
+    audit_offset = audit_log.stat().st_size if audit_log.exists() else 0
     load.enter("kube-scheduler")
     cpu_before = component_cpu(cluster)
     started = time.time()
@@ -330,6 +338,11 @@ def run_bare(
     all_running, running = wait_running(api, total, started)
     cpu = cpu_delta(cpu_before, component_cpu(cluster))
     last = last_ready(api) if running else None
+    writers = (
+        writes_by_client(audit_log, audit_offset, started, last or time.time())
+        if AUDIT_ALL
+        else None
+    )
     load.enter("between")
     return {
         "pods": total,
@@ -338,6 +351,7 @@ def run_bare(
         "pods_running_at_end": running,
         "apply_to_all_running_seconds": round(last - started, 1) if last else None,
         "cpu_seconds_until_all_running": cpu,
+        "writes_by_client_until_all_running": writers,
         "pod_spec": pods[0]["spec"],
     }
 
@@ -536,6 +550,37 @@ def count_requests(audit_log: Path, offset: int, since: float, until: float) -> 
     }
 
 
+def writes_by_client(audit_log: Path, offset: int, since: float, until: float) -> dict[str, Any]:
+    """Every client's writes (not get, list or watch) received in [since, until], by user and
+    then by verb and resource: what the API server was asked to do in a phase."""
+    users: dict[str, Counter[str]] = {}
+    if audit_log.exists():
+        with audit_log.open() as log:
+            log.seek(offset)
+            for line in log:
+                try:
+                    event = json.loads(line)
+                except ValueError:
+                    continue
+                if event.get("verb") in ("get", "list", "watch"):
+                    continue
+                if not since <= parse_time(event["requestReceivedTimestamp"]) <= until:
+                    continue
+                user = event.get("user", {}).get("username", "?")
+                ref = event.get("objectRef", {})
+                resource = ref.get("resource", "?") + (
+                    "/" + ref["subresource"] if ref.get("subresource") else ""
+                )
+                users.setdefault(user, Counter())[f"{event['verb']} {resource}"] += 1
+    ranked = sorted(users.items(), key=lambda item: -sum(item[1].values()))
+    return {
+        "total": sum(sum(c.values()) for c in users.values()),
+        "by_client": {
+            user: {"total": sum(c.values()), **dict(c.most_common())} for user, c in ranked
+        },
+    }
+
+
 class Profiler:
     """py-spy sampling the running operator: only the thread holding the GIL, so samples are
     Python CPU time, not threads waiting on a socket."""
@@ -658,8 +703,10 @@ def summarize(
             "as the chart's ServiceAccount; "
             + (f"py-spy sampling it at {PROFILE_RATE}/s during phase A" if a["profile"]
                else "not profiled"),
-            "requests": "kube-apiserver audit log (Metadata) of the operator's ServiceAccount "
-                        "only, phase A from apply start until every job reported allRunningTime",
+            "requests": "kube-apiserver audit log (Metadata) of "
+                        + ("every client (BENCH_AUDIT_ALL; the operator's requests are counted "
+                           "from it alone)" if AUDIT_ALL else "the operator's ServiceAccount only")
+                        + ", phase A from apply start until every job reported allRunningTime",
             "control_plane": "kube-apiserver/scheduler/controller-manager v1.34.4, etcd 3.5.1, "
                              "kwok v0.8.0; kwok marks bound pods Running at once",
             "machine": f"{os.cpu_count()} cores, {platform.machine()}, "
@@ -736,12 +783,14 @@ Phase A, trainwave:
 - slowest jobs, times after the apply started: {tail or "not recorded"}
 - operator peak RSS (VmHWM): {a["operator_peak_rss_mib"]} MiB; operator CPU since its start: {a["operator_cpu_seconds"]} s
 - CPU seconds per process, apply start -> all Running: {a.get("cpu_seconds_until_all_running")}
+- writes by client, apply start -> all Running (BENCH_AUDIT_ALL): {a.get("writes_by_client_until_all_running")}
 
 Phase B, bare pods bound by kube-scheduler (operator stopped):
 
 - `kubectl apply --server-side` of {b["pods"]} pods: {b["apply_seconds"]} s
 - apply start -> all {b["pods"]} pods Running: {b["apply_to_all_running_seconds"]} s (all Running: {b["all_running"]})
 - CPU seconds per process, apply start -> all Running: {b.get("cpu_seconds_until_all_running")}
+- writes by client, apply start -> all Running (BENCH_AUDIT_ALL): {b.get("writes_by_client_until_all_running")}
 
 Phase C, the same TrainingJobs with the operator stopped (nothing acts on them):
 

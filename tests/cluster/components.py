@@ -135,13 +135,18 @@ def etcd_command(binary: Path, layout: Layout, ports: Ports) -> list[str]:
 
 
 def audit_policy(users: Sequence[str]) -> dict[str, Any]:
-    """An audit policy that records the requests of `users` only, at level Metadata (verb,
-    resource, user, timestamps; no bodies), once each when the response is complete."""
+    """An audit policy that records the requests of `users` only (`*`: everyone's), at level
+    Metadata (verb, resource, user, timestamps; no bodies), once each when the response is
+    complete."""
+    everyone = "*" in users
     return {
         "apiVersion": "audit.k8s.io/v1",
         "kind": "Policy",
         "omitStages": ["RequestReceived", "ResponseStarted"],
-        "rules": [{"level": "Metadata", "users": list(users)}, {"level": "None"}],
+        "rules": [
+            {"level": "Metadata"} if everyone else {"level": "Metadata", "users": list(users)},
+            {"level": "None"},
+        ],
     }
 
 
