@@ -15,6 +15,7 @@ import pytest
 from factories import NOW, make_body, make_pod, pod_name
 from kubernetes.client.exceptions import ApiException
 
+from trainwave.controller.departures import Departures
 from trainwave.controller.reconciler import Reconciler
 from trainwave.lifecycle.decide import JobEvent
 
@@ -46,6 +47,9 @@ class StatusStore:
         pass
 
     def apply_service(self, _service: dict[str, Any]) -> None:
+        pass
+
+    def delete_pod(self, _namespace: str, _name: str) -> None:
         pass
 
 
@@ -168,3 +172,30 @@ def test_pods_created_but_not_yet_watched_hold_the_next_decision_back() -> None:
     asyncio.run(reconcile(KEY))
     assert len(store.applied) == 2
     assert store.body["status"]["phase"] == "Scheduling", "decided once both are seen"
+
+
+def test_a_departure_the_job_cache_records_reaches_the_reconciler() -> None:
+    # The operator hands the reconciler the Departures its job cache records into. An
+    # empty one is falsy (it has a length): the reconciler once replaced it with a
+    # private one, so an evicted worker whose pod was gone was judged "vanished".
+    store = StatusStore(make_body(workers=2, phase="Running", max_restarts=0))
+    departures = Departures()
+    placer = SimpleNamespace(withdraw=lambda _k: None, submit=lambda _k, _t: None,
+                             waiting=lambda _k: None)  # fmt: skip
+    reconcile = Reconciler(
+        store,  # type: ignore[arg-type]
+        job_body=lambda _key: store.body,
+        worker_pods=lambda _key: [make_pod(0)],
+        has_service=lambda _key: True,
+        placer=placer,  # type: ignore[arg-type]
+        levels=(),
+        record_event=lambda _body, _event: None,
+        departures=departures,
+        clock=lambda: NOW,
+    )
+    evicted = ({"type": "DisruptionTarget", "status": "True", "reason": "EvictionByEvictionAPI"},)
+    gone = make_pod(1, conditions=evicted, deleting=True)
+    departures.record(KEY, gone)
+    asyncio.run(reconcile(KEY))
+    status = store.body["status"]
+    assert (status["restarts"], status["disruptions"]) == (0, 1)

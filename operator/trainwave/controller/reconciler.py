@@ -119,7 +119,9 @@ class Reconciler:
         self._clock = clock
         self._refusals: dict[JobKey, int] = {}  # children refused in a row, per job
         self._expected: dict[JobKey, Expected] = {}
-        self._departures = departures or Departures()
+        # Not `departures or ...`: an empty Departures is falsy (it has a length), and the
+        # reconciler would then read a private one the job cache never records into.
+        self._departures = departures if departures is not None else Departures()
         self._node_health = node_health
         self._workloads = workloads  # None: Kueue integration off, queue labels ignored
 
