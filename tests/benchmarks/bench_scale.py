@@ -44,6 +44,7 @@ import sys
 import threading
 import time
 from collections import Counter
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 from urllib.parse import quote
@@ -314,7 +315,7 @@ def run_trainwave(
         "operator_requests_per_placed_gang": round(requests["total"] / placed, 1) if placed else None,
         "failed_scheduling_events": refusals,
         "operator_peak_rss_mib": peak_rss_mib,
-        "operator_cpu_seconds": operator_cpu_seconds(pid),
+        "operator_cpu_seconds": process_cpu_seconds(pid),
         "cpu_seconds_until_all_running": cpu,
         "writes_by_client_until_all_running": writers,
         "profile": profile,
@@ -496,7 +497,7 @@ def component_cpu(cluster: Cluster, operator_pid: int | None = None) -> dict[str
     return {
         name: seconds
         for name, pid in pids.items()
-        if (seconds := operator_cpu_seconds(pid)) is not None
+        if (seconds := process_cpu_seconds(pid)) is not None
     }
 
 
@@ -505,8 +506,9 @@ def cpu_delta(before: dict[str, float], after: dict[str, float]) -> dict[str, fl
     return spent | {"total": round(sum(spent.values()), 1)}
 
 
-def operator_cpu_seconds(pid: int) -> float | None:
-    """User + system CPU time of the operator process since it started."""
+def process_cpu_seconds(pid: int) -> float | None:
+    """User + system CPU time of a process (the operator, a control-plane part) since it
+    started."""
     try:
         fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
     except OSError:
@@ -515,32 +517,42 @@ def operator_cpu_seconds(pid: int) -> float | None:
     return round((int(fields[11]) + int(fields[12])) / ticks, 1)
 
 
+def audit_events(audit_log: Path, offset: int, since: float, until: float) -> Iterator[Any]:
+    """The audit log's events after `offset` whose request was received in [since, until]."""
+    if not audit_log.exists():
+        return
+    with audit_log.open() as log:
+        log.seek(offset)
+        for line in log:
+            try:
+                event = json.loads(line)
+            except ValueError:
+                continue
+            if since <= parse_time(event["requestReceivedTimestamp"]) <= until:
+                yield event
+
+
+def request_kind(event: Any) -> str:
+    """One audit event as `verb resource[/subresource]`."""
+    ref = event.get("objectRef", {})
+    resource = ref.get("resource", event.get("requestURI", "?"))
+    if ref.get("subresource"):
+        resource += "/" + ref["subresource"]
+    return f"{event['verb']} {resource}"
+
+
 def count_requests(audit_log: Path, offset: int, since: float, until: float) -> dict[str, Any]:
     """The operator's non-watch requests received in [since, until], from the audit log,
     by verb and resource (subresource after a slash)."""
     kinds: Counter[str] = Counter()
     watches = 0
-    if audit_log.exists():
-        with audit_log.open() as log:
-            log.seek(offset)
-            for line in log:
-                try:
-                    event = json.loads(line)
-                except ValueError:
-                    continue
-                if event.get("user", {}).get("username") != OPERATOR_USER:
-                    continue
-                received = parse_time(event["requestReceivedTimestamp"])
-                if not since <= received <= until:
-                    continue
-                if event["verb"] == "watch":
-                    watches += 1
-                    continue
-                ref = event.get("objectRef", {})
-                resource = ref.get("resource", event.get("requestURI", "?"))
-                if ref.get("subresource"):
-                    resource += "/" + ref["subresource"]
-                kinds[f"{event['verb']} {resource}"] += 1
+    for event in audit_events(audit_log, offset, since, until):
+        if event.get("user", {}).get("username") != OPERATOR_USER:
+            continue
+        if event["verb"] == "watch":
+            watches += 1
+        else:
+            kinds[request_kind(event)] += 1
     return {
         "total": sum(kinds.values()),
         "by_verb_and_resource": dict(kinds.most_common()),
@@ -554,24 +566,10 @@ def writes_by_client(audit_log: Path, offset: int, since: float, until: float) -
     """Every client's writes (not get, list or watch) received in [since, until], by user and
     then by verb and resource: what the API server was asked to do in a phase."""
     users: dict[str, Counter[str]] = {}
-    if audit_log.exists():
-        with audit_log.open() as log:
-            log.seek(offset)
-            for line in log:
-                try:
-                    event = json.loads(line)
-                except ValueError:
-                    continue
-                if event.get("verb") in ("get", "list", "watch"):
-                    continue
-                if not since <= parse_time(event["requestReceivedTimestamp"]) <= until:
-                    continue
-                user = event.get("user", {}).get("username", "?")
-                ref = event.get("objectRef", {})
-                resource = ref.get("resource", "?") + (
-                    "/" + ref["subresource"] if ref.get("subresource") else ""
-                )
-                users.setdefault(user, Counter())[f"{event['verb']} {resource}"] += 1
+    for event in audit_events(audit_log, offset, since, until):
+        if event.get("verb") not in ("get", "list", "watch"):
+            user = event.get("user", {}).get("username", "?")
+            users.setdefault(user, Counter())[request_kind(event)] += 1
     ranked = sorted(users.items(), key=lambda item: -sum(item[1].values()))
     return {
         "total": sum(sum(c.values()) for c in users.values()),

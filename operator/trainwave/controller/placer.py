@@ -272,8 +272,9 @@ class Placer:
         return snapshot
 
     def _running_gangs(self, view: ClusterView, exclude: Iterable[JobKey]) -> list[RunningGang]:
-        """running_gangs, with each job's gang kept while the cache hands out the same pods
-        for it (the view's per-job tuples are reused until that job's pods change)."""
+        """Trainwave gangs holding resources now, as preemption candidates; each job's gang
+        is kept while the cache hands out the same pods for it (the view's per-job tuples
+        are reused until that job's pods change)."""
         known, fresh = self._running, {}
         for key, pods in view.workers.items():
             hit = known.get(key)
@@ -474,13 +475,6 @@ def _gated_gangs(
         if gated and whole and all(p.needs is not None for p in gated):
             gangs[key] = sorted(gated, key=lambda p: p.worker.rank if p.worker else 0)
     return gangs
-
-
-def running_gangs(view: ClusterView, exclude: Iterable[JobKey] = ()) -> list[RunningGang]:
-    """Trainwave gangs holding resources now, as preemption candidates (their newest attempt)."""
-    skip = set(exclude)
-    gangs = (running_gang(key, pods) for key, pods in view.workers.items() if key not in skip)
-    return [gang for gang in gangs if gang is not None]
 
 
 def running_gang(key: JobKey, pods: Sequence[PodRecord]) -> RunningGang | None:
