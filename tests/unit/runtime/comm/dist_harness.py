@@ -2,8 +2,10 @@
 
 Ranks are forked from a forkserver that imported torch once (a fresh import per
 rank costs seconds on 2 busy cores; forking the test process itself could hang
-in OpenMP). Each rank computes on one thread, so N ranks stay predictable. A rank that raises sends its traceback back and
-the harness raises it in the test; a rank that hangs is killed at the timeout.
+in OpenMP). Each rank computes on one thread, so N ranks stay predictable.
+Ranks meet at a barrier after sending their results, so none tears the group
+down under a peer. The harness hears every rank before it raises: each failed
+rank's traceback, a crashed rank's exit code, a rank silent past the timeout.
 """
 
 from __future__ import annotations
@@ -13,6 +15,7 @@ import os
 import pickle
 import queue
 import socket
+import time
 import traceback
 from collections.abc import Callable, Mapping
 from datetime import timedelta
@@ -64,6 +67,11 @@ def _rank_main(
         # Plain pickle copies tensors into the bytes; the queue's own pickler would
         # share their memory with a process that is about to exit.
         out.put((rank, True, pickle.dumps(fn(rank, world, *args))))
+        if dist.is_initialized():
+            # Rank 0 hosts the group's store; torch's new_group does not wait for
+            # peers (TORCH_DIST_INIT_BARRIER is off), so a rank 0 that tore its
+            # group down now could reset a peer still connecting a subgroup.
+            dist.barrier()
     except BaseException:
         out.put((rank, False, traceback.format_exc()))
     finally:
@@ -108,20 +116,37 @@ def run_world(
     for p in procs:
         p.start()
     results: dict[int, Any] = {}
+    failures: dict[int, str] = {}
     try:
-        for _ in range(world):
-            rank, ok, value = out.get(timeout=timeout)
-            if not ok:
-                raise AssertionError(f"rank {rank} failed:\n{value}")
-            results[rank] = pickle.loads(value)
-    except queue.Empty:
-        raise AssertionError(
-            f"ranks {sorted(set(range(world)) - set(results))} gave no result in {timeout} s"
-        ) from None
+        # Every rank is heard before anything is raised: a rank whose peer died
+        # reports only "connection reset"; the peer's own traceback is the cause.
+        deadline = time.monotonic() + timeout
+        while len(results) + len(failures) < world:
+            try:
+                rank, ok, value = out.get(timeout=0.5)
+            except queue.Empty:
+                # A rank that exited has flushed its result already; one that is gone
+                # without one crashed (a native abort leaves no traceback).
+                unheard = set(range(world)) - set(results) - set(failures)
+                gone = {r for r in unheard if procs[r].exitcode is not None}
+                late = unheard - gone if time.monotonic() > deadline else set()
+                failures.update(dict.fromkeys(gone, "exited without a result"))
+                failures.update(dict.fromkeys(late, f"gave no result in {timeout} s"))
+                continue
+            if ok:
+                results[rank] = pickle.loads(value)
+            else:
+                failures[rank] = value
     finally:
         for p in procs:
             p.join(timeout=5)
             if p.is_alive():
                 p.kill()
                 p.join()
+    if failures:
+        exits = ", ".join(f"rank {r} exit {p.exitcode}" for r, p in enumerate(procs))
+        raise AssertionError(
+            f"ranks {sorted(failures)} failed ({exits}):\n"
+            + "\n".join(f"--- rank {r}:\n{failures[r]}" for r in sorted(failures))
+        )
     return [results[r] for r in range(world)]
