@@ -160,6 +160,7 @@ class Tracked:
     # counted (same-round placements included): False means it lost the race, not a miss.
     room_after: bool | None = None
     best_rack_slots: int = 0  # most workers one rack could take, on the poll before
+    placer_summary: str = ""  # rank 0's placement annotation: what the placer's snapshot saw
     phase: str = ""
     attempt: int = 0
     bind_timeout: bool = False
@@ -259,6 +260,8 @@ def observe(tracked: Tracked, status: dict[str, Any], workers: dict[str, list[An
     bound = [p["spec"].get("nodeName") for p in mine]
     if tracked.placed is None and len(mine) == tracked.spec.workers and all(bound):
         tracked.placed, tracked.nodes = time.monotonic(), bound
+        notes = mine[0]["metadata"].get("annotations") or {}
+        tracked.placer_summary = notes.get(contract.ANNOTATION_PLACEMENT_SUMMARY, "")
     elif tracked.placed is None and mine and not any(bound):
         tracked.best_rack_slots = rack_room(snapshot, fleet, mine[0])
         tracked.room = tracked.best_rack_slots >= tracked.spec.workers
@@ -318,6 +321,7 @@ def summarize(jobs, fleet, unbound, *, bind_timeout_events, wall, timed_out) -> 
                 spread_with_room.append({
                     "job": t.spec.name, "racks": racks, "room_after": t.room_after,
                     "best_rack_slots_before": t.best_rack_slots,
+                    "placer": t.placer_summary,
                 })  # fmt: skip
     replanned = [t.spec.name for t in jobs.values() if t.attempt > 0 or t.bind_timeout]
     waits = [t.placed - t.submitted for t in jobs.values() if t.placed is not None]
@@ -381,6 +385,15 @@ def report(result: dict[str, Any]) -> str:
         or "- none"
     )
     text = "\n".join(f"- {k}: {v}" for k, v in result["conditions"].items())
+    spreads = (
+        "\n".join(
+            f"- {s['job']}: racks {s['racks']}; the poll before: a rack with room for "
+            f"{s['best_rack_slots_before']}; room kept after the same poll's placements: "
+            f"{s['room_after']}; the placer: {s.get('placer') or '-'}"
+            for s in result["spread_although_a_rack_had_room"]
+        )
+        or "- none"
+    )
     return f"""# Placement under constraints (taints, selectors, CPU/memory, foreign pods)
 
 | measure | value | goal |
@@ -393,6 +406,10 @@ def report(result: dict[str, Any]) -> str:
 | multi-node jobs inside one rack, all | {q["single_rack_share"]:.1%} | - |
 | submit -> all bound p50 / p95 / max | {bound.get("p50", "-")} / {bound.get("p95", "-")} / {bound.get("max", "-")} s | - |
 | wall time | {result["wall_seconds"]} s | - |
+
+Multi-node jobs spread over racks although the poll before they were placed saw a rack
+with room (the placer's own note says what its snapshot held when it decided):
+{spreads}
 
 Jobs never placed:
 {never}

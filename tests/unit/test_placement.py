@@ -127,6 +127,17 @@ def test_no_preferred_level_reports_none() -> None:
     assert placed(place(make_cluster(FULL), make_request(1))).preferred_met is None
 
 
+def test_a_gang_spread_over_racks_says_how_much_room_the_roomiest_rack_had() -> None:
+    # rack-1 has the most whole-worker room (3 nodes free), rack-0 the fewest.
+    snapshot = make_cluster([8, 8, 0, 0], [8, 8, 8, 0])
+    placement = placed(place(snapshot, make_request(5, preferred_level="rack")))
+    assert placement.preferred_met is False
+    assert placement.describe().endswith("; no rack had room for 5 workers (roomiest: rack-1, 3)")
+    one_rack = placed(place(snapshot, make_request(3, preferred_level="rack")))
+    assert one_rack.preferred_room is None
+    assert "room" not in one_rack.describe()
+
+
 def test_required_node_keeps_small_workers_together() -> None:
     placement = placed(place(make_cluster([4, 8]), make_request(2, 4, required_level="node")))
     assert placement.nodes == ("r0-n1", "r0-n1")

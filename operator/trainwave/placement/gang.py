@@ -131,12 +131,30 @@ class LevelUsage:
 
 
 @dataclass(frozen=True)
+class PreferredRoom:
+    """The roomiest domain of the preferred level when the gang did not fit in one."""
+
+    level: str
+    domain: str
+    workers: int  # workers of this gang it had room for
+    needed: int
+
+    def describe(self) -> str:
+        return (
+            f"no {self.level} had room for {explain.plural(self.needed, 'worker')} "
+            f"(roomiest: {self.domain}, {self.workers})"
+        )
+
+
+@dataclass(frozen=True)
 class Placement:
     job: str
     gpus_per_worker: int
     nodes: tuple[str, ...]  # nodes[rank]: where worker `rank` goes
     usage: tuple[LevelUsage, ...]  # each level below the cluster, top to bottom
     preferred_met: bool | None = None  # None: no preferred level was asked for
+    # When the preferred level was missed: why, as this snapshot saw it.
+    preferred_room: PreferredRoom | None = None
 
     def workers_by_node(self) -> dict[str, int]:
         workers: dict[str, int] = {}
@@ -164,7 +182,8 @@ class Placement:
             named = f" ({', '.join(usage.domains)})" if len(usage.domains) <= 3 else ""
             parts.append(count if usage is self.usage[-1] else count + named)
         workers = explain.plural(len(self.nodes), "worker")
-        return f"{workers} x {self.gpus_per_worker} GPUs on {', '.join(parts)}"
+        why = f"; {self.preferred_room.describe()}" if self.preferred_room else ""
+        return f"{workers} x {self.gpus_per_worker} GPUs on {', '.join(parts)}{why}"
 
 
 @dataclass(frozen=True)
@@ -207,17 +226,21 @@ def place(snapshot: ClusterSnapshot, request: GangRequest) -> Placement | Unsche
     if problem is not None:
         return refuse(*problem)
     allocation = planner.allocate(required or 0)
+    spread_by_user = False
     # The topology objective's choice stands when it keeps the user's spread; otherwise
     # the workers are spread worker by worker, kube-scheduler's way.
     if request.needs.hard_spread and not SpreadState(snapshot, request.needs).admits(allocation):
         spread = planner.spread_out(required or 0)
         if isinstance(spread, str):
             return refuse(Blocker.TOPOLOGY_SPREAD, spread)
-        allocation = spread
+        allocation, spread_by_user = spread, True
     nodes = order_workers(topology, allocation)
     usage = _usage(topology, [node for node, _ in sorted(allocation)])
     met = None if preferred is None else len(_domains_at(topology, allocation, preferred)) == 1
-    return Placement(request.name, request.gpus_per_worker, nodes, usage, met)
+    room = None
+    if preferred is not None and met is False and not spread_by_user:
+        room = planner.roomiest(preferred)
+    return Placement(request.name, request.gpus_per_worker, nodes, usage, met, room)
 
 
 class _Planner:
@@ -277,6 +300,17 @@ class _Planner:
                 below = self.caps[level + 1]
                 self.caps[level] = [sum(below[c] for c in d.children) // ratio for d in domains]
             self.free[level] = [free_prefix[d.stop] - free_prefix[d.first] for d in domains]
+
+    def roomiest(self, level: int) -> PreferredRoom:
+        """The domain of `level` with room for the most of this gang's workers."""
+        caps, free = self.caps[level], self.free[level]
+        best = max(range(len(caps)), key=lambda d: (caps[d], free[d], -d))
+        return PreferredRoom(
+            self.topology.levels[level].name,
+            self.topology.domains[level][best].value,
+            caps[best] * self.units[level],
+            self.request.workers,
+        )
 
     def need(self, level: int) -> int:
         return self.request.workers // self.units[level]
