@@ -72,6 +72,47 @@ def test_a_gang_lands_on_the_nodes_the_engine_chose_in_one_rack(
         assert holes == rack_a
 
 
+def fragment_both_racks(cluster, namespace, pool):
+    """One node of each 2-node rack full: a 2-worker gang fits only spread over both."""
+    rack_a, rack_b = pool.racks.values()
+    apply(
+        cluster, namespace, blocker_pod("hold-a", rack_a[0], 8), blocker_pod("hold-b", rack_b[0], 8)
+    )
+    return rack_a, rack_b
+
+
+def test_a_gang_waits_for_one_rack_before_spreading_and_takes_it_when_it_frees(
+    cluster, namespace, running_operator
+):
+    with node_pool(cluster, rack_sizes=(2, 2)) as pool:
+        _, rack_b = fragment_both_racks(cluster, namespace, pool)
+        wait = {"preferredLevelWaitSeconds": 300}
+        apply(cluster, namespace, pool_job("patient", pool, workers=2, gpus=8, placement=wait))
+        why = wait_until(
+            lambda: scheduled(cluster, namespace, "patient").get("reason")
+            == "WaitingForPreferredLevel" and scheduled(cluster, namespace, "patient"),
+            30, "the gang to wait for one rack",
+        )  # fmt: skip
+        assert "no rack has room for 2 workers" in why["message"], why["message"]
+        assert all(gated(p) for p in worker_pods(cluster, namespace, "patient"))
+        cluster.kubectl("delete", "pod", "hold-b", "-n", namespace, "--wait=true", timeout=90)
+        body = wait_for_phase(cluster, namespace, "patient", "Running", timeout=60)
+        nodes = [p["spec"]["nodeName"] for p in worker_pods(cluster, namespace, "patient")]
+        assert sorted(nodes) == sorted(rack_b)
+        assert "1 rack" in body["status"]["placement"]["summary"]
+
+
+def test_a_gang_with_no_wait_spreads_at_once_and_says_why(cluster, namespace, running_operator):
+    with node_pool(cluster, rack_sizes=(2, 2)) as pool:
+        fragment_both_racks(cluster, namespace, pool)
+        hasty = {"preferredLevelWaitSeconds": 0}
+        apply(cluster, namespace, pool_job("hasty", pool, workers=2, gpus=8, placement=hasty))
+        body = wait_for_phase(cluster, namespace, "hasty", "Running", timeout=60)
+        summary = body["status"]["placement"]["summary"]
+        assert "2 racks" in summary, summary
+        assert "no rack had room for 2 workers (roomiest: " in summary, summary
+
+
 def test_tensor_parallel_pairs_share_a_node(cluster, namespace, running_operator):
     with node_pool(cluster, rack_sizes=(2, 2)) as pool:
         manifest = pool_job("tp", pool, workers=8, gpus=4, placement={"parallelism": {"tensor": 8}})

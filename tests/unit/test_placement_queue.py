@@ -205,3 +205,34 @@ def test_a_gang_waits_rather_than_spread_when_its_one_rack_room_is_held() -> Non
     # Without the hold it starts inside rack-0.
     alone = schedule(cluster, [small], QueuePolicy(max_skips=0))
     assert alone.admitted[0].placement.preferred_met
+
+
+def test_a_gang_not_yet_allowed_to_spread_waits_for_one_rack_and_blocks_nobody() -> None:
+    """Rule 8: spreading waits while the caller's wait runs; smaller gangs still start."""
+    snapshot = make_cluster([8, 8, 0, 0], [8, 8, 8, 0])  # 2 and 3 nodes free
+    big = replace(job("big", 4, preferred_level="rack", arrival=1), may_spread=False)
+    small = job("small", 1, preferred_level="rack", arrival=2)
+    result = schedule(snapshot, [big, small])
+    assert outcome(result) == {"big": "WaitingForPreferredLevel", "small": "admit"}
+    assert wait_of(result, "big").reason == (
+        "no rack has room for 4 workers (roomiest: rack-1, 3), though one could hold the gang: "
+        "waiting for one (up to spec.placement.preferredLevelWaitSeconds) before starting "
+        "spread out"
+    )
+    assert wait_of(result, "big").skipped == 0  # not blocked: it counts no skips
+    allowed = schedule(snapshot, [replace(big, may_spread=True)])
+    assert allowed.admitted[0].placement.preferred_met is False
+
+
+@pytest.mark.parametrize(
+    ("workers", "racks"),
+    [
+        pytest.param(3, [[8, 8, 8, 0], [8, 8, 8, 8]], id="one-rack-has-room"),
+        pytest.param(6, [[8, 8, 8, 8], [8, 8, 0, 0]], id="no-rack-could-ever-hold-it"),
+    ],
+)
+def test_rule_8_never_delays_a_gang_that_waiting_cannot_help(
+    workers: int, racks: list[list[int]]
+) -> None:
+    gang = replace(job("g", workers, preferred_level="rack"), may_spread=False)
+    assert outcome(schedule(make_cluster(*racks), [gang])) == {"g": "admit"}

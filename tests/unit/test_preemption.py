@@ -67,3 +67,15 @@ def test_no_preemption_when_the_gang_fits_or_would_not_fit_anyway() -> None:
     result = plan_round(empty, [ticket(2, 10)], NOW, running=running)
     assert result.admitted
     assert result.preemptions == ()
+
+
+def test_a_gang_waiting_only_for_one_rack_preempts_nobody() -> None:
+    """It fits now, spread over racks (rule 8 of queueing.py): waiting is its own choice."""
+    snapshot = make_cluster([8, 0], [8, 0])
+    running = [gang("ns/a", {"r0-n1": 1}), gang("ns/b", {"r1-n1": 1})]
+    patient = PendingJob(
+        "ns/urgent", make_request(2, 8, preferred_level="rack"), priority=10, may_spread=False
+    )
+    result = plan_round(snapshot, [Ticket(patient)], NOW, running=running)  # type: ignore[arg-type]
+    assert [w.code for w in result.waiting] == ["WaitingForPreferredLevel"]
+    assert result.preemptions == ()

@@ -56,6 +56,7 @@ class Reason(StrEnum):
     TOPOLOGY_SPREAD = "TopologySpreadNotMet"
     HELD_FOR_EARLIER_JOB = "HeldForEarlierJob"
     NEVER_FITS = "NeverFits"
+    WAITING_FOR_PREFERRED_LEVEL = "WaitingForPreferredLevel"
     LARGER_THAN_ANY_GPU = "LargerThanAnyGPU"
     RDMA_UNAVAILABLE = "RDMAUnavailable"
     BIND_TIMEOUT = "BindTimeout"

@@ -77,6 +77,14 @@ class PlacementSpec(ApiModel):
         description="parallelism: tensor and pipeline degrees, so ranks are grouped to match "
         "the network (the data-parallel degree follows from the world size).",
     )
+    preferred_level_wait_seconds: int = Field(
+        default=10,
+        ge=0,
+        le=3_600,
+        description="preferredLevelWaitSeconds: how long a gang that could fit one domain of "
+        "its preferred level, but finds none with room now, waits for one before it starts "
+        "spread over several (Slurm's --switches=count@max-time). 0: spread at once.",
+    )
     bind_timeout_seconds: int = Field(
         default=120,
         ge=5,

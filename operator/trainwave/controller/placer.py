@@ -93,6 +93,7 @@ class Ticket:
     arrival: float = 0.0
     network: NetworkSpec | None = None  # for the NCCL settings of each chosen node
     shared_how: str = ""  # where a shared request's MiB came from, for the messages
+    spread_wait: float = 0.0  # preferredLevelWaitSeconds: rule 8 of placement/queueing.py
 
 
 class Placer:
@@ -191,7 +192,12 @@ class Placer:
             names[name] = key
             request = replace(ticket.request, workers=len(gang), pod=gang[0].needs)
             job = PendingJob(
-                name, request, ticket.priority, ticket.arrival, self._skips.get(key, 0)
+                name,
+                request,
+                ticket.priority,
+                ticket.arrival,
+                self._skips.get(key, 0),
+                may_spread=self._may_spread(key, ticket),
             )
             round_tickets.append(RoundTicket(job, ticket.network))
         self._preempting = {
@@ -231,6 +237,17 @@ class Placer:
         self._publish_waits()
         if time.monotonic() - self._measured_at >= MEASURE_SECONDS:
             await asyncio.to_thread(self._measure, view, snapshot)
+
+    def _may_spread(self, key: JobKey, ticket: Ticket) -> bool:
+        """Whether this attempt has waited its preferredLevelWaitSeconds, counted from the
+        first round that found no place for it (any reason); rounds run at least every
+        `retry_seconds`, so a gang starts spread at most that much after its wait ends."""
+        if ticket.spread_wait <= 0:
+            return True
+        since = self._since.get(key)
+        if since is None or since[0] != ticket.attempt:
+            return False
+        return time.time() - since[1] >= ticket.spread_wait
 
     def _publish_waits(self) -> None:
         """Set the waiting gauges from the gangs that still wait (placed ones are gone)."""

@@ -340,6 +340,7 @@ class Reconciler:
             arrival=created.timestamp() if created else 0.0,
             network=job.spec.network,
             shared_how=shared.how if shared else "",
+            spread_wait=job.spec.placement.preferred_level_wait_seconds,
         )
 
     def _fresher(self, key: JobKey, body: dict[str, Any] | None) -> dict[str, Any] | None:

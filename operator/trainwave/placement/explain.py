@@ -123,6 +123,14 @@ def never_fits(reason: str) -> str:
     return f"cannot fit even on an empty cluster: {reason}"
 
 
+def waiting_for_preferred_level(why: str) -> str:
+    """A gang that would start spread out, waiting a bounded time for one domain instead."""
+    return (
+        f"{why}, though one could hold the gang: waiting for one "
+        "(up to spec.placement.preferredLevelWaitSeconds) before starting spread out"
+    )
+
+
 def waiting_for(key: str, skipped: int, nodes: int) -> str:
     """A gang held back because an earlier one has used up its backfill allowance."""
     return (

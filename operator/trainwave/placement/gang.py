@@ -139,9 +139,10 @@ class PreferredRoom:
     workers: int  # workers of this gang it had room for
     needed: int
 
-    def describe(self) -> str:
+    def describe(self, *, now: bool = False) -> str:
         return (
-            f"no {self.level} had room for {explain.plural(self.needed, 'worker')} "
+            f"no {self.level} {'has' if now else 'had'} room for "
+            f"{explain.plural(self.needed, 'worker')} "
             f"(roomiest: {self.domain}, {self.workers})"
         )
 

@@ -28,12 +28,16 @@ Rules:
 7. A gang that would start spread over several domains of its preferred level only
    because the one domain with room for it is held (rule 3) waits instead: starting
    scattered would cost it for its whole run, waiting costs it until the held gang starts.
+8. A gang the caller has not yet allowed to spread (`PendingJob.may_spread`, false while
+   its preferredLevelWaitSeconds run) that would start spread over several domains of its
+   preferred level, but would fit one domain of the empty cluster, waits for one to free
+   up. It blocks nobody: the caller bounds the wait, as Slurm's `--switches=count@max-time`.
 """
 
 from __future__ import annotations
 
 from collections.abc import Iterable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from trainwave.api.reasons import Reason
 from trainwave.placement import explain
@@ -49,6 +53,7 @@ from trainwave.placement.snapshot import ClusterSnapshot
 
 HELD_FOR_EARLIER_JOB = Reason.HELD_FOR_EARLIER_JOB
 NEVER_FITS = Reason.NEVER_FITS
+WAITING_FOR_PREFERRED_LEVEL = Reason.WAITING_FOR_PREFERRED_LEVEL
 
 
 @dataclass(frozen=True)
@@ -58,6 +63,7 @@ class PendingJob:
     priority: int = 0
     arrival: float = 0.0  # creation time, or any number that grows with arrival
     skipped: int = 0  # from the previous round's Wait; 0 for a new job
+    may_spread: bool = True  # False: rule 8, wait for one preferred domain with room
 
 
 @dataclass(frozen=True)
@@ -134,6 +140,16 @@ def schedule(
                 first = protected[0]
                 reason = explain.waiting_for(first.job.key, first.skipped, len(held))
                 result = Unschedulable(job.key, Blocker.HELD, reason)
+        if (
+            not job.may_spread
+            and isinstance(result, Placement)
+            and result.preferred_met is False
+            and result.preferred_room is not None
+            and memo.fits_one_preferred_domain(job.request)
+        ):
+            reason = explain.waiting_for_preferred_level(result.preferred_room.describe(now=True))
+            decisions.append(Wait(job, WAITING_FOR_PREFERRED_LEVEL, reason, job.skipped))
+            continue
         if isinstance(result, Placement | SharedPlacement):
             used = set(result.nodes)
             for waiting in blocked:
@@ -203,6 +219,7 @@ class _Memo:
         self._empty: ClusterSnapshot | None = None
         self._never: dict[_Shape, Unschedulable | SharedRefusal | None] = {}
         self._usable: dict[_Shape, frozenset[str]] = {}
+        self._one_domain: dict[_Shape, bool] = {}
         self._open: tuple[ClusterSnapshot, frozenset[str], ClusterSnapshot] | None = None
 
     def never(self, request: GangRequest) -> Unschedulable | SharedRefusal | None:
@@ -214,6 +231,15 @@ class _Memo:
             never = isinstance(result, Unschedulable | SharedRefusal)
             self._never[shape] = result if never else None  # type: ignore[assignment]
         return self._never[shape]
+
+    def fits_one_preferred_domain(self, request: GangRequest) -> bool:
+        """Whether the gang fits one domain of its preferred level in the empty cluster."""
+        shape = (*_shape(request), request.preferred_level)
+        if shape not in self._one_domain:
+            self._empty = self._empty or self.snapshot.emptied()
+            alone = replace(request, required_level=request.preferred_level)
+            self._one_domain[shape] = isinstance(place(self._empty, alone), Placement)
+        return self._one_domain[shape]
 
     def usable(self, request: GangRequest) -> frozenset[str]:
         """Nodes that could ever take one of the request's workers."""

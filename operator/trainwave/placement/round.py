@@ -23,7 +23,14 @@ from datetime import datetime
 from trainwave.api.network import NetworkSpec
 from trainwave.api.reasons import Reason
 from trainwave.placement.preemption import Preemption, RunningGang, plan_preemptions
-from trainwave.placement.queueing import Admit, PendingJob, QueuePolicy, Wait, schedule
+from trainwave.placement.queueing import (
+    WAITING_FOR_PREFERRED_LEVEL,
+    Admit,
+    PendingJob,
+    QueuePolicy,
+    Wait,
+    schedule,
+)
 from trainwave.placement.rdma import rdma_shortfall
 from trainwave.placement.shared_tasks import SharedShape
 from trainwave.placement.snapshot import ClusterSnapshot
@@ -66,6 +73,9 @@ def plan_round(
             queued.append(ticket.job)
     result = schedule(snapshot, queued, policy, shared_shapes)
     preemptions: tuple[Preemption, ...] = ()
-    if running and result.waiting:
-        preemptions = plan_preemptions(result.snapshot, result.waiting, running, now)
+    # A gang waiting for its preferred domain fits now, spread: it waits by choice, and
+    # no running gang is evicted to spare it that (rule 8 of queueing.py).
+    short = [w for w in result.waiting if w.code != WAITING_FOR_PREFERRED_LEVEL]
+    if running and short:
+        preemptions = plan_preemptions(result.snapshot, short, running, now)
     return Round(result.admitted, (*unavailable, *result.waiting), preemptions)
