@@ -40,7 +40,7 @@ STUCK_CHECK_SECONDS = 1.0
 JOB_TIMEOUT_SECONDS = 90.0
 GONE_TIMEOUT_SECONDS = 120.0
 # Scheduled=False reasons that mean "the operator is still at it", not "no room".
-TRAINWAVE_BUSY_REASONS = ("Placing", "WaitingForNodes")
+TRAINWAVE_BUSY_REASONS = ("Placing", "WaitingForNodes", "WaitingForPreferredLevel")
 
 
 class Placer(Protocol):
