@@ -143,8 +143,7 @@ def schedule(
         if (
             not job.may_spread
             and isinstance(result, Placement)
-            and result.preferred_met is False
-            and result.preferred_room is not None
+            and result.preferred_room is not None  # missed the preferred level, not by spread
             and memo.fits_one_preferred_domain(job.request)
         ):
             reason = explain.waiting_for_preferred_level(result.preferred_room.describe(now=True))

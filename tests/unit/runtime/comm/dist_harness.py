@@ -122,13 +122,14 @@ def run_world(
         # reports only "connection reset"; the peer's own traceback is the cause.
         deadline = time.monotonic() + timeout
         while len(results) + len(failures) < world:
+            unheard = set(range(world)) - set(results) - set(failures)
+            # Read before the wait: a rank that had exited by then had flushed its
+            # result already, so one still missing after it crashed (a native abort
+            # leaves no traceback).
+            gone = {r for r in unheard if procs[r].exitcode is not None}
             try:
                 rank, ok, value = out.get(timeout=0.5)
             except queue.Empty:
-                # A rank that exited has flushed its result already; one that is gone
-                # without one crashed (a native abort leaves no traceback).
-                unheard = set(range(world)) - set(results) - set(failures)
-                gone = {r for r in unheard if procs[r].exitcode is not None}
                 late = unheard - gone if time.monotonic() > deadline else set()
                 failures.update(dict.fromkeys(gone, "exited without a result"))
                 failures.update(dict.fromkeys(late, f"gave no result in {timeout} s"))
