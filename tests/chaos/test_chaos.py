@@ -8,8 +8,8 @@ Faults (plan.FAULTS) run one after another; each recovers before the next. At th
   recorded against it;
 - the pod names ever created (a watch ledger) are exactly its attempts' gangs, each name
   with one uid; no GPU was ever promised twice on a node;
-- nothing is orphaned: every pod and Service is owned by a job of the run, one Service
-  per job, no worker still active under a finished job, and deleting the jobs removes
+- nothing is orphaned: every pod and Service is owned by a job of the run, each Service named
+  after its job, no worker still active under a finished job, and deleting the jobs removes
   every pod and Service.
 The figures go to tests/benchmarks/results/chaos.json. CHAOS_SEED picks another schedule.
 """
@@ -165,9 +165,11 @@ def orphans(cluster, namespace, jobs: dict[str, dict[str, Any]]) -> list[str]:
     except AssertionError:
         found += [f"pod {n} still active under a finished job"
                   for n in active_pods(cluster, namespace)]  # fmt: skip
-    named = sorted(s["metadata"]["name"] for s in services)
-    if named != sorted(jobs):
-        found.append(f"services {named} are not one per job")
+    # A job's Service comes once every worker of an attempt has an address, so a job whose
+    # gang never had that (it failed or finished first) has none.
+    named = {s["metadata"]["name"] for s in services}
+    if not named <= set(jobs):
+        found.append(f"services {sorted(named - set(jobs))} are named after no job")
     cluster.kubectl("delete", "trainingjobs", "--all", "-n", namespace, "--wait=true",
                     timeout=180)  # fmt: skip
 

@@ -10,9 +10,11 @@ watch on the pods bound to it; per pod, a `PodRun` (podrun.py) that runs the
 init containers and containers as processes in the pod's own UTS, mount and
 PID namespaces and reports their status; on deletion, SIGTERM, SIGKILL after
 the grace period, then the final delete. Pod IPs are loopback addresses
-127.0.0.N, one per pod, and every pod's /etc/hosts resolves the names of its
-gang's live pods (`<hostname>.<subdomain>[.<namespace>.svc.cluster.local]`),
-standing in for the headless Service's DNS records. A small HTTPS server
+127.0.0.N, one per pod. Every pod's /etc/hosts names the pod itself, as a
+kubelet writes it, and, once a headless Service named like the pod's subdomain
+exists in its namespace, its gang's live pods
+(`<hostname>.<subdomain>[.<namespace>.svc.cluster.local]`): standing in for
+that Service's DNS records, which do not exist before the Service does. A small HTTPS server
 (logserver.py) serves the containers' output to the API server, so
 `kubectl logs` and `trainwave logs` work on these pods. One thread handles
 every event, so the kubelet's bookkeeping needs no locks.
@@ -43,6 +45,7 @@ logger = logging.getLogger(__name__)
 HEARTBEAT_SECONDS = 10.0
 WATCH_SECONDS = 5
 DEFAULT_GRACE_SECONDS = 30
+SERVICE_EVENT = "SERVICE_"  # marks a Service's watch event in the one event queue
 SYSTEM_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
 
 
@@ -96,6 +99,7 @@ class TestKubelet:
         self.runs: dict[str, PodRun] = {}  # by pod uid
         self.deleted: list[PodRun] = []  # kept for their logs
         self._events: queue.Queue[tuple[str, dict[str, Any]]] = queue.Queue()
+        self._services: set[tuple[str, str]] = set()  # headless: (namespace, name)
         self._stopping = threading.Event()
         self._addresses = AddressPool()
         self._threads: list[threading.Thread] = []
@@ -121,6 +125,7 @@ class TestKubelet:
         self._spawn("kubelet-heartbeat", self._heartbeat_loop)
         for name in self.node_names:
             self._spawn(f"kubelet-watch-{name}", self._watch_loop, name)
+        self._spawn("kubelet-watch-services", self._watch_loop, None)
 
     def stop(self) -> None:
         """Kill every pod's processes, force-delete its pods, delete its Nodes."""
@@ -174,31 +179,40 @@ class TestKubelet:
                 except Exception:  # the next beat may well succeed; log and go on
                     logger.exception("heartbeat of node %s failed", name)
 
-    def _watch_loop(self, node: str) -> None:
+    def _watch_loop(self, node: str | None) -> None:
+        """The pods bound to `node`; None: every namespace's Services, which the
+        event is marked with (a SERVICE_ prefix)."""
         resume: list[str] = []  # the last resourceVersion seen, once there is one
         while not self._stopping.is_set():
             try:
-                for kind, pod in self._watch(node, resume):
-                    self._events.put((kind, pod))
+                for kind, obj in self._watch(node, resume):
+                    self._events.put((kind if node else SERVICE_EVENT + kind, obj))
             except Exception as error:  # 410 Gone, a dropped connection: list and watch anew
-                logger.info("watch of pods on %s restarts: %r", node, error)
+                logger.info(
+                    "watch of %s restarts: %r", f"pods on {node}" if node else "services", error
+                )
                 resume.clear()
                 self._stopping.wait(0.2)
 
-    def _watch(self, node: str, resume: list[str]) -> Iterator[tuple[str, dict[str, Any]]]:
+    def _watch(self, node: str | None, resume: list[str]) -> Iterator[tuple[str, dict[str, Any]]]:
         """Events until the server ends the watch (WATCH_SECONDS), so stop() is heard."""
+        if node is None:
+            listing, selector = self.core.list_service_for_all_namespaces, {}
+        else:
+            listing = self.core.list_pod_for_all_namespaces
+            selector = {"field_selector": f"spec.nodeName={node}"}
         stream = watch.Watch().stream(
-            self.core.list_pod_for_all_namespaces,
-            field_selector=f"spec.nodeName={node}",
+            listing,
+            **selector,
             resource_version=resume[0] if resume else None,
             timeout_seconds=WATCH_SECONDS,
             deserialize=False,
         )
         for event in stream:
-            kind, pod = event["type"], event["object"]
+            kind, obj = event["type"], event["object"]
             if kind in ("ADDED", "MODIFIED", "DELETED"):
-                resume[:] = [pod["metadata"]["resourceVersion"]]
-                yield kind, pod
+                resume[:] = [obj["metadata"]["resourceVersion"]]
+                yield kind, obj
 
     def _sync_loop(self) -> None:
         while not self._stopping.is_set():
@@ -215,6 +229,9 @@ class TestKubelet:
 
     def _sync(self, kind: str, pod: dict[str, Any]) -> None:
         meta = pod["metadata"]
+        if kind.startswith(SERVICE_EVENT):
+            self._sync_service(kind.removeprefix(SERVICE_EVENT), pod)
+            return
         run = self.runs.get(meta["uid"])
         deleting = meta.get("deletionTimestamp") is not None
         if kind == "DELETED":
@@ -242,8 +259,19 @@ class TestKubelet:
             run.terminate(DEFAULT_GRACE_SECONDS if grace is None else int(grace))
         self._refresh_hosts(run.namespace)
 
+    def _sync_service(self, kind: str, service: dict[str, Any]) -> None:
+        meta = service["metadata"]
+        key = (meta["namespace"], meta["name"])
+        headless = (service.get("spec") or {}).get("clusterIP") == "None"
+        if kind == "DELETED" or not headless:
+            self._services.discard(key)
+        else:
+            self._services.add(key)
+        self._refresh_hosts(meta["namespace"])
+
     def _refresh_hosts(self, namespace: str) -> None:
-        """Rewrite the hosts files of the namespace's pods: each names its live peers.
+        """Rewrite the hosts files of the namespace's pods: each names its live peers,
+        once their Service exists.
 
         Like the Service's endpoints, a peer that finished or is being deleted is
         left out, so a restarted gang's names resolve to its new pods only.
@@ -251,8 +279,11 @@ class TestKubelet:
         runs = [r for r in self.runs.values() if r.namespace == namespace]
         live = [r.address for r in runs if r.live]
         for run in runs:
-            peers = [a for a in live if a.subdomain and a.subdomain == run.address.subdomain]
-            run.write_hosts(hosts_file(run.address, peers))
+            subdomain = run.address.subdomain
+            served = bool(subdomain) and (namespace, subdomain) in self._services
+            peers = [a for a in live if served and a.subdomain == subdomain]
+            names_peers = any(a != run.address for a in peers)
+            run.write_hosts(hosts_file(run.address, peers), names_peers=names_peers)
 
 
 def _items(response: Any) -> list[dict[str, Any]]:

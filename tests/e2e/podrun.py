@@ -18,6 +18,7 @@ import signal
 import subprocess
 import sys
 import threading
+import time
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -97,6 +98,10 @@ class PodRun:
         self._killer: threading.Timer | None = None
         self.volumes = PodVolumes(host.core, self.dir / "volumes")
         self._hosts = ""
+        # Monotonic times: the pod's start, and the first hosts file naming a peer (once the
+        # job's Service exists): a test can check the gang started before its names resolved.
+        self.started_at: float | None = None
+        self.peers_named_at: float | None = None
         self._thread = threading.Thread(target=self._run, name=f"pod-{self.name}", daemon=True)
 
     @property
@@ -111,6 +116,7 @@ class PodRun:
         return PodContext(ip=self.ip, host_ip=NODE_IP, base_env=env)
 
     def start(self) -> None:
+        self.started_at = time.monotonic()
         self._thread.start()
 
     def log_path(self, container: str) -> Path:
@@ -121,7 +127,9 @@ class PodRun:
         """Running or about to: what a Service's endpoints would still list."""
         return not (self.finished.is_set() or self._terminating)
 
-    def write_hosts(self, content: str) -> None:
+    def write_hosts(self, content: str, *, names_peers: bool = False) -> None:
+        if names_peers and self.peers_named_at is None:
+            self.peers_named_at = time.monotonic()
         if content == self._hosts:
             return
         # In place: the file is bind-mounted, and a rename would leave the pod the old inode.

@@ -144,6 +144,11 @@ def test_gang_trains_with_ddp_and_succeeds(
     assert sorted(p["spec"]["nodeName"] for p in pods) == sorted(test_kubelet.node_names)
     assert {p["status"]["phase"] for p in pods} == {"Succeeded"}
     first_run = rank0(test_kubelet, namespace, "ddp", attempt=0)
+    # The operator creates the Service once every worker has an address, so the gang started
+    # before its peers' names resolved; the rendezvous waited for them.
+    assert first_run.started_at is not None
+    assert first_run.peers_named_at is not None
+    assert first_run.started_at < first_run.peers_named_at
     run = rank0(test_kubelet, namespace, "ddp", attempt=int(attempt))
     installed = run.log_path(contract.RUNTIME_INIT_CONTAINER).read_text()
     assert "trainwave runtime installed in /opt/trainwave/trainwave" in installed

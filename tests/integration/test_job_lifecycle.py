@@ -1,5 +1,7 @@
 """A TrainingJob's life on the real control plane: start, fail, restart, finish, clean up."""
 
+import json
+
 import pytest
 
 from integration.trainwave_fixtures import (
@@ -43,7 +45,8 @@ def test_gang_starts_with_the_torch_contract_and_succeeds(cluster, namespace, ru
     worker = next(c for c in second["spec"]["containers"] if c["name"] == "worker")
     assert worker["resources"]["limits"]["nvidia.com/gpu"] == "4"
 
-    service = get_json(cluster, namespace, "service", "ok")
+    # Created in the reconcile that saw every worker's address, just after its status write.
+    service = wait_until(lambda: service_of(cluster, namespace, "ok"), 10, "the Service")
     assert service["spec"]["clusterIP"] == "None"
     assert service["spec"]["publishNotReadyAddresses"] is True
 
@@ -61,6 +64,34 @@ def test_gang_starts_with_the_torch_contract_and_succeeds(cluster, namespace, ru
         return found if {"Created", "AllWorkersRunning", "Succeeded"} <= found else None
 
     wait_until(reasons, 15, "Created, AllWorkersRunning and Succeeded Events")
+
+
+def service_of(cluster, namespace, name):
+    found = cluster.kubectl("get", "service", name, "-n", namespace, "-o", "json", check=False)
+    return json.loads(found.stdout) if found.returncode == 0 else None
+
+
+def test_the_service_waits_until_every_worker_has_an_address(cluster, namespace, running_operator):
+    """Its endpoints are then written once, not once per worker getting its address."""
+    nowhere = {"nodeSelector": {"trainwave.test/pool": "nowhere"}}
+    apply(cluster, namespace, job_manifest("held", workers=2, result=None, template_spec=nowhere))
+    apply(cluster, namespace, job_manifest("went", workers=3, result=None))
+    wait_until(lambda: len(worker_pods(cluster, namespace, "held")) == 2, 30, "held's workers")
+    wait_for_phase(cluster, namespace, "went", "Running")
+    service = wait_until(lambda: service_of(cluster, namespace, "went"), 10, "went's Service")
+    assert service["metadata"]["ownerReferences"][0]["name"] == "went"
+
+    def endpoints():
+        slices = get_json(cluster, namespace, "endpointslices",
+                          "-l", "kubernetes.io/service-name=went")["items"]  # fmt: skip
+        names = sorted(e.get("hostname", "") for s in slices for e in s.get("endpoints") or [])
+        return names if len(names) == 3 else None
+
+    assert wait_until(endpoints, 20, "went's 3 endpoints") == [f"went-worker-{r}" for r in range(3)]
+    held = job(cluster, namespace, "held")
+    assert held["status"]["phase"] == "Scheduling", held["status"]
+    assert all(p["spec"].get("schedulingGates") for p in worker_pods(cluster, namespace, "held"))
+    assert service_of(cluster, namespace, "held") is None
 
 
 def test_worker_failure_restarts_the_whole_gang_until_max_restarts(
@@ -168,6 +199,7 @@ def test_ttl_deletes_the_finished_job_and_garbage_collection_its_children(
 def test_deleting_a_running_job_deletes_its_pods_and_service(cluster, namespace, running_operator):
     apply(cluster, namespace, job_manifest("doomed", workers=3, result=None))
     wait_for_phase(cluster, namespace, "doomed", "Running")
+    wait_until(lambda: service_of(cluster, namespace, "doomed"), 10, "the Service")
     cluster.kubectl("delete", "tj", "doomed", "-n", namespace, "--wait=true")
     wait_until(lambda: worker_pods(cluster, namespace, "doomed") == [], 60, "pods collected")
     wait_until(

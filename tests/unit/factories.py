@@ -125,6 +125,7 @@ def make_pod_body(
     container_reason: str | None = None,
     pod_reason: str | None = None,
     conditions: tuple[dict[str, str], ...] = (),
+    pod_ip: str | None = None,
 ) -> dict[str, Any]:
     """A raw worker Pod as the watch delivers it. `conditions` come after Ready."""
     metadata: dict[str, Any] = {
@@ -155,6 +156,8 @@ def make_pod_body(
         "conditions": [{"type": "Ready", "status": "True" if ready else "False"}, *conditions],
         "containerStatuses": [{"name": contract.WORKER_CONTAINER, "state": state}],
     }
+    if pod_ip is not None:
+        status["podIP"] = pod_ip
     if pod_reason is not None:
         status["reason"] = pod_reason
     elif phase == "Failed" and exit_code is None:
@@ -188,7 +191,7 @@ def make_pod(
     released_at: datetime | None = None,
     **body_options: Any,
 ) -> WorkerPod:
-    """`body_options`: container_reason, pod_reason, conditions (see make_pod_body)."""
+    """`body_options`: container_reason, pod_reason, conditions, pod_ip (see make_pod_body)."""
     pod = observe_pod(
         make_pod_body(
             rank,

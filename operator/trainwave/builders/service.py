@@ -1,7 +1,10 @@
 """The headless Service that gives every worker a stable DNS name.
 
 Pure. publishNotReadyAddresses: rank 0 must be resolvable before it is Ready,
-because readiness comes only after the rendezvous that needs the name.
+because readiness comes only after the rendezvous that needs the name. The
+reconciler creates it once every worker of the attempt has an address
+(Decision.wants_service): the endpoint controllers then write its endpoints
+once, instead of once per worker getting its address.
 """
 
 from typing import Any

@@ -462,17 +462,15 @@ class Reconciler:
             pods = build_worker_pods(
                 resolved, decision.create_ranks, decision.status.attempt, self._runtime_image
             )
-            writes = [asyncio.to_thread(kube.apply_pod, pod) for pod in pods]
-            if not self._has_service((meta.namespace, meta.name)):
-                # Workers find rank 0 by the Service's DNS name only once they run:
-                # no need to create it before them.
-                writes.append(asyncio.to_thread(kube.apply_service, build_service(job)))
-            await asyncio.gather(*writes)
+            await asyncio.gather(*(asyncio.to_thread(kube.apply_pod, pod) for pod in pods))
             self._expected[(meta.namespace, meta.name)] = Expected(
                 decision.status.attempt,
                 frozenset(pod["metadata"]["name"] for pod in pods),
                 time.monotonic() + EXPECTATIONS_SECONDS,
             )
+        key = (meta.namespace, meta.name)
+        if resolved is not None and decision.wants_service and not self._has_service(key):
+            await asyncio.to_thread(kube.apply_service, build_service(resolved.job))
         if decision.delete_job:
             logger.info(
                 "%s/%s: ttlSecondsAfterFinished passed; deleting", meta.namespace, meta.name

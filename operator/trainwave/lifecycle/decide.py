@@ -335,6 +335,7 @@ def _progress(
     draft.condition(
         ConditionType.SCHEDULED, True, Reason.ALL_WORKERS_BOUND, f"{total} workers bound"
     )
+    draft.wants_service = all(p.pod_ip for p in existing)
     if len(running) < total:
         draft.enter(
             Phase.STARTING, Reason.WORKERS_STARTING, f"{len(running)}/{total} workers running"

@@ -51,6 +51,9 @@ class Decision:
     wants_placement: bool = False
     # What to do to the job's Kueue Workload (lifecycle/admission.py).
     workload: WorkloadAction = WorkloadAction.NONE
+    # Every worker of the attempt has an address: the headless Service may exist now.
+    # Created earlier, its endpoints would be rewritten as each worker got its address.
+    wants_service: bool = False
 
 
 @dataclass
@@ -68,6 +71,7 @@ class Draft:
     all_running_after: float | None = None
     wants_placement: bool = False
     workload: WorkloadAction = WorkloadAction.NONE
+    wants_service: bool = False
 
     def update(self, **changes: object) -> None:
         self.status = self.status.model_copy(update=changes)
@@ -123,6 +127,7 @@ class Draft:
             all_running_after=self.all_running_after,
             wants_placement=self.wants_placement,
             workload=self.workload,
+            wants_service=self.wants_service,
         )
 
 
