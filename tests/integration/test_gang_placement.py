@@ -6,6 +6,8 @@ can fragment or fill it exactly; kube-scheduler does the binding.
 
 from __future__ import annotations
 
+import time
+
 import pytest
 
 from integration.node_pools import blocker_pod, node_pool
@@ -100,6 +102,37 @@ def test_a_gang_waits_for_one_rack_before_spreading_and_takes_it_when_it_frees(
         nodes = [p["spec"]["nodeName"] for p in worker_pods(cluster, namespace, "patient")]
         assert sorted(nodes) == sorted(rack_b)
         assert "1 rack" in body["status"]["placement"]["summary"]
+
+
+def test_time_spent_waiting_for_any_room_does_not_use_up_the_wait_for_one_rack(
+    cluster, namespace, running_operator
+):
+    """As slurmctld's wait4switch_start: the clock starts when a rack was all it lacked."""
+    with node_pool(cluster, rack_sizes=(2, 2)) as pool:
+        holds = [blocker_pod(f"hold-{i}", n, 8) for i, n in enumerate(pool.nodes)]
+        apply(cluster, namespace, *holds)
+        wait = {"preferredLevelWaitSeconds": 8}
+        apply(cluster, namespace, pool_job("late", pool, workers=2, gpus=8, placement=wait))
+        full = wait_until(
+            lambda: scheduled(cluster, namespace, "late").get("reason") not in (None, "Placing")
+            and scheduled(cluster, namespace, "late"),
+            30, "the gang to wait for room",
+        )  # fmt: skip
+        assert full["reason"] != "WaitingForPreferredLevel", full
+        time.sleep(10)  # longer than its wait, with no room anywhere
+        rack_a, rack_b = pool.racks.values()
+        for node in (rack_a[1], rack_b[1]):  # room for the gang, but only spread
+            index = pool.nodes.index(node)
+            cluster.kubectl("delete", "pod", f"hold-{index}", "-n", namespace, "--wait=true",
+                            timeout=90)  # fmt: skip
+        wait_until(
+            lambda: scheduled(cluster, namespace, "late").get("reason")
+            == "WaitingForPreferredLevel",
+            30, "the gang to wait for one rack now that only a spread fits",
+        )  # fmt: skip
+        body = wait_for_phase(cluster, namespace, "late", "Running", timeout=60)
+        summary = body["status"]["placement"]["summary"]
+        assert "2 racks" in summary, summary
 
 
 def test_a_gang_with_no_wait_spreads_at_once_and_says_why(cluster, namespace, running_operator):

@@ -61,6 +61,7 @@ from trainwave.placement.round import Ticket as RoundTicket
 from trainwave.placement.round import plan_round
 from trainwave.placement.sharing import SharedPlacement
 from trainwave.placement.snapshot import ClusterSnapshot, NodeInfoMemo
+from trainwave.placement.spread_clock import SpreadClock
 from trainwave.placement.topology import Topology
 
 logger = logging.getLogger(__name__)
@@ -121,6 +122,7 @@ class Placer:
         self._skips: dict[JobKey, int] = {}
         self._waits: dict[JobKey, PlacementWait] = {}
         self._since: dict[JobKey, tuple[int, float]] = {}  # (attempt, epoch) it first waited
+        self._spread_clock = SpreadClock()  # how long rule 8 has held each gang
         self._measured: ClusterView | None = None  # the view the GPU gauges were last set from
         self._measured_at = 0.0  # time.monotonic() of that
         self._infos = NodeInfoMemo()  # node by node, only what changed is rebuilt per round
@@ -226,6 +228,8 @@ class Placer:
             self._dispatch(release)
         for wait in result.waiting:
             key = names[wait.job.key]
+            if wait.code == Reason.WAITING_FOR_PREFERRED_LEVEL:
+                self._spread_clock.held(key, tickets[key].attempt, time.monotonic())
             how = tickets[key].shared_how
             reason = (
                 f"{wait.reason} ({how})" if how and wait.job.request.shared_mib else wait.reason
@@ -240,14 +244,12 @@ class Placer:
 
     def _may_spread(self, key: JobKey, ticket: Ticket) -> bool:
         """Whether this attempt has waited its preferredLevelWaitSeconds, counted from the
-        first round that found no place for it (any reason); rounds run at least every
-        `retry_seconds`, so a gang starts spread at most that much after its wait ends."""
-        if ticket.spread_wait <= 0:
-            return True
-        since = self._since.get(key)
-        if since is None or since[0] != ticket.attempt:
-            return False
-        return time.time() - since[1] >= ticket.spread_wait
+        first round that held it for its preferred level (placement/spread_clock.py); rounds
+        run at least every `retry_seconds`, so a gang starts spread at most that much after
+        its wait ends."""
+        return self._spread_clock.may_spread(
+            key, ticket.attempt, ticket.spread_wait, time.monotonic()
+        )
 
     def _publish_waits(self) -> None:
         """Set the waiting gauges from the gangs that still wait (placed ones are gone)."""
@@ -259,6 +261,7 @@ class Placer:
             known = self._since.get(key)
             since[key] = known if known and known[0] == attempt else (attempt, now)
         self._since = since
+        self._spread_clock.keep_only({k: t.attempt for k, t in self._tickets.items()})
         rows = tuple((*key, waiting[key].code, since[key][1]) for key in sorted(waiting))
         metrics.PLACEMENT.state = replace(metrics.PLACEMENT.state, waiting=rows)
 
