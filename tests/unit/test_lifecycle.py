@@ -360,7 +360,8 @@ def test_a_refused_worker_is_a_condition_an_event_once_and_clears_when_all_exist
 
 
 def test_the_service_is_wanted_once_every_worker_of_the_attempt_has_an_address() -> None:
-    """Created earlier, its endpoints would be rewritten as each worker got its address."""
+    """Until it is observed; created earlier, its endpoints would be rewritten as each
+    worker got its address."""
     scheduling = make_job(phase="Scheduling", start_time=START)
     gated = [make_pod(r, phase="Pending", bound=False, gated=True) for r in (0, 1)]
     assert not decide(scheduling, gated, NOW).wants_service
@@ -371,6 +372,7 @@ def test_the_service_is_wanted_once_every_worker_of_the_attempt_has_an_address()
     assert (starting.status.phase, starting.wants_service) == (Phase.STARTING, True)
     up = [make_pod(r, pod_ip=f"10.0.0.{r + 1}") for r in (0, 1)]
     assert decide(make_job(**RUNNING), up, NOW).wants_service
+    assert not decide(make_job(**RUNNING), up, NOW, service_exists=True).wants_service
     broken = [up[0], failed(1)]
     restarting = decide(make_job(**RUNNING), broken, NOW)
     assert (restarting.status.phase, restarting.wants_service) == (Phase.RESTARTING, False)

@@ -16,6 +16,7 @@ from factories import NOW, make_body, make_pod, pod_name
 from kubernetes.client.exceptions import ApiException
 
 from trainwave.controller.departures import Departures
+from trainwave.controller.kube import Refused
 from trainwave.controller.reconciler import Reconciler
 from trainwave.lifecycle.decide import JobEvent
 
@@ -53,7 +54,9 @@ class StatusStore:
         pass
 
 
-def reconciler(store: StatusStore, pods: Any) -> tuple[Reconciler, list[JobEvent]]:
+def reconciler(
+    store: StatusStore, pods: Any, has_service: Any = lambda _key: True
+) -> tuple[Reconciler, list[JobEvent]]:
     events: list[JobEvent] = []
     placer = SimpleNamespace(withdraw=lambda _k: None, submit=lambda _k, _t: None,
                              waiting=lambda _k: None)  # fmt: skip
@@ -61,7 +64,7 @@ def reconciler(store: StatusStore, pods: Any) -> tuple[Reconciler, list[JobEvent
         store,  # type: ignore[arg-type]
         job_body=lambda _key: store.body,
         worker_pods=pods,
-        has_service=lambda _key: True,
+        has_service=has_service,
         placer=placer,  # type: ignore[arg-type]
         levels=(),
         record_event=lambda _body, event: events.append(event),
@@ -199,3 +202,40 @@ def test_a_departure_the_job_cache_records_reaches_the_reconciler() -> None:
     asyncio.run(reconcile(KEY))
     status = store.body["status"]
     assert (status["restarts"], status["disruptions"]) == (0, 1)
+
+
+class QuotaOnServices(StatusStore):
+    """Refuses the Service as a ResourceQuota would, until `refuse` is turned off."""
+
+    def __init__(self, body: dict[str, Any]):
+        super().__init__(body)
+        self.refuse = True
+        self.services = 0
+
+    def apply_service(self, _service: dict[str, Any]) -> None:
+        if self.refuse:
+            raise Refused("service team-a/demo", "exceeded quota: q, limited: services=0")
+        self.services += 1
+
+
+def replica_failure(body: dict[str, Any]) -> dict[str, Any]:
+    return next(c for c in body["status"]["conditions"] if c["type"] == "ReplicaFailure")
+
+
+def test_a_refused_service_stays_on_the_job_and_is_retried_until_it_is_created() -> None:
+    store = QuotaOnServices(make_body(phase="Starting", start_time=NOW))
+    pods = [make_pod(rank, pod_ip=f"10.0.0.{rank + 1}") for rank in (0, 1)]
+    reconcile, events = reconciler(store, lambda _key: pods, lambda _key: store.services > 0)
+    for _ in range(3):
+        assert (asyncio.run(reconcile(KEY)) or 0) > 0  # a retry with backoff
+        failure = replica_failure(store.body)
+        assert failure["status"] == "True", failure
+        assert failure["message"].startswith("creating service team-a/demo failed: exceeded quota")
+    assert store.body["status"]["phase"] == "Running"  # the workers run; the name is missing
+    assert [e.reason for e in events].count("FailedCreate") == 1  # said once, not per retry
+
+    store.refuse = False
+    asyncio.run(reconcile(KEY))
+    assert store.services == 1
+    asyncio.run(reconcile(KEY))  # the Service is observed now: the condition clears
+    assert replica_failure(store.body)["status"] == "False"

@@ -294,7 +294,16 @@ class Reconciler:
         reports = self._poller.reports(key, attempt) if self._poller else {}
         nodes = self._nodes(pods, attempt)
         waiting = self._placer.waiting(key)
-        decision = decide(resolved, pods, now, waiting, reports, nodes=nodes, admission=admission)
+        decision = decide(
+            resolved,
+            pods,
+            now,
+            waiting,
+            reports,
+            nodes=nodes,
+            admission=admission,
+            service_exists=self._has_service(key),
+        )
         return decision, resolved
 
     def _admission(self, key: JobKey, job: TrainingJob) -> Admission | None:
@@ -468,8 +477,7 @@ class Reconciler:
                 frozenset(pod["metadata"]["name"] for pod in pods),
                 time.monotonic() + EXPECTATIONS_SECONDS,
             )
-        key = (meta.namespace, meta.name)
-        if resolved is not None and decision.wants_service and not self._has_service(key):
+        if resolved is not None and decision.wants_service:
             await asyncio.to_thread(kube.apply_service, build_service(resolved.job))
         if decision.delete_job:
             logger.info(

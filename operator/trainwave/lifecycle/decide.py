@@ -42,11 +42,13 @@ def decide(
     *,
     nodes: Mapping[str, NodeHealth] | None = None,
     admission: Admission | None = None,
+    service_exists: bool = False,
 ) -> Decision:
     """`resolved` is the job resolved once by the caller; a plain job (tests) is resolved
     here and must then be valid. `nodes`: the health of the workers' nodes, as far as the
     caller knows it (a node missing from it is not judged). `admission`: for a job queued
-    in Kueue, its Workload as observed (None: not queued, runs as soon as placed)."""
+    in Kueue, its Workload as observed (None: not queued, runs as soon as placed).
+    `service_exists`: whether the job's headless Service is observed."""
     if not isinstance(resolved, ResolvedJob):
         resolved = resolve_job(resolved)
     job = resolved.job
@@ -69,7 +71,7 @@ def decide(
         if phase == Phase.SUSPENDED:
             _resume(draft)
         if admission is None or gate(draft, job, mine, admission):
-            _run(draft, job, mine, waiting, nodes or {})
+            _run(draft, job, mine, waiting, nodes or {}, service_exists=service_exists)
         else:
             _count(draft, job, [])
         if draft.status.phase is not None and draft.status.phase.terminal:
@@ -132,6 +134,8 @@ def _run(
     mine: list[WorkerPod],
     waiting: PlacementWait | None,
     nodes: Mapping[str, NodeHealth],
+    *,
+    service_exists: bool,
 ) -> None:
     attempt = draft.status.attempt
     current = [p for p in mine if p.attempt == attempt]
@@ -184,7 +188,7 @@ def _run(
         _past_deadline(draft, job)  # only to schedule the deadline's wake-up
     if draft.create and draft.status.attempt_start_time is None:
         draft.update(attempt_start_time=draft.now)
-    _progress(draft, job, current, waiting)
+    _progress(draft, job, current, waiting, service_exists)
 
 
 def _gang_formed(draft: Draft) -> bool:
@@ -307,7 +311,11 @@ def _camel(snake: str) -> str:
 
 
 def _progress(
-    draft: Draft, job: TrainingJob, current: list[WorkerPod], waiting: PlacementWait | None
+    draft: Draft,
+    job: TrainingJob,
+    current: list[WorkerPod],
+    waiting: PlacementWait | None,
+    service_exists: bool,
 ) -> None:
     total = job.spec.workers
     existing = [p for p in current if not p.deleting]
@@ -319,7 +327,9 @@ def _progress(
                 Phase.PENDING, Reason.CREATING_WORKERS, f"{len(existing)}/{total} workers created"
             )
         return
-    if draft.status.condition(ConditionType.REPLICA_FAILURE) is not None:
+    # Created once every worker has an address; until then a refusal of it stays on the job.
+    service_due = not service_exists and all(p.bound and p.pod_ip for p in existing)
+    if draft.status.condition(ConditionType.REPLICA_FAILURE) is not None and not service_due:
         draft.clear(ConditionType.REPLICA_FAILURE, Reason.CREATED, f"all {total} workers created")
     if any(p.gated for p in existing):
         await_placement(draft, job, existing, waiting)
@@ -335,7 +345,7 @@ def _progress(
     draft.condition(
         ConditionType.SCHEDULED, True, Reason.ALL_WORKERS_BOUND, f"{total} workers bound"
     )
-    draft.wants_service = all(p.pod_ip for p in existing)
+    draft.wants_service = service_due
     if len(running) < total:
         draft.enter(
             Phase.STARTING, Reason.WORKERS_STARTING, f"{len(running)}/{total} workers running"

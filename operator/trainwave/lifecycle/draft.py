@@ -51,7 +51,8 @@ class Decision:
     wants_placement: bool = False
     # What to do to the job's Kueue Workload (lifecycle/admission.py).
     workload: WorkloadAction = WorkloadAction.NONE
-    # Every worker of the attempt has an address: the headless Service may exist now.
+    # Every worker of the attempt has an address and the headless Service is not observed:
+    # create it.
     # Created earlier, its endpoints would be rewritten as each worker got its address.
     wants_service: bool = False
 
