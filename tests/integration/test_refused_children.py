@@ -20,23 +20,25 @@ from integration.trainwave_fixtures import (
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(180)]
 
 
+def add_quota(cluster, namespace, name, hard):
+    quota = {"apiVersion": "v1", "kind": "ResourceQuota", "metadata": {"name": name},
+             "spec": {"hard": hard}}  # fmt: skip
+    cluster.kubectl("apply", "-n", namespace, "-f", "-", input=json.dumps(quota))
+
+
+def replica_failure(cluster, namespace, name):
+    """The job's ReplicaFailure condition while it is True, else None."""
+    found = condition(job(cluster, namespace, name), "ReplicaFailure")
+    return found if found and found["status"] == "True" else None
+
+
 def test_a_quota_refusal_shows_on_the_job_and_clears_when_the_quota_allows(
     cluster, namespace, running_operator
 ):
-    quota = {
-        "apiVersion": "v1",
-        "kind": "ResourceQuota",
-        "metadata": {"name": "two-pods"},
-        "spec": {"hard": {"pods": "1"}},
-    }
-    cluster.kubectl("apply", "-n", namespace, "-f", "-", input=json.dumps(quota))
+    add_quota(cluster, namespace, "two-pods", {"pods": "1"})
     apply(cluster, namespace, job_manifest("capped", workers=2, gpus=1, run_for="60s"))
-
-    def refused():
-        found = condition(job(cluster, namespace, "capped"), "ReplicaFailure")
-        return found if found and found["status"] == "True" else None
-
-    found = wait_until(refused, 60, "a ReplicaFailure condition")
+    found = wait_until(lambda: replica_failure(cluster, namespace, "capped"), 60,
+                       "a ReplicaFailure condition")  # fmt: skip
     assert found["reason"] == "FailedCreate"
     assert "exceeded quota" in found["message"], found["message"]
     assert f"pod {namespace}/capped-a0-worker-" in found["message"], "names the object"
@@ -53,18 +55,11 @@ def test_a_refused_service_shows_on_the_running_job_and_is_created_when_the_quot
 ):
     """The Service comes once every worker has an address, so its refusal meets a job
     whose workers already run: said once on the job, retried, cleared once it exists."""
-    quota = {
-        "apiVersion": "v1",
-        "kind": "ResourceQuota",
-        "metadata": {"name": "no-services"},
-        "spec": {"hard": {"services": "0"}},
-    }
-    cluster.kubectl("apply", "-n", namespace, "-f", "-", input=json.dumps(quota))
+    add_quota(cluster, namespace, "no-services", {"services": "0"})
     apply(cluster, namespace, job_manifest("nameless", workers=2, gpus=1, result=None))
 
     def refused():
-        found = condition(job(cluster, namespace, "nameless"), "ReplicaFailure")
-        return found if found and found["status"] == "True" else None
+        return replica_failure(cluster, namespace, "nameless")
 
     found = wait_until(refused, 60, "a ReplicaFailure condition")
     assert found["message"].startswith(f"creating service {namespace}/nameless failed"), found

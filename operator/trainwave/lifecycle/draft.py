@@ -52,8 +52,7 @@ class Decision:
     # What to do to the job's Kueue Workload (lifecycle/admission.py).
     workload: WorkloadAction = WorkloadAction.NONE
     # Every worker of the attempt has an address and the headless Service is not observed:
-    # create it.
-    # Created earlier, its endpoints would be rewritten as each worker got its address.
+    # create it (created earlier, its endpoints would be rewritten per worker's address).
     wants_service: bool = False
 
 
