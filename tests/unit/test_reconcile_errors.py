@@ -239,3 +239,20 @@ def test_a_refused_service_stays_on_the_job_and_is_retried_until_it_is_created()
     assert store.services == 1
     asyncio.run(reconcile(KEY))  # the Service is observed now: the condition clears
     assert replica_failure(store.body)["status"] == "False"
+
+
+def test_a_service_the_watch_has_not_shown_yet_is_not_applied_again(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    store = QuotaOnServices(make_body(phase="Starting", start_time=NOW))
+    store.refuse = False
+    pods = [make_pod(rank, pod_ip=f"10.0.0.{rank + 1}") for rank in (0, 1)]
+    reconcile, _events = reconciler(store, lambda _key: pods, lambda _key: False)  # watch lags
+    now = [1000.0]
+    monkeypatch.setattr("trainwave.controller.reconciler.time.monotonic", lambda: now[0])
+    for _ in range(3):
+        asyncio.run(reconcile(KEY))
+    assert store.services == 1
+    now[0] += 16.0  # past the expectation: still not in the watch, so applied again
+    asyncio.run(reconcile(KEY))
+    assert store.services == 2

@@ -119,6 +119,9 @@ class Reconciler:
         self._clock = clock
         self._refusals: dict[JobKey, int] = {}  # children refused in a row, per job
         self._expected: dict[JobKey, Expected] = {}
+        # Services applied and not seen by the watch yet: until when (time.monotonic()) the
+        # next decisions count them as there, so they are not applied again meanwhile.
+        self._services_applied: dict[JobKey, float] = {}
         # Not `departures or ...`: an empty Departures is falsy (it has a length), and the
         # reconciler would then read a private one the job cache never records into.
         self._departures = departures if departures is not None else Departures()
@@ -161,6 +164,7 @@ class Reconciler:
             self._placer.withdraw(key)
             self._departures.forget(key)
             self._expected.pop(key, None)
+            self._services_applied.pop(key, None)
             if self._poller:
                 self._poller.forget(key)
             return None  # garbage collection removes the children
@@ -302,9 +306,25 @@ class Reconciler:
             reports,
             nodes=nodes,
             admission=admission,
-            service_exists=self._has_service(key),
+            service_exists=self._service_exists(key),
         )
         return decision, resolved
+
+    def _service_exists(self, key: JobKey) -> bool:
+        """The watch shows the job's Service, or this reconciler applied it less than
+        EXPECTATIONS_SECONDS ago (ControllerExpectations again: without it, each reconcile
+        between the apply and its watch event applied the Service once more). A Service
+        deleted later is gone from the watch and applied again."""
+        if self._has_service(key):
+            self._services_applied.pop(key, None)
+            return True
+        until = self._services_applied.get(key)
+        if until is None:
+            return False
+        if until > time.monotonic():
+            return True
+        del self._services_applied[key]
+        return False
 
     def _admission(self, key: JobKey, job: TrainingJob) -> Admission | None:
         """A job with a queue-name label, when the Kueue integration is on."""
@@ -479,6 +499,9 @@ class Reconciler:
             )
         if resolved is not None and decision.wants_service:
             await asyncio.to_thread(kube.apply_service, build_service(resolved.job))
+            self._services_applied[(meta.namespace, meta.name)] = (
+                time.monotonic() + EXPECTATIONS_SECONDS
+            )
         if decision.delete_job:
             logger.info(
                 "%s/%s: ttlSecondsAfterFinished passed; deleting", meta.namespace, meta.name
