@@ -104,7 +104,7 @@ def test_an_unexpected_error_is_written_on_the_job_and_retried_with_backoff() ->
     cleared = condition(store.body)
     assert cleared is not None
     assert (cleared["status"], cleared["reason"]) == ("False", "Reconciled")
-    assert store.body["status"]["phase"] == "Pending"
+    assert store.body["status"]["phase"] == "Scheduling"  # its workers were just created
     assert events[-1].reason == "Reconciled"
 
 
@@ -256,3 +256,40 @@ def test_a_service_the_watch_has_not_shown_yet_is_not_applied_again(
     now[0] += 16.0  # past the expectation: still not in the watch, so applied again
     asyncio.run(reconcile(KEY))
     assert store.services == 2
+
+
+class RefusingPods(StatusStore):
+    """Counts the pods applied; refuses them as a ResourceQuota would while `refuse`."""
+
+    def __init__(self, body: dict[str, Any]):
+        super().__init__(body)
+        self.refuse = False
+        self.pods: list[str] = []
+
+    def apply_pod(self, pod: dict[str, Any]) -> None:
+        if self.refuse:
+            raise Refused(f"pod {pod['metadata']['name']}", "exceeded quota: q, limited: pods=0")
+        self.pods.append(pod["metadata"]["name"])
+
+
+def test_a_new_job_gets_its_workers_and_then_one_status_that_counts_them() -> None:
+    store = RefusingPods(make_body())
+    reconcile, events = reconciler(store, lambda _key: [])
+    asyncio.run(reconcile(KEY))
+    assert sorted(store.pods) == [pod_name(0), pod_name(1)]
+    assert store.patches == 1  # no "0/2 workers created" first
+    status = store.body["status"]
+    assert (status["phase"], status["reason"]) == ("Scheduling", "Placing")
+    assert status["startTime"] == status["attemptStartTime"]  # set by the creating decision
+    assert [e.reason for e in events] == ["Created", "Placing"]
+
+
+def test_workers_refused_leave_the_job_pending_with_the_reason_in_one_write() -> None:
+    store = RefusingPods(make_body())
+    store.refuse = True
+    reconcile, events = reconciler(store, lambda _key: [])
+    assert (asyncio.run(reconcile(KEY)) or 0) > 0  # retried with backoff
+    assert store.patches == 1
+    status = store.body["status"]
+    assert (status["phase"], status["reason"]) == ("Pending", "FailedCreate")
+    assert [e.reason for e in events] == ["Created", "FailedCreate"]

@@ -7,8 +7,10 @@ instead, so a decision never rests on a status older than our own (compared by
 equality of resourceVersions, never by order, as the API asks). Any other stale
 read is refused by the resourceVersion guard on the status write (409, retried
 at once). Pods come from the watch index too (a stale pod view only delays a
-decision: names are deterministic and deletes idempotent). Status is written
-first, so a new attempt is recorded before any of its pods exist.
+decision: names are deterministic and deletes idempotent). A new attempt's status
+is written first, so the attempt is recorded before any of its pods exist; workers of
+an attempt already recorded are created first and one status counting them follows,
+in the Job controller's order (create, then update the status).
 """
 
 import asyncio
@@ -54,7 +56,7 @@ from trainwave.lifecycle.admission import (
 from trainwave.lifecycle.children import creating_failed
 from trainwave.lifecycle.decide import Decision, JobEvent, decide, decide_invalid
 from trainwave.lifecycle.errors import reconcile_failed, reconciled
-from trainwave.lifecycle.observed import NodeHealth, PodPhase, WorkerPod
+from trainwave.lifecycle.observed import NodeHealth, PodPhase, WorkerPod, observe_pod
 from trainwave.lifecycle.podsecurity import explain_refusal
 from trainwave.lifecycle.workload_actions import WorkloadAction
 from trainwave.resolving import ResolvedJob, resolve, resolve_job
@@ -70,6 +72,14 @@ REFUSED_MAX_BACKOFF = 300
 # Pods created but not yet seen by the watch hold the job's next decision back at most
 # this long (kube-controller-manager's ControllerExpectations wait 5 minutes).
 EXPECTATIONS_SECONDS = 15.0
+
+
+@dataclass(frozen=True)
+class Understood:
+    """What a reconcile makes of the job before deciding: resolved once, and admitted."""
+
+    resolved: ResolvedJob
+    admission: Admission | None
 
 
 @dataclass(frozen=True)
@@ -173,7 +183,28 @@ class Reconciler:
         unseen = self._unseen(key, pods)
         if unseen is not None:
             return unseen
-        decision, resolved = self._decide(key, body, meta, pods)
+        decision, understood = self._decide(key, body, meta, pods)
+        resolved = understood.resolved if understood is not None else None
+        if understood is not None and _only_creates(decision, parse_status(body)):
+            # The Job controller's order when the attempt is already written: create the
+            # workers, then write one status that counts them. Writing "0/N created" first
+            # cost a status patch per job and said nothing a user acts on.
+            for event in decision.events:  # "job accepted": the next decision starts after it
+                self._record_event(body, event)
+            try:
+                created = await self._create_workers(meta, decision, understood.resolved)
+            except (Refused, Rejected) as refused:
+                self._placer.withdraw(key)
+                return await self._not_created(
+                    key, body, meta, decision, refused, resolved=resolved, pods=pods
+                )
+            # Decided again from where this decision left the status (start times, the
+            # Created condition), now with the workers it created.
+            job = understood.resolved.job.model_copy(update={"status": decision.status})
+            understood = replace(understood, resolved=replace(understood.resolved, job=job))
+            resolved = understood.resolved
+            decision = self._decide_understood(key, understood, pods + created)
+            pods = pods + created
         if decision.wants_placement and resolved is not None:
             self._placer.submit(key, self._ticket(resolved, decision))
         else:
@@ -192,23 +223,38 @@ class Reconciler:
         except Conflict as conflict:  # our Workload changed under a write: decide again
             logger.debug("%s/%s: %s; retrying", namespace, name, conflict)
             return CONFLICT_RETRY_SECONDS
-        except Refused as refused:
-            network = resolved.job.spec.network if resolved else None
-            return await self._refused(key, body, meta, decision, refused, network=network)
-        except Rejected as rejected:
-            # The API server refused a pod the schema let through: the spec
-            # cannot run as written. Say so on the job; nothing else to do.
-            invalid = decide_invalid(
-                meta, decision.status, pods, f"pod rejected: {rejected}", self._clock()
+        except (Refused, Rejected) as refused:
+            return await self._not_created(
+                key, body, meta, decision, refused, resolved=resolved, pods=pods
             )
-            body = await self._write_status(body, parse_metadata(body), invalid)
-            await self._act(body, meta, invalid, None)
-            return decision.requeue_after
         self._refusals.pop(key, None)
         recovered = reconciled(meta, parse_status(body), self._clock())
         if recovered is not None:
             body = await self._write_status(body, parse_metadata(body), recovered)
             await self._act(body, meta, recovered, None)
+        return decision.requeue_after
+
+    async def _not_created(
+        self,
+        key: JobKey,
+        body: dict[str, Any],
+        meta: ObjectMeta,
+        decision: Decision,
+        error: Refused | Rejected,
+        *,
+        resolved: ResolvedJob | None,
+        pods: list[WorkerPod],
+    ) -> float | None:
+        if isinstance(error, Refused):
+            network = resolved.job.spec.network if resolved else None
+            return await self._refused(key, body, meta, decision, error, network=network)
+        # The API server refused a pod the schema let through: the spec cannot run as
+        # written. Say so on the job; nothing else to do.
+        invalid = decide_invalid(
+            meta, decision.status, pods, f"pod rejected: {error}", self._clock()
+        )
+        body = await self._write_status(body, parse_metadata(body), invalid)
+        await self._act(body, meta, invalid, None)
         return decision.requeue_after
 
     async def _refused(
@@ -273,14 +319,19 @@ class Reconciler:
 
     def _decide(
         self, key: JobKey, body: dict[str, Any], meta: ObjectMeta, pods: list[WorkerPod]
-    ) -> tuple[Decision, ResolvedJob | None]:
-        now = self._clock()
+    ) -> tuple[Decision, Understood | None]:
         try:
-            resolved = resolve(
-                body, self._levels, arbiter_dir=self._arbiter_dir, gpu_claims=self._gpu_claims
-            )  # the one parse of this reconcile
+            understood = self._understand(key, body)
         except InvalidSpec as invalid:
-            return decide_invalid(meta, parse_status(body), pods, str(invalid), now), None
+            status = parse_status(body)
+            return decide_invalid(meta, status, pods, str(invalid), self._clock()), None
+        return self._decide_understood(key, understood, pods), understood
+
+    def _understand(self, key: JobKey, body: dict[str, Any]) -> Understood:
+        """The job resolved (the one parse of this reconcile) and its Kueue admission."""
+        resolved = resolve(
+            body, self._levels, arbiter_dir=self._arbiter_dir, gpu_claims=self._gpu_claims
+        )
         admission = self._admission(key, resolved.job)
         workload = admission.workload if admission is not None else None
         if admission is not None and workload is not None and workload.admitted:
@@ -294,21 +345,26 @@ class Reconciler:
                     arbiter_dir=self._arbiter_dir,
                     gpu_claims=self._gpu_claims,
                 )
+        return Understood(resolved, admission)
+
+    def _decide_understood(
+        self, key: JobKey, understood: Understood, pods: list[WorkerPod]
+    ) -> Decision:
+        resolved = understood.resolved
         attempt = resolved.job.status.attempt
         reports = self._poller.reports(key, attempt) if self._poller else {}
         nodes = self._nodes(pods, attempt)
         waiting = self._placer.waiting(key)
-        decision = decide(
+        return decide(
             resolved,
             pods,
-            now,
+            self._clock(),
             waiting,
             reports,
             nodes=nodes,
-            admission=admission,
+            admission=understood.admission,
             service_exists=self._service_exists(key),
         )
-        return decision, resolved
 
     def _service_exists(self, key: JobKey) -> bool:
         """The watch shows the job's Service, or this reconciler applied it less than
@@ -424,6 +480,33 @@ class Reconciler:
         if decision.all_running_after is not None:
             metrics.ALL_RUNNING_SECONDS.observe(decision.all_running_after)
 
+    async def _create_workers(
+        self, meta: ObjectMeta, decision: Decision, resolved: ResolvedJob
+    ) -> list[WorkerPod]:
+        """Apply the pods of `decision.create_ranks`; the workers they are, as the watch
+        will show them once it catches up."""
+        kube = self._kube
+        # The new pods carry the decided status (attempt, last preemption).
+        job = resolved.job.model_copy(update={"status": decision.status})
+        resolved = replace(resolved, job=job)
+        runtime = job.spec.runtime
+        if self._poller is not None and runtime is not None and runtime.enabled:
+            # Before the pods, which mount it: the key they sign their status with.
+            status_key = job_key(self._master_key, meta.namespace, meta.name, meta.uid)
+            secret = build_status_key_secret(job.metadata, status_key)
+            await asyncio.to_thread(kube.create_secret, secret)
+        pods = build_worker_pods(
+            resolved, decision.create_ranks, decision.status.attempt, self._runtime_image
+        )
+        await asyncio.gather(*(asyncio.to_thread(kube.apply_pod, pod) for pod in pods))
+        self._expected[(meta.namespace, meta.name)] = Expected(
+            decision.status.attempt,
+            frozenset(pod["metadata"]["name"] for pod in pods),
+            time.monotonic() + EXPECTATIONS_SECONDS,
+        )
+        workers = (observe_pod(pod) for pod in pods)
+        return [worker for worker in workers if worker is not None]
+
     async def _workload(self, meta: ObjectMeta, decision: Decision, resolved: ResolvedJob) -> None:
         """Create, release, finish, (de)activate the job's Workload, as lifecycle/admission.py
         decided."""
@@ -479,24 +562,7 @@ class Reconciler:
             *(asyncio.to_thread(kube.delete_pod, meta.namespace, n) for n in decision.delete_pods)
         )
         if decision.create_ranks and resolved is not None:
-            # The new pods carry the decided status (attempt, last preemption).
-            job = resolved.job.model_copy(update={"status": decision.status})
-            resolved = replace(resolved, job=job)
-            runtime = job.spec.runtime
-            if self._poller is not None and runtime is not None and runtime.enabled:
-                # Before the pods, which mount it: the key they sign their status with.
-                status_key = job_key(self._master_key, meta.namespace, meta.name, meta.uid)
-                secret = build_status_key_secret(job.metadata, status_key)
-                await asyncio.to_thread(kube.create_secret, secret)
-            pods = build_worker_pods(
-                resolved, decision.create_ranks, decision.status.attempt, self._runtime_image
-            )
-            await asyncio.gather(*(asyncio.to_thread(kube.apply_pod, pod) for pod in pods))
-            self._expected[(meta.namespace, meta.name)] = Expected(
-                decision.status.attempt,
-                frozenset(pod["metadata"]["name"] for pod in pods),
-                time.monotonic() + EXPECTATIONS_SECONDS,
-            )
+            await self._create_workers(meta, decision, resolved)
         if resolved is not None and decision.wants_service:
             await asyncio.to_thread(kube.apply_service, build_service(resolved.job))
             self._services_applied[(meta.namespace, meta.name)] = (
@@ -507,3 +573,17 @@ class Reconciler:
                 "%s/%s: ttlSecondsAfterFinished passed; deleting", meta.namespace, meta.name
             )
             await asyncio.to_thread(kube.delete_job, meta.namespace, meta.name, meta.uid)
+
+
+def _only_creates(decision: Decision, written: TrainingJobStatus) -> bool:
+    """A decision that creates workers of the attempt the job's status already records and
+    does nothing else: the status may follow the pods. A new attempt is written first, so a
+    lost write is decided again from the same evidence."""
+    return (
+        bool(decision.create_ranks)
+        and decision.status.attempt == written.attempt
+        and not decision.delete_pods
+        and decision.workload == WorkloadAction.NONE
+        and not decision.delete_job
+        and not decision.wants_service
+    )
