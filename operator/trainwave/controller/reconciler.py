@@ -191,6 +191,11 @@ class Reconciler:
             # cost a status patch per job and said nothing a user acts on.
             for event in decision.events:  # "job accepted": the next decision starts after it
                 self._record_event(body, event)
+            # The pods carry this decision's status, and the next decision starts from it
+            # (start times, the Created condition), now with the workers created.
+            understood = replace(
+                understood, resolved=_with_status(understood.resolved, decision.status)
+            )
             try:
                 created = await self._create_workers(meta, decision, understood.resolved)
             except (Refused, Rejected) as refused:
@@ -198,13 +203,9 @@ class Reconciler:
                 return await self._not_created(
                     key, body, meta, decision, refused, resolved=resolved, pods=pods
                 )
-            # Decided again from where this decision left the status (start times, the
-            # Created condition), now with the workers it created.
-            job = understood.resolved.job.model_copy(update={"status": decision.status})
-            understood = replace(understood, resolved=replace(understood.resolved, job=job))
             resolved = understood.resolved
-            decision = self._decide_understood(key, understood, pods + created)
             pods = pods + created
+            decision = self._decide_understood(key, understood, pods)
         if decision.wants_placement and resolved is not None:
             self._placer.submit(key, self._ticket(resolved, decision))
         else:
@@ -483,12 +484,11 @@ class Reconciler:
     async def _create_workers(
         self, meta: ObjectMeta, decision: Decision, resolved: ResolvedJob
     ) -> list[WorkerPod]:
-        """Apply the pods of `decision.create_ranks`; the workers they are, as the watch
-        will show them once it catches up."""
+        """Apply the pods of `decision.create_ranks` for `resolved`, whose job carries the
+        decided status (attempt, last preemption); the workers they are, as the watch will
+        show them once it catches up."""
         kube = self._kube
-        # The new pods carry the decided status (attempt, last preemption).
-        job = resolved.job.model_copy(update={"status": decision.status})
-        resolved = replace(resolved, job=job)
+        job = resolved.job
         runtime = job.spec.runtime
         if self._poller is not None and runtime is not None and runtime.enabled:
             # Before the pods, which mount it: the key they sign their status with.
@@ -562,7 +562,7 @@ class Reconciler:
             *(asyncio.to_thread(kube.delete_pod, meta.namespace, n) for n in decision.delete_pods)
         )
         if decision.create_ranks and resolved is not None:
-            await self._create_workers(meta, decision, resolved)
+            await self._create_workers(meta, decision, _with_status(resolved, decision.status))
         if resolved is not None and decision.wants_service:
             await asyncio.to_thread(kube.apply_service, build_service(resolved.job))
             self._services_applied[(meta.namespace, meta.name)] = (
@@ -585,5 +585,8 @@ def _only_creates(decision: Decision, written: TrainingJobStatus) -> bool:
         and not decision.delete_pods
         and decision.workload == WorkloadAction.NONE
         and not decision.delete_job
-        and not decision.wants_service
     )
+
+
+def _with_status(resolved: ResolvedJob, status: TrainingJobStatus) -> ResolvedJob:
+    return replace(resolved, job=resolved.job.model_copy(update={"status": status}))
