@@ -394,6 +394,7 @@ def report(result: dict[str, Any]) -> str:
         )
         or "- none"
     )
+    placed = result.get("gangs_placed") or {}
     return f"""# Placement under constraints (taints, selectors, CPU/memory, foreign pods)
 
 | measure | value | goal |
@@ -406,6 +407,7 @@ def report(result: dict[str, Any]) -> str:
 | multi-node jobs inside one rack, all | {q["single_rack_share"]:.1%} | - |
 | submit -> all bound p50 / p95 / max | {bound.get("p50", "-")} / {bound.get("p95", "-")} / {bound.get("max", "-")} s | - |
 | wall time | {result["wall_seconds"]} s | - |
+| gangs placed: created placed / released from the gate | {placed.get("created_placed", "-")} / {placed["all"] - placed.get("created_placed", 0) if "all" in placed else "-"} | - |
 
 Multi-node jobs spread over racks although the poll before they were placed saw a rack
 with room (the placer's own note says what its snapshot held when it decided):
@@ -422,6 +424,18 @@ Conditions:
 """
 
 
+def placed_counts(text: str) -> dict[str, int]:
+    """The operator's counters of gangs placed, and of those created placed (no gate)."""
+    names = {"trainwave_gangs_placed_total": "all", "trainwave_gangs_placed_at_creation_total":
+             "created_placed"}  # fmt: skip
+    counts = dict.fromkeys(names.values(), 0)
+    for line in text.splitlines():
+        name, _, value = line.rpartition(" ")
+        if name in names:
+            counts[names[name]] = int(float(value))
+    return counts
+
+
 def main() -> int:
     stream = make_stream(SEED, JOBS)
     load_before = round(os.getloadavg()[0], 2)
@@ -429,7 +443,10 @@ def main() -> int:
         api = Api(str(bench.cluster.kubeconfig), NAMESPACE)
         nodes = prepare(api, bench, random.Random(SEED))
         print(f"{len(stream)} jobs, seed {SEED}", flush=True)
+        before = placed_counts(bench.operator.metrics())
         result = run(api, stream, nodes)
+        after = placed_counts(bench.operator.metrics())
+        result["gangs_placed"] = {how: after[how] - before[how] for how in after}
     result["conditions"] = conditions(load_before, round(os.getloadavg()[0], 2))
     RESULTS.parent.mkdir(parents=True, exist_ok=True)
     RESULTS.with_suffix(".json").write_text(json.dumps(result, indent=2) + "\n")

@@ -299,6 +299,7 @@ def run_trainwave(
         metrics_before, metrics_after, "trainwave_placement_decision_seconds"
     )
     placed = delta(metrics_before, metrics_after, "trainwave_gangs_placed_total")
+    at_creation = delta(metrics_before, metrics_after, "trainwave_gangs_placed_at_creation_total")
     requests = count_requests(audit_log, audit_offset, started, settled)
     writers = (
         writes_by_client(audit_log, audit_offset, started, last or settled) if AUDIT_ALL else None
@@ -317,6 +318,7 @@ def run_trainwave(
         "placement_rounds": rounds,
         "placement_decisions": decisions,
         "gangs_placed": int(placed),
+        "gangs_placed_at_creation": int(at_creation),
         "reconciles": int(delta(metrics_before, metrics_after, "trainwave_reconcile_duration_seconds_count")),
         "mean_reconcile_ms": mean_ms(metrics_before, metrics_after, "trainwave_reconcile_duration_seconds"),
         "operator_requests": requests,
@@ -810,7 +812,7 @@ Phase A, trainwave:
 - per job, created -> all workers Running: p50 {jobs.get("p50")} / p99 {jobs.get("p99")} / max {jobs.get("max")} s ({a["jobs_reporting_all_running"]} jobs reported)
 - placement rounds: {rounds.get("count")}, mean {rounds.get("mean_ms")} ms, p50 {rounds.get("p50_ms")} / p99 {">" if "p99_ms" in rounds.get("lower_bounds", []) else ""}{rounds.get("p99_ms")} ms (from histogram buckets; read the cache, decide, release the admitted gangs)
 - of which the decision (snapshot + plan_round, no API calls): mean {decisions.get("mean_ms")} ms, p50 {decisions.get("p50_ms")} / p99 {">" if "p99_ms" in decisions.get("lower_bounds", []) else ""}{decisions.get("p99_ms")} ms
-- gangs placed: {a["gangs_placed"]}; reconciles: {a["reconciles"]} (mean {a["mean_reconcile_ms"]} ms)
+- gangs placed: {a["gangs_placed"]} ({a.get("gangs_placed_at_creation", 0)} created placed, the rest released from the gate); reconciles: {a["reconciles"]} (mean {a["mean_reconcile_ms"]} ms)
 - operator API requests (audit log, watches excluded): {requests["total"]} in {requests["window_seconds"]} s, {a["operator_requests_per_placed_gang"]} per placed gang; {requests["watches_started"]} watches started:
 {by_kind}
 - kube-scheduler FailedScheduling in phase A: {a.get("failed_scheduling_events", "not recorded")}

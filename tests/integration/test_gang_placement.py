@@ -6,6 +6,7 @@ can fragment or fill it exactly; kube-scheduler does the binding.
 
 from __future__ import annotations
 
+import json
 import time
 
 import pytest
@@ -21,6 +22,7 @@ from integration.trainwave_fixtures import (
     wait_until,
     worker_pods,
 )
+from trainwave import contract
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(240)]
 
@@ -288,3 +290,45 @@ def test_a_gang_that_does_not_bind_is_replanned(cluster, namespace, running_oper
                               "a BindTimeout Event")  # fmt: skip
         notes = [e.get("note", "") for e in events]
         assert "not bound 5s after placement" in notes[0]
+
+
+def trainwave_writes(cluster, namespace, name) -> list[list[str]]:
+    """Per worker, trainwave's entries in the pod's managedFields: Apply for its create,
+    Update for a release patch."""
+    listed = cluster.kubectl(
+        "get", "pods", "-n", namespace, "-l", f"trainwave.io/job-name={name}",
+        "--show-managed-fields", "-o", "json",
+    )  # fmt: skip
+    return [
+        sorted(f["operation"] for f in pod["metadata"]["managedFields"]
+               if f["manager"] == contract.FIELD_MANAGER)
+        for pod in json.loads(listed.stdout)["items"]
+    ]  # fmt: skip
+
+
+def test_a_gang_with_room_is_created_placed_unless_a_limit_range_may_change_its_pods(
+    cluster, namespace, running_operator
+):
+    with node_pool(cluster, rack_sizes=(2,)) as pool:
+        apply(cluster, namespace, pool_job("direct", pool, workers=2, gpus=8))
+        wait_for_phase(cluster, namespace, "direct", "Running")
+        pods = worker_pods(cluster, namespace, "direct")
+        assert trainwave_writes(cluster, namespace, "direct") == [["Apply"]] * 2, "one write each"
+        assert sorted(p["spec"]["nodeName"] for p in pods) == sorted(pool.nodes)
+        for pod in pods:
+            assert pod["metadata"]["annotations"]["trainwave.io/node"] == pod["spec"]["nodeName"]
+        cluster.kubectl("delete", "trainingjob", "direct", "-n", namespace, "--wait=true")
+        wait_until(lambda: not worker_pods(cluster, namespace, "direct"), 60, "the pods gone")
+
+        # LimitRanger may add requests on the way in: the stored pods are placed, behind
+        # the gate, as before.
+        limits = {"apiVersion": "v1", "kind": "LimitRange", "metadata": {"name": "defaults"},
+                  "spec": {"limits": [{"type": "Container", "defaultRequest": {"cpu": "100m"}}]}}  # fmt: skip
+        cluster.kubectl("apply", "-n", namespace, "-f", "-", input=json.dumps(limits))
+        time.sleep(2)  # the operator's LimitRange watch
+        apply(cluster, namespace, pool_job("gated", pool, workers=2, gpus=8))
+        wait_for_phase(cluster, namespace, "gated", "Running")
+        pods = worker_pods(cluster, namespace, "gated")
+        assert trainwave_writes(cluster, namespace, "gated") == [["Apply", "Update"]] * 2
+        assert all(c["resources"]["requests"]["cpu"] == "100m"
+                   for p in pods for c in p["spec"]["containers"])  # fmt: skip

@@ -164,6 +164,9 @@ EXPECTED_RULES = {
     ("", "pods"): {"list", "watch", "create", "patch", "delete"},
     ("", "services"): {"list", "watch", "create", "patch", "delete"},
     ("", "nodes"): {"list", "watch"},
+    ("", "limitranges"): {"list", "watch"},
+    ("", "resourcequotas"): {"list", "watch"},
+    ("admissionregistration.k8s.io", "mutatingwebhookconfigurations"): {"list", "watch"},
     ("", "secrets"): {"create"},
     ("", "events"): {"create", "patch"},
     ("events.k8s.io", "events"): {"create", "patch"},
@@ -245,6 +248,9 @@ def test_with_watch_namespaces_writes_are_granted_there_only() -> None:
         ("", "pods"): {"list", "watch"},  # other workloads hold GPUs too: placement reads all
         ("", "services"): {"list", "watch"},
         ("", "nodes"): {"list", "watch"},
+        ("", "limitranges"): {"list", "watch"},
+        ("", "resourcequotas"): {"list", "watch"},
+        ("admissionregistration.k8s.io", "mutatingwebhookconfigurations"): {"list", "watch"},
         ("", "events"): {"create", "patch"},
         ("events.k8s.io", "events"): {"create", "patch"},
     }

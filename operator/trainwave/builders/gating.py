@@ -78,3 +78,19 @@ def _pinned_node_affinity(spec: Mapping[str, Any], node: str) -> dict[str, Any]:
         {**term, "matchFields": [*term.get("matchFields", []), pin]} for term in terms
     ]
     return affinity
+
+
+def merged(pod: Mapping[str, Any], patch: Mapping[str, Any]) -> dict[str, Any]:
+    """`pod` with a JSON merge patch (RFC 7386) applied, as the API server would: a pod
+    placed before it exists is created as its release patch would leave it."""
+    result = copy.deepcopy(dict(pod))
+    for key, value in patch.items():
+        if value is None:
+            result.pop(key, None)
+        elif isinstance(value, Mapping) and isinstance(result.get(key), Mapping):
+            result[key] = merged(result[key], value)
+        elif isinstance(value, Mapping):
+            result[key] = merged({}, value)
+        else:
+            result[key] = copy.deepcopy(value)
+    return result

@@ -28,6 +28,7 @@ import kopf
 
 from trainwave import contract
 from trainwave.controller import metrics
+from trainwave.controller.admission_guards import AdmissionGuards
 from trainwave.controller.cluster_cache import ClusterCache
 from trainwave.controller.departures import Departures
 from trainwave.controller.job_cache import JobCache
@@ -64,7 +65,7 @@ OPTIONS = Options()
 POD_BATCH_SECONDS = 1.0
 _QUEUE: dict[str, WorkQueue] = {}
 _PLACER: dict[str, Placer] = {}
-_CACHE: dict[str, ClusterCache | JobCache | WorkloadCache] = {}
+_CACHE: dict[str, ClusterCache | JobCache | WorkloadCache | AdmissionGuards] = {}
 _DEPARTURES = Departures()
 
 
@@ -106,6 +107,12 @@ async def start(*, settings: kopf.OperatorSettings, memo: Any, **_: Any) -> None
         workloads = WorkloadCache(kube, lambda key: loop.call_soon_threadsafe(_wake, key))
         workloads.start()
         _CACHE["workloads"] = workloads
+    # What could change or refuse a pod on its way in: a gang is placed before its pods
+    # exist only where nothing can (admission_guards.py). Not waited for: until listed,
+    # every gang takes the gate.
+    guards = AdmissionGuards(kube)
+    guards.start()
+    _CACHE["guards"] = guards
     placer = Placer(kube, OPTIONS.topology_levels, _wake, cache.view)
     # Any pod or node change may free room (a foreign pod too): the cache's thread
     # pokes the placer on the loop.
@@ -140,6 +147,7 @@ async def start(*, settings: kopf.OperatorSettings, memo: Any, **_: Any) -> None
         departures=_DEPARTURES,
         node_health=cache.node_health,
         workloads=workloads,
+        guards=guards,
     )
     queue = WorkQueue(reconciler)
     _QUEUE["jobs"] = queue
@@ -198,7 +206,7 @@ async def stop(memo: Any, **_: Any) -> None:
         with contextlib.suppress(TimeoutError):
             await asyncio.wait_for(recorder.drain(), 5)
         await recorder.stop()
-    for name in ("jobs", "cluster", "workloads"):
+    for name in ("jobs", "cluster", "workloads", "guards"):
         cache = _CACHE.pop(name, None)
         if cache is not None:
             await asyncio.to_thread(cache.stop)

@@ -10,11 +10,17 @@ round may start while they are in flight), counted on its node in every round,
 until the cache shows it released, bound or gone, or its patch is refused. Nothing
 here outlives the process: after a restart the cache is filled by a fresh LIST,
 which already shows every release.
+
+A gang placed before its pods exist (the placer's `place_now`: created pinned, no
+gate) is reserved the same way, as "unborn", until the cache shows the pod at all (it
+then counts on its pinned node, as every released pod does), its create is refused, or
+UNBORN_SECONDS pass (a create that never came back).
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+import time
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 
 from trainwave.controller.clusterview import ClusterView
@@ -23,6 +29,8 @@ from trainwave.placement.requirements import PodNeeds
 from trainwave.placement.snapshot import ClusterSnapshot
 
 PodKey = tuple[str, str]  # (namespace, name)
+# The reconciler's own wait for a created pod's watch event (EXPECTATIONS_SECONDS).
+UNBORN_SECONDS = 15.0
 
 
 @dataclass(frozen=True)
@@ -34,11 +42,23 @@ class _Released:
 
 
 class Inflight:
-    def __init__(self) -> None:
+    def __init__(self, clock: Callable[[], float] = time.monotonic) -> None:
         self._pods: dict[PodKey, _Released] = {}
+        self._unborn: dict[PodKey, tuple[_Released, float]] = {}  # and until when
+        self._clock = clock
 
     def __len__(self) -> int:
-        return len(self._pods)
+        return len(self._pods) + len(self._unborn)
+
+    def add_unborn(self, pod: PodRecord, node: str) -> None:
+        """A pod about to be created pinned to `node`: it holds room before it exists."""
+        needs = PodNeeds(requests=pod.requests, host_ports=pod.host_ports)
+        until = self._clock() + UNBORN_SECONDS
+        self._unborn[(pod.namespace, pod.name)] = (_Released(node, needs, "", 0), until)
+
+    def forget_unborn(self, namespace: str, name: str) -> None:
+        """Its create was refused: the pod holds nothing after all."""
+        self._unborn.pop((namespace, name), None)
 
     def add(self, pod: PodRecord, node: str, gpu_uuid: str = "", gpu_mib: int = 0) -> None:
         needs = PodNeeds(requests=pod.requests, host_ports=pod.host_ports)
@@ -50,6 +70,15 @@ class Inflight:
 
     def settle(self, view: ClusterView) -> None:
         """Forget the pods the cache now shows released or bound (holding), or gone."""
+        if self._unborn:
+            seen = {(p.namespace, p.name) for pods in view.workers.values() for p in pods}
+            seen |= {(p.namespace, p.name) for pods in view.gated.values() for p in pods}
+            now = self._clock()
+            self._unborn = {
+                key: (pod, until)
+                for key, (pod, until) in self._unborn.items()
+                if key not in seen and until > now
+            }
         if not self._pods:
             return
         gated = {(p.namespace, p.name) for pods in view.gated.values() for p in pods}
@@ -61,7 +90,8 @@ class Inflight:
     def apply(self, snapshot: ClusterSnapshot) -> ClusterSnapshot:
         """The snapshot with the released pods the cache does not show yet counted."""
         index = snapshot.topology.node_index
-        for pod in self._pods.values():
+        unborn = (pod for pod, _ in self._unborn.values())
+        for pod in (*self._pods.values(), *unborn):
             if pod.node in index:
                 mib = {pod.gpu_uuid: pod.gpu_mib} if pod.gpu_uuid else {}
                 snapshot = snapshot.with_workers(pod.needs, {pod.node: 1}, mib)

@@ -67,6 +67,7 @@ class KubeClient:
         self.custom = client.CustomObjectsApi(api_client)
         self.events = client.EventsV1Api(api_client)
         self.resource = client.ResourceV1Api(api_client)
+        self.admission = client.AdmissionregistrationV1Api(api_client)
         self.instance = os.environ.get("POD_NAME") or socket.gethostname()
         # Asked before every write: with leader election, it refuses a replica that does
         # not hold the Lease (leadership.LeaderElector.check). Reads are never gated.

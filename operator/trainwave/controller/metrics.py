@@ -63,6 +63,10 @@ LEADER = Gauge(
 GANGS_PLACED = Counter(
     "trainwave_gangs_placed_total", "Gangs the placer released onto the nodes it chose."
 )
+GANGS_PLACED_AT_CREATION = Counter(
+    "trainwave_gangs_placed_at_creation_total",
+    "Of the gangs placed, those created pinned because they fit at once (no gate, no release).",
+)
 GANGS_WAITING = Gauge(
     "trainwave_gangs_waiting", "Gangs behind the scheduling gate after the last placement round."
 )

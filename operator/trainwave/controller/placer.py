@@ -27,6 +27,14 @@ One round:
    the Scheduled condition tells the user.
 Rounds run when a ticket arrives, when the cache sees a pod or node change (room
 may have been freed) and every few seconds while anything waits.
+
+Placed at creation (`place_now`): a reconcile about to create a whole new gang, when
+no gang waits ahead of it and nothing can change or refuse its pods on the way in
+(controller/admission_guards.py), asks for room first. The same round runs for that
+one gang, under the same lock as every round, without preemption; if it fits, the
+pods are created pinned and annotated as a release would leave them, with no gate:
+one write per pod instead of two. Otherwise they are created gated and wait here as
+above.
 """
 
 import asyncio
@@ -42,7 +50,7 @@ from typing import Any
 from trainwave import contract
 from trainwave.api.network import NetworkSpec
 from trainwave.api.reasons import Reason
-from trainwave.builders.gating import build_release_patch
+from trainwave.builders.gating import build_release_patch, merged
 from trainwave.builders.network import gang_link_env, node_network_env
 from trainwave.builders.sharing import build_gpu_claim
 from trainwave.controller import metrics
@@ -55,7 +63,7 @@ from trainwave.placement.gang import GangRequest, Placement
 from trainwave.placement.occupancy import gpus_by_domain, shared_fragmentation
 from trainwave.placement.preemption import Preemption, RunningGang
 from trainwave.placement.queueing import PendingJob, QueuePolicy
-from trainwave.placement.records import PodRecord
+from trainwave.placement.records import PodRecord, pod_record
 from trainwave.placement.requirements import PodNeeds
 from trainwave.placement.round import Ticket as RoundTicket
 from trainwave.placement.round import plan_round
@@ -132,6 +140,9 @@ class Placer:
         self._inflight = Inflight()
         self._releasing: set[asyncio.Task[None]] = set()
         self._event = asyncio.Event()
+        # One decision at a time: a round and a gang placed at creation must not both count
+        # on the same free GPUs.
+        self._deciding = asyncio.Lock()
 
     def submit(self, key: JobKey, ticket: Ticket) -> None:
         if self._tickets.get(key) != ticket:
@@ -173,7 +184,66 @@ class Placer:
             finally:
                 metrics.PLACEMENT_ROUND_SECONDS.observe(time.perf_counter() - started)
 
+    async def place_now(
+        self, key: JobKey, ticket: Ticket, pods: Sequence[Mapping[str, Any]]
+    ) -> list[dict[str, Any]] | None:
+        """A whole new gang's pods (built, gated, not created yet), pinned where the round
+        puts them, annotated and without the gate; or None: create them gated and submit
+        the ticket. None whenever another gang waits (it comes first), the gang does not
+        fit now, or it would need preemption: those are the queue's to decide."""
+        if self._tickets or self._preempting:
+            return None
+        async with self._deciding:
+            if self._tickets:  # one arrived while the lock was held
+                return None
+            started = time.perf_counter()
+            records = [pod_record(with_admission_defaults(pod)) for pod in pods]
+            gang = [r for r in records if r is not None and r.needs is not None]
+            if not gang or len(gang) != len(pods) or len(gang) != ticket.request.workers:
+                return None
+            view = await asyncio.to_thread(self._view)
+            self._inflight.settle(view)
+            snapshot = await asyncio.to_thread(lambda: self._inflight.apply(self._snapshot(view)))
+            request = replace(ticket.request, workers=len(gang), pod=gang[0].needs)
+            name = f"{key[0]}/{key[1]}"
+            job = PendingJob(
+                name, request, ticket.priority, ticket.arrival, 0,
+                may_spread=self._may_spread(key, ticket),
+            )  # fmt: skip
+            result = await asyncio.to_thread(
+                partial(
+                    plan_round,
+                    snapshot,
+                    [RoundTicket(job, ticket.network)],
+                    self._clock(),
+                    policy=self._policy,
+                    shared_shapes=view.shared_shapes,
+                    running=[],  # no preemption here: the queue's rounds decide that
+                )
+            )
+            decided = time.perf_counter() - started
+            metrics.PLACEMENT_DECISION_SECONDS.observe(decided)
+            metrics.PLACEMENT_ROUND_SECONDS.observe(decided)
+            admitted = result.admitted[0].placement if len(result.admitted) == 1 else None
+            if not isinstance(admitted, Placement):
+                return None
+            placement = admitted
+            inventories = {n.name: n.inventory for n in view.nodes if n.inventory is not None}
+            release = self._release(key, gang, placement, inventories, ticket.network)
+            for pod, node, _, _ in release.targets:
+                self._inflight.add_unborn(pod, node)
+        logger.info("%s/%s: placed at creation: %s", *key, release.summary)
+        return [merged(pod, patch) for pod, (_, patch) in zip(pods, release.patches, strict=True)]
+
+    def forget_unborn(self, namespace: str, name: str) -> None:
+        """A pod placed at creation that the API server refused: it holds nothing."""
+        self._inflight.forget_unborn(namespace, name)
+
     async def round(self) -> None:
+        async with self._deciding:
+            await self._round()
+
+    async def _round(self) -> None:
         tickets = dict(self._tickets)
         view = await asyncio.to_thread(self._view)
         started = time.perf_counter()
@@ -224,7 +294,8 @@ class Placer:
             if isinstance(admit.placement, SharedPlacement):
                 release = self._release_pinned(key, gangs[key], admit.placement)
             else:
-                release = self._release(key, gangs[key], admit.placement, inventories)
+                network = tickets[key].network
+                release = self._release(key, gangs[key], admit.placement, inventories, network)
             self._dispatch(release)
         for wait in result.waiting:
             key = names[wait.job.key]
@@ -336,9 +407,9 @@ class Placer:
         gang: list[PodRecord],
         placement: Placement,
         inventories: Mapping[str, NodeInventory],
+        network: NetworkSpec | None,
     ) -> Release:
         summary = placement.describe()
-        network = self._tickets[key].network if key in self._tickets else None
         notes = {
             contract.ANNOTATION_RELEASED_AT: _now(),
             contract.ANNOTATION_PLACEMENT_SUMMARY: summary,
@@ -495,6 +566,32 @@ def _gated_gangs(
         if gated and whole and all(p.needs is not None for p in gated):
             gangs[key] = sorted(gated, key=lambda p: p.worker.rank if p.worker else 0)
     return gangs
+
+
+# What the DefaultTolerationSeconds admission plugin adds to a pod that lacks them
+# (plugin/pkg/admission/defaulttolerationseconds): a pod placed before it exists is
+# asked with the tolerations it will have once stored.
+_DEFAULT_TOLERATION_KEYS = ("node.kubernetes.io/not-ready", "node.kubernetes.io/unreachable")
+
+
+def with_admission_defaults(pod: Mapping[str, Any]) -> dict[str, Any]:
+    """`pod` as the built-in admission plugins will store it, for placement's questions:
+    the two NoExecute tolerations, unless the pod already tolerates those taints."""
+    spec = dict(pod.get("spec") or {})
+    tolerations = list(spec.get("tolerations") or [])
+    for key in _DEFAULT_TOLERATION_KEYS:
+        if not any(_tolerates_no_execute(t, key) for t in tolerations):
+            tolerations.append(
+                {"key": key, "operator": "Exists", "effect": "NoExecute", "tolerationSeconds": 300}
+            )
+    return {**pod, "spec": {**spec, "tolerations": tolerations}}
+
+
+def _tolerates_no_execute(toleration: Mapping[str, Any], key: str) -> bool:
+    """The plugin's own test: the key or an empty one, the NoExecute effect or any."""
+    return toleration.get("key") in (key, "", None) and toleration.get("effect") in (
+        "NoExecute", "", None,
+    )  # fmt: skip
 
 
 def running_gang(key: JobKey, pods: Sequence[PodRecord]) -> RunningGang | None:

@@ -10,7 +10,8 @@ at once). Pods come from the watch index too (a stale pod view only delays a
 decision: names are deterministic and deletes idempotent). A new attempt's status
 is written first, so the attempt is recorded before any of its pods exist; workers of
 an attempt already recorded are created first and one status counting them follows,
-in the Job controller's order (create, then update the status).
+in the Job controller's order (create, then update the status). A whole new gang that
+fits at once is created placed (placer.place_now), not gated and released.
 """
 
 import asyncio
@@ -36,6 +37,7 @@ from trainwave.builders.service import build_service
 from trainwave.builders.status_key import build_status_key_secret
 from trainwave.builders.workload import build_workload
 from trainwave.controller import metrics
+from trainwave.controller.admission_guards import AdmissionGuards
 from trainwave.controller.departures import Departures
 from trainwave.controller.kube import Conflict, KubeClient, Refused, Rejected, transient
 from trainwave.controller.placer import Placer, Ticket
@@ -110,6 +112,7 @@ class Reconciler:
         departures: Departures | None = None,
         node_health: Callable[[str], NodeHealth | None] = lambda name: None,
         workloads: WorkloadCache | None = None,
+        guards: AdmissionGuards | None = None,
         clock: Callable[[], datetime] = lambda: datetime.now(UTC),
     ):
         self._kube = kube
@@ -137,6 +140,7 @@ class Reconciler:
         self._departures = departures if departures is not None else Departures()
         self._node_health = node_health
         self._workloads = workloads  # None: Kueue integration off, queue labels ignored
+        self._guards = guards  # None: every gang is created behind the gate
 
     async def __call__(self, key: Any) -> float | None:
         started = time.perf_counter()
@@ -485,8 +489,9 @@ class Reconciler:
         self, meta: ObjectMeta, decision: Decision, resolved: ResolvedJob
     ) -> list[WorkerPod]:
         """Apply the pods of `decision.create_ranks` for `resolved`, whose job carries the
-        decided status (attempt, last preemption); the workers they are, as the watch will
-        show them once it catches up."""
+        decided status (attempt, last preemption), placed already when the placer finds a
+        new gang room at once (`_place_at_creation`), else behind the gate; the workers they
+        are, as the watch will show them once it catches up."""
         kube = self._kube
         job = resolved.job
         runtime = job.spec.runtime
@@ -498,7 +503,22 @@ class Reconciler:
         pods = build_worker_pods(
             resolved, decision.create_ranks, decision.status.attempt, self._runtime_image
         )
-        await asyncio.gather(*(asyncio.to_thread(kube.apply_pod, pod) for pod in pods))
+        placed = await self._place_at_creation(meta, decision, resolved, pods)
+        results = await asyncio.gather(
+            *(asyncio.to_thread(kube.apply_pod, pod) for pod in placed or pods),
+            return_exceptions=True,
+        )
+        failed = [r for r in results if isinstance(r, BaseException)]
+        if failed:
+            if placed:  # a refused pod holds nothing; the created ones are placed already
+                for pod, result in zip(placed, results, strict=True):
+                    if isinstance(result, BaseException):
+                        self._placer.forget_unborn(meta.namespace, pod["metadata"]["name"])
+            raise failed[0]
+        if placed:
+            metrics.GANGS_PLACED.inc()
+            metrics.GANGS_PLACED_AT_CREATION.inc()
+            pods = placed
         self._expected[(meta.namespace, meta.name)] = Expected(
             decision.status.attempt,
             frozenset(pod["metadata"]["name"] for pod in pods),
@@ -506,6 +526,30 @@ class Reconciler:
         )
         workers = (observe_pod(pod) for pod in pods)
         return [worker for worker in workers if worker is not None]
+
+    async def _place_at_creation(
+        self,
+        meta: ObjectMeta,
+        decision: Decision,
+        resolved: ResolvedJob,
+        pods: list[dict[str, Any]],
+    ) -> list[dict[str, Any]] | None:
+        """The gang's pods pinned and ungated when the placer finds it room before they
+        exist (placer.place_now); None: they are created behind the gate. Only a whole new
+        gang of whole GPUs (or none) outside Kueue, only where nothing can change or refuse
+        a pod on the way in (admission_guards.py)."""
+        job = resolved.job
+        if (
+            self._guards is None
+            or len(decision.create_ranks) != job.spec.workers
+            or resolved.shared is not None
+            or (self._workloads is not None and queue_of(job))
+            or any(pod["spec"].get("runtimeClassName") for pod in pods)
+            or self._guards.blocker(meta.namespace)
+        ):
+            return None
+        ticket = self._ticket(resolved, decision)
+        return await self._placer.place_now((meta.namespace, meta.name), ticket, pods)
 
     async def _workload(self, meta: ObjectMeta, decision: Decision, resolved: ResolvedJob) -> None:
         """Create, release, finish, (de)activate the job's Workload, as lifecycle/admission.py

@@ -1,0 +1,134 @@
+"""Whether a worker pod reaches the store exactly as the operator built it.
+
+A gang is placed before its pods exist (placer.place_now) only when nothing on the
+way in can change a pod's needs or refuse part of the gang; otherwise its pods are
+created behind the gate, and placed from the stored pods, as always. What could:
+
+- a mutating admission webhook whose rules match pod CREATE (it may add requests,
+  tolerations, selectors), whatever its namespace and object selectors say;
+- a LimitRange in the namespace (the LimitRanger plugin fills in default requests);
+- a ResourceQuota in the namespace (it may admit some workers of a gang and refuse
+  the rest, which would leave part of a gang running);
+- a RuntimeClass on the pod (its overhead is added to the requests): the caller
+  checks the pod.
+
+The built-in plugins' other changes are known and applied before placing
+(placer.with_admission_defaults). Three informers (informer.py) keep this from watches;
+until all three are listed, or while one cannot be read (RBAC), every gang takes
+the gate.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Iterable, Mapping
+from typing import Any
+
+from trainwave.controller.informer import PAGE_SIZE, WATCH_SECONDS, Informer
+from trainwave.controller.kube import KubeClient
+
+_POD_RESOURCES = {"pods", "*", "*/*"}
+
+
+class _Names:
+    """One informer's records, under the guards' lock: key -> what it blocks."""
+
+    def __init__(self, lock: threading.Lock):
+        self._lock = lock
+        self.records: dict[str, str] = {}
+
+    def replace(self, records: Mapping[str, str]) -> None:
+        with self._lock:
+            self.records = dict(records)
+
+    def put(self, key: str, record: str | None) -> None:
+        with self._lock:
+            if record is None:
+                self.records.pop(key, None)
+            else:
+                self.records[key] = record
+
+
+class AdmissionGuards:
+    def __init__(
+        self, kube: KubeClient, *, page_size: int = PAGE_SIZE, watch_seconds: int = WATCH_SECONDS
+    ):
+        self._lock = threading.Lock()
+        self._webhooks, self._limits, self._quotas = (_Names(self._lock) for _ in range(3))
+        self.informers = (
+            Informer(
+                "mutatingwebhookconfigurations",
+                kube.admission.list_mutating_webhook_configuration,
+                mutates_pods,
+                self._webhooks,
+                page_size=page_size,
+                watch_seconds=watch_seconds,
+            ),
+            Informer(
+                "limitranges",
+                kube.core.list_limit_range_for_all_namespaces,
+                _namespace,
+                self._limits,
+                page_size=page_size,
+                watch_seconds=watch_seconds,
+            ),
+            Informer(
+                "resourcequotas",
+                kube.core.list_resource_quota_for_all_namespaces,
+                _namespace,
+                self._quotas,
+                page_size=page_size,
+                watch_seconds=watch_seconds,
+            ),
+        )
+
+    def start(self) -> None:
+        for informer in self.informers:
+            informer.start()
+
+    def stop(self, timeout: float = 5.0) -> None:
+        for informer in self.informers:
+            informer.stop(timeout)
+
+    def blocker(self, namespace: str) -> str:
+        """What keeps a pod created in `namespace` from being placed before it exists;
+        "" when nothing does."""
+        unlisted = [i.kind for i in self.informers if not i.synced]
+        if unlisted:
+            return f"not listed yet: {', '.join(unlisted)}"
+        with self._lock:
+            webhooks = sorted(self._webhooks.records)
+            limits = namespace in self._limits.records.values()
+            quotas = namespace in self._quotas.records.values()
+        if webhooks:
+            return f"mutating webhook configuration {webhooks[0]} matches pods"
+        if limits:
+            return f"a LimitRange in namespace {namespace}"
+        if quotas:
+            return f"a ResourceQuota in namespace {namespace}"
+        return ""
+
+
+def mutates_pods(configuration: Mapping[str, Any]) -> str | None:
+    """The configuration's name if one of its webhooks may mutate a pod being created."""
+    for webhook in configuration.get("webhooks") or ():
+        if any(_matches_pod_create(rule) for rule in webhook.get("rules") or ()):
+            return str((configuration.get("metadata") or {}).get("name") or "")
+    return None
+
+
+def _matches_pod_create(rule: Mapping[str, Any]) -> bool:
+    return (
+        _has(rule.get("apiGroups"), "")
+        and _has(rule.get("operations"), "CREATE")
+        and bool(_POD_RESOURCES & set(rule.get("resources") or ()))
+    )
+
+
+def _has(values: Iterable[str] | None, wanted: str) -> bool:
+    found = set(values or ())
+    return wanted in found or "*" in found
+
+
+def _namespace(obj: Mapping[str, Any]) -> str | None:
+    return str((obj.get("metadata") or {}).get("namespace") or "") or None
