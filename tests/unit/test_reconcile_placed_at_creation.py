@@ -1,0 +1,164 @@
+"""When the reconciler asks the placer to place a new gang before its pods exist, and when it
+does not: the pods it creates, the room it gives back, the status it writes.
+
+The API client and the placer are stand-ins that record what they are asked; the placer's
+own decision is tested in test_place_at_creation.py, the real path in
+integration/test_gang_placement.py.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any
+
+import pytest
+from factories import NOW, make_body
+
+from trainwave import contract
+from trainwave.builders.gating import build_release_patch, is_gated, merged
+from trainwave.controller.kube import Refused
+from trainwave.controller.reconciler import Reconciler
+
+pytestmark = pytest.mark.timeout(10)
+KEY = ("team-a", "demo")
+
+
+class Api:
+    """Stores the status it is sent and the pods it is asked to create; `refuse` names a
+    pod whose create the API server refuses."""
+
+    def __init__(self, body: dict[str, Any]):
+        self.body = body
+        self.status_patches = 0
+        self.pods: list[dict[str, Any]] = []
+        self.refuse = ""
+
+    def patch_job_status(self, _ns: str, _name: str, _version: str, status: dict[str, Any]):
+        self.status_patches += 1
+        meta = {**self.body["metadata"], "resourceVersion": str(200 + self.status_patches)}
+        self.body = {**self.body, "metadata": meta, "status": status}
+        return self.body
+
+    def apply_pod(self, pod: dict[str, Any]) -> None:
+        if pod["metadata"]["name"] == self.refuse:
+            raise Refused(f"pod {pod['metadata']['name']}", "exceeded quota")
+        self.pods.append(pod)
+
+    def apply_service(self, _service: dict[str, Any]) -> None:
+        pass
+
+    def delete_pod(self, _namespace: str, _name: str) -> None:
+        pass
+
+
+class Placer:
+    """Places every gang it is asked about on `node`, or none when `room` is False."""
+
+    def __init__(self, room: bool = True):
+        self.room = room
+        self.asked: list[int] = []
+        self.forgotten: list[str] = []
+        self.tickets: list[Any] = []
+
+    async def place_now(self, _key: Any, _ticket: Any, pods: list[dict[str, Any]]) -> Any:
+        self.asked.append(len(pods))
+        if not self.room:
+            return None
+        notes = {contract.ANNOTATION_RELEASED_AT: "2026-11-26T08:00:00Z"}
+        return [merged(p, build_release_patch(p, "node-a", notes)) for p in pods]
+
+    def forget_unborn(self, _namespace: str, name: str) -> None:
+        self.forgotten.append(name)
+
+    def submit(self, _key: Any, ticket: Any) -> None:
+        self.tickets.append(ticket)
+
+    def withdraw(self, _key: Any) -> None:
+        pass
+
+    def waiting(self, _key: Any) -> None:
+        return None
+
+
+class Guards:
+    def __init__(self, blocker: str = ""):
+        self.blocker_text = blocker
+
+    def blocker(self, _namespace: str) -> str:
+        return self.blocker_text
+
+
+def reconcile(api: Api, placer: Placer, guards: Guards | None) -> None:
+    made = Reconciler(
+        api,  # type: ignore[arg-type]
+        job_body=lambda _key: api.body,
+        worker_pods=lambda _key: [],
+        has_service=lambda _key: False,
+        placer=placer,  # type: ignore[arg-type]
+        levels=(),
+        record_event=lambda _body, _event: None,
+        guards=guards,  # type: ignore[arg-type]
+        clock=lambda: NOW,
+    )
+    asyncio.run(made(KEY))
+
+
+def test_a_new_gang_with_room_is_created_placed_and_one_status_says_so() -> None:
+    api, placer = Api(make_body(workers=2, gpus_per_worker=1)), Placer()
+    reconcile(api, placer, Guards())
+
+    assert placer.asked == [2]
+    assert len(api.pods) == 2
+    assert not any(is_gated(pod) for pod in api.pods)
+    assert placer.tickets == [], "nothing is queued for a gang that is placed"
+    assert api.status_patches == 1
+    status = api.body["status"]
+    assert status["phase"] == "Scheduling"
+    assert status["placement"]["nodes"] == ["node-a", "node-a"]
+
+
+def test_a_gang_without_room_is_created_gated_and_queued() -> None:
+    api, placer = Api(make_body(workers=2, gpus_per_worker=1)), Placer(room=False)
+    reconcile(api, placer, Guards())
+
+    assert placer.asked == [2]
+    assert all(is_gated(pod) for pod in api.pods)
+    assert len(placer.tickets) == 1
+
+
+@pytest.mark.parametrize(
+    ("guards", "template"),
+    [
+        pytest.param(None, None, id="no-guards"),
+        pytest.param(Guards("a LimitRange in namespace team-a"), None, id="limit-range"),
+        pytest.param(Guards(), {"spec": {"runtimeClassName": "kata"}}, id="runtime-class"),
+    ],
+)
+def test_where_a_pod_may_change_on_its_way_in_the_placer_is_not_asked(
+    guards: Guards | None, template: dict[str, Any] | None
+) -> None:
+    api, placer = Api(make_body(workers=2, gpus_per_worker=1, template=template)), Placer()
+    reconcile(api, placer, guards)
+
+    assert placer.asked == []
+    assert len(api.pods) == 2
+    assert all(is_gated(pod) for pod in api.pods)
+
+
+def test_a_shared_gpu_gang_is_not_placed_at_creation() -> None:
+    body = make_body(workers=1, gpuSharing={"memory": "20Gi"})
+    api, placer = Api(body), Placer()
+    reconcile(api, placer, Guards())
+
+    assert placer.asked == []
+    assert len(api.pods) == 1
+    assert is_gated(api.pods[0])
+
+
+def test_a_refused_create_gives_the_placed_room_back() -> None:
+    api, placer = Api(make_body(workers=2, gpus_per_worker=1)), Placer()
+    api.refuse = "demo-a0-worker-1"
+    reconcile(api, placer, Guards())
+
+    assert placer.forgotten == ["demo-a0-worker-1"], "only the pod that was not created"
+    assert api.body["status"]["conditions"][-1]["reason"] == "FailedCreate"
