@@ -24,29 +24,10 @@ import threading
 from collections.abc import Iterable, Mapping
 from typing import Any
 
-from trainwave.controller.informer import PAGE_SIZE, WATCH_SECONDS, Informer
+from trainwave.controller.informer import PAGE_SIZE, WATCH_SECONDS, Informer, LockedDict
 from trainwave.controller.kube import KubeClient
 
 _POD_RESOURCES = {"pods", "*", "*/*"}
-
-
-class _Names:
-    """One informer's records, under the guards' lock: key -> what it blocks."""
-
-    def __init__(self, lock: threading.Lock):
-        self._lock = lock
-        self.records: dict[str, str] = {}
-
-    def replace(self, records: Mapping[str, str]) -> None:
-        with self._lock:
-            self.records = dict(records)
-
-    def put(self, key: str, record: str | None) -> None:
-        with self._lock:
-            if record is None:
-                self.records.pop(key, None)
-            else:
-                self.records[key] = record
 
 
 class AdmissionGuards:
@@ -54,7 +35,7 @@ class AdmissionGuards:
         self, kube: KubeClient, *, page_size: int = PAGE_SIZE, watch_seconds: int = WATCH_SECONDS
     ):
         self._lock = threading.Lock()
-        self._webhooks, self._limits, self._quotas = (_Names(self._lock) for _ in range(3))
+        self._webhooks, self._limits, self._quotas = (LockedDict[str](self._lock) for _ in range(3))
         self.informers = (
             Informer(
                 "mutatingwebhookconfigurations",

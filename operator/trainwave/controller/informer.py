@@ -52,6 +52,26 @@ class Store(Protocol[R_contra]):
         """Add or update `key`; None removes it."""
 
 
+class LockedDict(Generic[R]):
+    """A Store that keeps every record by key, each write under `lock`; readers of
+    `records` take the same lock."""
+
+    def __init__(self, lock: threading.Lock):
+        self._lock = lock
+        self.records: dict[str, R] = {}
+
+    def replace(self, records: Mapping[str, R]) -> None:
+        with self._lock:
+            self.records = dict(records)
+
+    def put(self, key: str, record: R | None) -> None:
+        with self._lock:
+            if record is None:
+                self.records.pop(key, None)
+            else:
+                self.records[key] = record
+
+
 class Expired(Exception):
     """The watch's resourceVersion is gone (410): only a relist can continue."""
 

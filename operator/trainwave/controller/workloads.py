@@ -24,7 +24,7 @@ from kubernetes.client.exceptions import ApiException
 
 from trainwave import contract
 from trainwave.controller.by_job import ByJob, Store
-from trainwave.controller.informer import PAGE_SIZE, WATCH_SECONDS, Informer
+from trainwave.controller.informer import PAGE_SIZE, WATCH_SECONDS, Informer, LockedDict
 from trainwave.controller.kube import Conflict, KubeClient
 from trainwave.lifecycle.admission import Flavor, Workload, observe_workload
 
@@ -46,7 +46,7 @@ class WorkloadCache:
         self._lock = threading.Lock()
         self._wake = wake
         self._workloads: ByJob[Workload] = ByJob()
-        self._flavors: dict[str, Flavor] = {}
+        self._flavors = LockedDict[Flavor](self._lock)
         common: dict[str, Any] = {"page_size": page_size, "watch_seconds": watch_seconds}
         custom = kube.custom
         self.workload_informer: Informer[tuple[JobKey, Workload]] = Informer(
@@ -65,7 +65,7 @@ class WorkloadCache:
             "resourceflavors",
             partial(custom.list_cluster_custom_object, *_KUEUE, contract.KUEUE_FLAVORS),
             _flavor_record,
-            Store(self._replace_flavors, self._put_flavor),
+            self._flavors,
             **common,
         )
 
@@ -93,7 +93,7 @@ class WorkloadCache:
     def flavors(self, names: Iterable[str]) -> list[Flavor] | None:
         """The named flavors; None while one is not known yet (its watch event will come)."""
         with self._lock:
-            found = [self._flavors.get(name) for name in names]
+            found = [self._flavors.records.get(name) for name in names]
         return None if any(f is None for f in found) else [f for f in found if f is not None]
 
     # Store writes, on informer threads.
@@ -110,17 +110,6 @@ class WorkloadCache:
         if _decided(old) != _decided(record):
             for key in {r[0] for r in (old, record) if r is not None}:
                 self._wake(key)
-
-    def _replace_flavors(self, records: Mapping[str, Flavor]) -> None:
-        with self._lock:
-            self._flavors = dict(records)
-
-    def _put_flavor(self, name: str, flavor: Flavor | None) -> None:
-        with self._lock:
-            if flavor is None:
-                self._flavors.pop(name, None)
-            else:
-                self._flavors[name] = flavor
 
 
 def _decided(record: tuple[JobKey, Workload] | None) -> object:
