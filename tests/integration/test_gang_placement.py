@@ -306,9 +306,21 @@ def trainwave_writes(cluster, namespace, name) -> list[list[str]]:
     ]  # fmt: skip
 
 
+def nothing_waits(cluster) -> bool:
+    """No gang anywhere waits for placement: a new gang is placed at creation only then
+    (an earlier test's jobs may still be queued while their namespace goes away)."""
+    listed = cluster.kubectl("get", "pods", "-A", "-l", "trainwave.io/role=worker", "-o", "json")
+    if any(gated(pod) for pod in json.loads(listed.stdout)["items"]):
+        return False
+    listed = cluster.kubectl("get", "trainingjobs", "-A", "-o", "json")
+    phases = [(j.get("status") or {}).get("phase") for j in json.loads(listed.stdout)["items"]]
+    return not any(phase in ("Pending", "Scheduling") for phase in phases)
+
+
 def test_a_gang_with_room_is_created_placed_unless_a_limit_range_may_change_its_pods(
     cluster, namespace, running_operator
 ):
+    wait_until(lambda: nothing_waits(cluster), 120, "no gang waiting anywhere")
     with node_pool(cluster, rack_sizes=(2,)) as pool:
         apply(cluster, namespace, pool_job("direct", pool, workers=2, gpus=8))
         wait_for_phase(cluster, namespace, "direct", "Running")
