@@ -15,12 +15,17 @@ from trainwave import contract
 from trainwave.controller.clusterview import ClusterIndex
 from trainwave.controller.informer import Informer, object_key
 from trainwave.placement.records import PodRecord, node_record, pod_record
+from trainwave.placement.requirements import PodNeeds
 from trainwave.placement.shared_tasks import SharedShape, pinned_shape
 from trainwave.placement.snapshot import NodeInfoMemo, usage_of
 
 pytestmark = pytest.mark.timeout(20)
 
 NODES = ("n0", "n1", "n2")
+SHAPES = (  # two worker shapes the slot checks ask about
+    PodNeeds(requests=((contract.GPU_RESOURCE, 1),)),
+    PodNeeds(requests=((contract.GPU_RESOURCE, 2),)),
+)
 
 
 def raw_node(name: str, rack: str = "r0", gpus: int = 8) -> dict[str, Any]:
@@ -240,8 +245,30 @@ def test_incremental_usage_equals_usage_of_after_random_events(seed: int) -> Non
                 if r.worker and r.holds:
                     workers.setdefault((r.namespace, r.worker.job), []).append(r.name)
             assert {j: [p.name for p in pods] for j, pods in view.workers.items()} == workers
-            # The memo's snapshot (only changed nodes rebuilt) equals one built from scratch.
-            assert view.snapshot(memo=memo).nodes == view.snapshot().nodes, f"step {step}"
+            # The memo's snapshot (only changed nodes rebuilt) equals one built from scratch,
+            # and so do the slots it carries over from the snapshot before.
+            remembered, fresh = view.snapshot(memo=memo), view.snapshot()
+            assert remembered.nodes == fresh.nodes, f"step {step}"
+            for needs in SHAPES:
+                assert remembered.slots(needs) == fresh.slots(needs), f"step {step}"
+
+
+def test_slots_are_recomputed_only_for_the_nodes_that_changed() -> None:
+    index = ClusterIndex()
+    for node in NODES:
+        index.put_node(node, node_record(raw_node(node)))
+    memo = NodeInfoMemo()
+    [one_gpu, two_gpus] = SHAPES
+    assert index.view().snapshot(memo=memo).slots(one_gpu) == (8, 8, 8)
+    assert memo.slots.recomputed == len(NODES)
+    put(index, raw_pod("a", node="n1", gpus=3))
+    assert index.view().snapshot(memo=memo).slots(one_gpu) == (8, 5, 8)
+    assert memo.slots.recomputed == 1, "only n1 changed"
+    assert index.view().snapshot(memo=memo).slots(two_gpus) == (4, 2, 4)
+    assert memo.slots.recomputed == len(NODES), "a shape not asked before"
+    index.put_node("n0", None)
+    assert index.view().snapshot(memo=memo).slots(one_gpu) == (5, 8)
+    assert memo.slots.recomputed == 2, "a node went: every position moved"
 
 
 def test_node_info_memo_rebuilds_only_the_nodes_that_changed() -> None:

@@ -83,14 +83,19 @@ def _pinned_node_affinity(spec: Mapping[str, Any], node: str) -> dict[str, Any]:
 def merged(pod: Mapping[str, Any], patch: Mapping[str, Any]) -> dict[str, Any]:
     """`pod` with a JSON merge patch (RFC 7386) applied, as the API server would: a pod
     placed before it exists is created as its release patch would leave it."""
-    result = copy.deepcopy(dict(pod))
+    result = copy.deepcopy(dict(pod))  # once: the merge below writes into this copy only
+    _merge_into(result, patch)
+    return result
+
+
+def _merge_into(target: dict[str, Any], patch: Mapping[str, Any]) -> None:
     for key, value in patch.items():
         if value is None:
-            result.pop(key, None)
-        elif isinstance(value, Mapping) and isinstance(result.get(key), Mapping):
-            result[key] = merged(result[key], value)
+            target.pop(key, None)
         elif isinstance(value, Mapping):
-            result[key] = merged({}, value)
+            current = target.get(key)
+            if not isinstance(current, dict):  # a patch object replaces a non-object
+                target[key] = dict(current) if isinstance(current, Mapping) else {}
+            _merge_into(target[key], value)
         else:
-            result[key] = copy.deepcopy(value)
-    return result
+            target[key] = copy.deepcopy(value)
