@@ -183,6 +183,13 @@ def test_all_running_after_counts_from_the_current_gang_not_the_first_start() ->
     assert decision.all_running_after == pytest.approx(7)
 
 
+def test_a_status_lost_after_the_workers_were_created_gets_its_start_times_back() -> None:
+    """An operator restarted before it wrote the status it held: the workers are there."""
+    decision = decide(make_job(), running(), NOW)
+    assert decision.create_ranks == ()
+    assert (decision.status.start_time, decision.status.attempt_start_time) == (NOW, NOW)
+
+
 def test_all_running_after_is_measured_once() -> None:
     first = decide(make_job(phase="Starting", start_time=ago(42)), running(), NOW)
     assert first.all_running_after == 42.0

@@ -1,5 +1,5 @@
 """When the reconciler asks the placer to place a new gang before its pods exist, and when it
-does not: the pods it creates, the room it gives back, the status it writes.
+does not: the pods it creates, the room it gives back, the status it holds and then writes.
 
 The API client and the placer are stand-ins that record what they are asked; the placer's
 own decision is tested in test_place_at_creation.py, the real path in
@@ -9,6 +9,8 @@ integration/test_gang_placement.py.
 from __future__ import annotations
 
 import asyncio
+import copy
+from datetime import timedelta
 from typing import Any
 
 import pytest
@@ -17,7 +19,9 @@ from factories import NOW, make_body
 from trainwave import contract
 from trainwave.builders.gating import build_release_patch, is_gated, merged
 from trainwave.controller.kube import Refused
-from trainwave.controller.reconciler import Reconciler
+from trainwave.controller.reconciler import HOLD_SECONDS, Reconciler
+from trainwave.lifecycle.decide import JobEvent
+from trainwave.lifecycle.observed import WorkerPod, observe_pod
 
 pytestmark = pytest.mark.timeout(10)
 KEY = ("team-a", "demo")
@@ -88,33 +92,113 @@ class Guards:
         return self.blocker_text
 
 
+class Operator:
+    """One reconciler over `api`, seeing the pods `api` created as `seen` makes them."""
+
+    def __init__(self, api: Api, placer: Placer, guards: Guards | None):
+        self.api = api
+        self.events: list[JobEvent] = []
+        self.seen = lambda pod: pod  # what the watch shows of a created pod
+        self.now = NOW
+        self.reconciler = Reconciler(
+            api,  # type: ignore[arg-type]
+            job_body=lambda _key: api.body,
+            worker_pods=lambda _key: self.pods(),
+            has_service=lambda _key: False,
+            placer=placer,  # type: ignore[arg-type]
+            levels=(),
+            record_event=lambda _body, event: self.events.append(event),
+            guards=guards,  # type: ignore[arg-type]
+            clock=lambda: self.now,
+        )
+
+    def pods(self) -> list[WorkerPod]:
+        seen = (observe_pod(self.seen(copy.deepcopy(pod))) for pod in self.api.pods)
+        return [pod for pod in seen if pod is not None]
+
+    def reconcile(self) -> float | None:
+        return asyncio.run(self.reconciler(KEY))
+
+
+def running(pod: dict[str, Any]) -> dict[str, Any]:
+    pod["spec"]["nodeName"] = "node-a"
+    pod["status"] = {"phase": "Running", "podIP": "10.0.0.1"}
+    return pod
+
+
 def reconcile(api: Api, placer: Placer, guards: Guards | None) -> None:
-    made = Reconciler(
-        api,  # type: ignore[arg-type]
-        job_body=lambda _key: api.body,
-        worker_pods=lambda _key: [],
-        has_service=lambda _key: False,
-        placer=placer,  # type: ignore[arg-type]
-        levels=(),
-        record_event=lambda _body, _event: None,
-        guards=guards,  # type: ignore[arg-type]
-        clock=lambda: NOW,
-    )
-    asyncio.run(made(KEY))
+    Operator(api, placer, guards).reconcile()
 
 
-def test_a_new_gang_with_room_is_created_placed_and_one_status_says_so() -> None:
+def test_a_new_gang_with_room_is_created_placed_and_its_status_held() -> None:
     api, placer = Api(make_body(workers=2, gpus_per_worker=1)), Placer()
-    reconcile(api, placer, Guards())
+    requeue = Operator(api, placer, Guards()).reconcile()
 
     assert placer.asked == [2]
     assert len(api.pods) == 2
     assert not any(is_gated(pod) for pod in api.pods)
     assert placer.tickets == [], "nothing is queued for a gang that is placed"
+    assert api.status_patches == 0, "held: the pods' events come within the batch period"
+    assert requeue == HOLD_SECONDS, "written by then at the latest"
+
+
+def test_the_next_reconcile_writes_one_status_from_the_held_one() -> None:
+    api, placer = Api(make_body(workers=2, gpus_per_worker=1)), Placer()
+    operator = Operator(api, placer, Guards())
+    operator.reconcile()
+    operator.seen = running
+    operator.now = NOW + timedelta(seconds=1)
+    operator.reconcile()
+
     assert api.status_patches == 1
     status = api.body["status"]
-    assert status["phase"] == "Scheduling"
+    assert status["phase"] == "Running"
+    assert status["startTime"] == "2026-01-01T12:00:00Z", "when the workers were created"
     assert status["placement"]["nodes"] == ["node-a", "node-a"]
+    assert [c["type"] for c in status["conditions"]][:1] == ["Created"]
+    reasons = [event.reason for event in operator.events]
+    assert "WaitingForNodes" not in reasons, "the held status's news is no longer true"
+    assert reasons[-1] == "AllWorkersRunning"
+
+
+def test_a_held_status_that_is_still_true_is_written_with_its_news() -> None:
+    api, placer = Api(make_body(workers=2, gpus_per_worker=1)), Placer()
+    operator = Operator(api, placer, Guards())
+    operator.reconcile()
+    operator.reconcile()  # the pods are not bound yet: still Scheduling
+
+    assert api.status_patches == 1
+    assert api.body["status"]["phase"] == "Scheduling"
+    assert [e.reason for e in operator.events].count("WaitingForNodes") == 1
+
+
+def test_a_held_status_gives_way_to_one_written_meanwhile() -> None:
+    api, placer = Api(make_body(workers=2, gpus_per_worker=1)), Placer()
+    operator = Operator(api, placer, Guards())
+    operator.reconcile()
+    api.body = {**api.body, "status": {"phase": "Pending", "message": "written elsewhere"}}
+    operator.seen = running
+    operator.now = NOW + timedelta(seconds=3)
+    operator.reconcile()
+
+    assert api.body["status"]["phase"] == "Running"
+    assert api.body["status"]["startTime"] == "2026-01-01T12:00:03Z", "not the held one's"
+
+
+def test_a_lost_status_is_rebuilt_from_the_workers() -> None:
+    """An operator restarted while it held the status: the new one decides from the pods."""
+    api, placer = Api(make_body(workers=2, gpus_per_worker=1)), Placer()
+    Operator(api, placer, Guards()).reconcile()
+    successor = Operator(api, placer, Guards())
+    successor.seen = running
+    successor.now = NOW + timedelta(seconds=2)
+    successor.reconcile()
+
+    assert len(api.pods) == 2, "no worker created twice"
+    status = api.body["status"]
+    assert status["phase"] == "Running"
+    assert status["startTime"] == "2026-01-01T12:00:02Z"
+    assert status["attemptStartTime"] == "2026-01-01T12:00:02Z"
 
 
 def test_a_gang_without_room_is_created_gated_and_queued() -> None:

@@ -11,7 +11,11 @@ decision: names are deterministic and deletes idempotent). A new attempt's statu
 is written first, so the attempt is recorded before any of its pods exist; workers of
 an attempt already recorded are created first and one status counting them follows,
 in the Job controller's order (create, then update the status). A whole new gang that
-fits at once is created placed (placer.place_now), not gated and released.
+fits at once is created placed (placer.place_now), not gated and released, and the status
+decided with its pods is held for HOLD_SECONDS (the pod events' batch period) rather than
+written at once: by then the gang is usually bound and running, and one write says so
+instead of two. The next reconcile decides from the held status and writes, whatever it
+finds; a held status is dropped when the job's written status changed meanwhile.
 """
 
 import asyncio
@@ -74,6 +78,10 @@ REFUSED_MAX_BACKOFF = 300
 # Pods created but not yet seen by the watch hold the job's next decision back at most
 # this long (kube-controller-manager's ControllerExpectations wait 5 minutes).
 EXPECTATIONS_SECONDS = 15.0
+# How long the status decided with a gang created placed is held before it is written,
+# at most: the batch period of its pods' events (handlers.POD_BATCH_SECONDS), which
+# wake the job as the pods are bound and start.
+HOLD_SECONDS = 1.0
 
 
 @dataclass(frozen=True)
@@ -82,6 +90,16 @@ class Understood:
 
     resolved: ResolvedJob
     admission: Admission | None
+
+
+@dataclass(frozen=True)
+class Held:
+    """A status decided right after a gang was created placed, not written yet."""
+
+    uid: str
+    replaced: TrainingJobStatus  # the written status it stands in for
+    status: TrainingJobStatus
+    events: tuple[JobEvent, ...]  # news of `status`, posted only if it is still true
 
 
 @dataclass(frozen=True)
@@ -132,6 +150,7 @@ class Reconciler:
         self._clock = clock
         self._refusals: dict[JobKey, int] = {}  # children refused in a row, per job
         self._expected: dict[JobKey, Expected] = {}
+        self._held: dict[JobKey, Held] = {}
         # Services applied and not seen by the watch yet: until when (time.monotonic()) the
         # next decisions count them as there, so they are not applied again meanwhile.
         self._services_applied: dict[JobKey, float] = {}
@@ -175,21 +194,21 @@ class Reconciler:
         namespace, name = key
         body = self._fresher(key, self._job_body(key))
         if body is None or body["metadata"].get("deletionTimestamp"):
-            self._placer.withdraw(key)
-            self._departures.forget(key)
-            self._expected.pop(key, None)
-            self._services_applied.pop(key, None)
-            if self._poller:
-                self._poller.forget(key)
+            self._forget(key)
             return None  # garbage collection removes the children
         meta = parse_metadata(body)
-        pods = self._pods(key, parse_status(body).attempt)
+        held = self._held_for(key, meta, parse_status(body))
+        base = body if held is None else _with_status_body(body, held.status)
+        pods = self._pods(key, parse_status(base).attempt)
         unseen = self._unseen(key, pods)
         if unseen is not None:
             return unseen
-        decision, understood = self._decide(key, body, meta, pods)
+        decision, understood = self._decide(key, base, meta, pods)
         resolved = understood.resolved if understood is not None else None
-        if understood is not None and _only_creates(decision, parse_status(body)):
+        if held is not None and decision.status.phase == held.status.phase:
+            # Still the news it was: post it with the status that now carries it.
+            decision = replace(decision, events=held.events + decision.events)
+        if understood is not None and _only_creates(decision, parse_status(base)):
             # The Job controller's order when the attempt is already written: create the
             # workers, then write one status that counts them. Writing "0/N created" first
             # cost a status patch per job and said nothing a user acts on.
@@ -210,6 +229,12 @@ class Reconciler:
             resolved = understood.resolved
             pods = pods + created
             decision = self._decide_understood(key, understood, pods)
+            if _may_hold(decision, created, resolved.job.spec.workers):
+                self._placer.withdraw(key)
+                self._held[key] = Held(
+                    meta.uid, parse_status(body), decision.status, decision.events
+                )
+                return min(HOLD_SECONDS, decision.requeue_after or HOLD_SECONDS)
         if decision.wants_placement and resolved is not None:
             self._placer.submit(key, self._ticket(resolved, decision))
         else:
@@ -220,6 +245,7 @@ class Reconciler:
         except Conflict as conflict:
             logger.debug("%s/%s: %s; retrying", namespace, name, conflict)
             return CONFLICT_RETRY_SECONDS
+        self._held.pop(key, None)  # written, or equal to what is written
         # Only once the new attempt is written: a lost write is decided again from the
         # same evidence.
         self._departures.keep_only(key, decision.status.attempt)
@@ -293,6 +319,28 @@ class Reconciler:
         metrics.RECONCILE_ERRORS.inc()
         logger.warning("%s/%s: %s", meta.namespace, meta.name, failed.status.message)
         return float(min(REFUSED_MAX_BACKOFF, 2 ** min(count, 10)))
+
+    def _forget(self, key: JobKey) -> None:
+        """The job is gone or going: drop everything kept about it."""
+        self._placer.withdraw(key)
+        self._departures.forget(key)
+        self._expected.pop(key, None)
+        self._services_applied.pop(key, None)
+        self._held.pop(key, None)
+        if self._poller:
+            self._poller.forget(key)
+
+    def _held_for(self, key: JobKey, meta: ObjectMeta, written: TrainingJobStatus) -> Held | None:
+        """The status held for the job, while the written one is still the one it stands in
+        for (a status written meanwhile, by an error report say, is newer) and the job is the
+        same object."""
+        held = self._held.get(key)
+        if held is None:
+            return None
+        if held.uid != meta.uid or held.replaced != written:
+            del self._held[key]
+            return None
+        return held
 
     def _unseen(self, key: JobKey, pods: list[WorkerPod]) -> float | None:
         """Seconds to wait while pods this reconciler created are not in the watch cache yet;
@@ -630,6 +678,28 @@ def _only_creates(decision: Decision, written: TrainingJobStatus) -> bool:
         and decision.workload == WorkloadAction.NONE
         and not decision.delete_job
     )
+
+
+def _may_hold(decision: Decision, created: list[WorkerPod], workers: int) -> bool:
+    """Whether the status decided after creating `created` may wait: a whole gang created
+    placed (none of it gated) and nothing to do but write the status and post its news."""
+    return (
+        len(created) == workers
+        and not any(worker.gated for worker in created)
+        and not decision.create_ranks
+        and not decision.delete_pods
+        and not decision.wants_placement
+        and not decision.wants_service
+        and decision.workload == WorkloadAction.NONE
+        and not decision.delete_job
+        and decision.status.phase is not None
+        and not decision.status.phase.terminal
+    )
+
+
+def _with_status_body(body: dict[str, Any], status: TrainingJobStatus) -> dict[str, Any]:
+    """`body` with `status` in place of the written one, for deciding from a held status."""
+    return {**body, "status": status.model_dump(by_alias=True, mode="json")}
 
 
 def _with_status(resolved: ResolvedJob, status: TrainingJobStatus) -> ResolvedJob:

@@ -183,10 +183,14 @@ def _run(
 
     present = {p.rank for p in current}
     draft.create.extend(r for r in range(job.spec.workers) if r not in present)
-    if draft.create and draft.status.start_time is None:
+    # Workers of the attempt and no start time at all: their status was lost after they
+    # were created (a write that failed, an operator restarted before writing a held
+    # status). The job and this attempt started no later than now.
+    lost = bool(current) and draft.status.start_time is None
+    if (draft.create or lost) and draft.status.start_time is None:
         draft.update(start_time=draft.now)
         _past_deadline(draft, job)  # only to schedule the deadline's wake-up
-    if draft.create and draft.status.attempt_start_time is None:
+    if (draft.create or lost) and draft.status.attempt_start_time is None:
         draft.update(attempt_start_time=draft.now)
     _progress(draft, job, current, waiting, service_exists)
 
