@@ -99,7 +99,10 @@ class Held:
     uid: str
     replaced: TrainingJobStatus  # the written status it stands in for
     status: TrainingJobStatus
-    events: tuple[JobEvent, ...]  # news of `status`, posted only if it is still true
+    # The news of the phases passed on the way to `status` ("job accepted", "0/4 workers
+    # bound"): posted only if the status written next is still in that phase, since a
+    # phase change no status ever showed is no news.
+    events: tuple[JobEvent, ...]
 
 
 @dataclass(frozen=True)
@@ -212,8 +215,7 @@ class Reconciler:
             # The Job controller's order when the attempt is already written: create the
             # workers, then write one status that counts them. Writing "0/N created" first
             # cost a status patch per job and said nothing a user acts on.
-            for event in decision.events:  # "job accepted": the next decision starts after it
-                self._record_event(body, event)
+            accepted = decision.events  # "job accepted": the next decision starts after it
             # The pods carry this decision's status, and the next decision starts from it
             # (start times, the Created condition), now with the workers created.
             understood = replace(
@@ -223,6 +225,7 @@ class Reconciler:
                 created = await self._create_workers(meta, decision, understood.resolved)
             except (Refused, Rejected) as refused:
                 self._placer.withdraw(key)
+                self._record_events(body, accepted)
                 return await self._not_created(
                     key, body, meta, decision, refused, resolved=resolved, pods=pods
                 )
@@ -230,11 +233,8 @@ class Reconciler:
             pods = pods + created
             decision = self._decide_understood(key, understood, pods)
             if _may_hold(decision, created, resolved.job.spec.workers):
-                self._placer.withdraw(key)
-                self._held[key] = Held(
-                    meta.uid, parse_status(body), decision.status, decision.events
-                )
-                return min(HOLD_SECONDS, decision.requeue_after or HOLD_SECONDS)
+                return self._hold(key, body, decision, accepted)
+            self._record_events(body, accepted)
         if decision.wants_placement and resolved is not None:
             self._placer.submit(key, self._ticket(resolved, decision))
         else:
@@ -319,6 +319,25 @@ class Reconciler:
         metrics.RECONCILE_ERRORS.inc()
         logger.warning("%s/%s: %s", meta.namespace, meta.name, failed.status.message)
         return float(min(REFUSED_MAX_BACKOFF, 2 ** min(count, 10)))
+
+    def _hold(
+        self,
+        key: JobKey,
+        body: dict[str, Any],
+        decision: Decision,
+        accepted: tuple[JobEvent, ...],
+    ) -> float:
+        """Keep `decision`'s status and news unwritten until the next reconcile, at most
+        HOLD_SECONDS away."""
+        self._placer.withdraw(key)
+        uid = parse_metadata(body).uid
+        events = accepted + decision.events
+        self._held[key] = Held(uid, parse_status(body), decision.status, events)
+        return min(HOLD_SECONDS, decision.requeue_after or HOLD_SECONDS)
+
+    def _record_events(self, body: dict[str, Any], events: Iterable[JobEvent]) -> None:
+        for event in events:
+            self._record_event(body, event)  # posted in the background, in order
 
     def _forget(self, key: JobKey) -> None:
         """The job is gone or going: drop everything kept about it."""
@@ -646,8 +665,7 @@ class Reconciler:
     ) -> None:
         """Carry out `decision`; `job` is the spec parsed once by `_decide` (None: invalid)."""
         kube = self._kube
-        for event in decision.events:
-            self._record_event(body, event)  # posted in the background, in order
+        self._record_events(body, decision.events)
         if decision.workload != WorkloadAction.NONE and resolved is not None:
             await self._workload(meta, decision, resolved)
         await asyncio.gather(
