@@ -171,6 +171,21 @@ def test_a_held_status_that_is_still_true_is_written_with_its_news() -> None:
     assert [e.reason for e in operator.events] == ["Created", "WaitingForNodes"]
 
 
+def test_a_held_status_is_written_as_it_was_when_the_watch_is_late_with_the_pods() -> None:
+    api, placer = Api(make_body(workers=2, gpus_per_worker=1)), Placer()
+    operator = Operator(api, placer, Guards())
+    operator.reconcile()
+    operator.seen = lambda pod: {}  # not a worker: as if the watch had not shown it yet
+    requeue = operator.reconcile()
+
+    assert api.status_patches == 1, "held 1 s at most, whatever the watch says"
+    assert api.body["status"]["phase"] == "Scheduling"
+    assert api.body["status"]["placement"]["nodes"] == ["node-a", "node-a"]
+    assert [e.reason for e in operator.events] == ["Created", "WaitingForNodes"]
+    assert requeue is not None, "the pods are still waited for"
+    assert requeue > 0
+
+
 def test_a_held_status_gives_way_to_one_written_meanwhile() -> None:
     api, placer = Api(make_body(workers=2, gpus_per_worker=1)), Placer()
     operator = Operator(api, placer, Guards())

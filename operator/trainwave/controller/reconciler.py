@@ -205,6 +205,8 @@ class Reconciler:
         pods = self._pods(key, parse_status(base).attempt)
         unseen = self._unseen(key, pods)
         if unseen is not None:
+            if held is not None:  # the watch is late with the pods: write what was held
+                return await self._write_held(key, body, meta, held, unseen)
             return unseen
         decision, understood = self._decide(key, base, meta, pods)
         resolved = understood.resolved if understood is not None else None
@@ -334,6 +336,19 @@ class Reconciler:
         events = accepted + decision.events
         self._held[key] = Held(uid, parse_status(body), decision.status, events)
         return min(HOLD_SECONDS, decision.requeue_after or HOLD_SECONDS)
+
+    async def _write_held(
+        self, key: JobKey, body: dict[str, Any], meta: ObjectMeta, held: Held, then: float
+    ) -> float:
+        """Write a held status as it was decided, with its news; reconcile again in `then`."""
+        try:
+            body = await self._write_status(body, meta, Decision(held.status, events=held.events))
+        except Conflict as conflict:
+            logger.debug("%s/%s: %s; retrying", *key, conflict)
+            return CONFLICT_RETRY_SECONDS
+        self._held.pop(key, None)
+        self._record_events(body, held.events)
+        return then
 
     def _record_events(self, body: dict[str, Any], events: Iterable[JobEvent]) -> None:
         for event in events:
