@@ -329,6 +329,15 @@ def test_a_gang_with_room_is_created_placed_unless_a_limit_range_may_change_its_
         assert sorted(p["spec"]["nodeName"] for p in pods) == sorted(pool.nodes)
         for pod in pods:
             assert pod["metadata"]["annotations"]["trainwave.io/node"] == pod["spec"]["nodeName"]
+        # Its first status was held until the pods' events came: the news of the phases on
+        # the way (job accepted, 0/2 bound) is posted with it only if it still said
+        # Scheduling, never one without the other.
+        # Events are posted in order, so those before the Running one are there with it.
+        events_about(cluster, namespace, lambda e: e["regarding"]["name"] == "direct"
+                     and e["reason"] == "AllWorkersRunning", "the Running Event")  # fmt: skip
+        reasons = {e["reason"] for e in events_about(
+            cluster, namespace, lambda e: e["regarding"]["name"] == "direct", "its Events")}  # fmt: skip
+        assert ("Created" in reasons) == ("WaitingForNodes" in reasons), reasons
         cluster.kubectl("delete", "trainingjob", "direct", "-n", namespace, "--wait=true")
         wait_until(lambda: not worker_pods(cluster, namespace, "direct"), 60, "the pods gone")
 
