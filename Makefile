@@ -102,6 +102,10 @@ bench: venv tools ## benchmarks, each on its own local cluster (see README, Perf
 	$(PY) tests/benchmarks/bench_constraints.py
 	$(PY) tests/benchmarks/bench_scale.py
 
+.PHONY: bench-crd-cost
+bench-crd-cost: venv tools ## diagnostic: kube-apiserver CPU per TrainingJob status patch, by CRD schema variant (~5 min)
+	$(PY) tests/benchmarks/crd_write_cost.py
+
 .PHONY: bench-comm
 bench-comm: venv ## gradient communication on two emulated nodes (root: netns + tc; ~10 min)
 	$(PY) tests/benchmarks/bench_comm.py

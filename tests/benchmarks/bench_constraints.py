@@ -52,7 +52,7 @@ from kubernetes import client  # noqa: E402
 from benchmarks.gang_arrivals import Api  # noqa: E402
 from benchmarks.operator_cluster import operator_cluster  # noqa: E402
 from benchmarks.placement_quality import Fleet, Quality  # noqa: E402
-from benchmarks.provenance import git_commit  # noqa: E402
+from benchmarks.provenance import git_commit, write_results  # noqa: E402
 from benchmarks.summaries import spread  # noqa: E402
 from trainwave import contract  # noqa: E402
 from trainwave.placement.requirements import pod_needs  # noqa: E402
@@ -448,9 +448,7 @@ def main() -> int:
         after = placed_counts(bench.operator.metrics())
         result["gangs_placed"] = {how: after[how] - before[how] for how in after}
     result["conditions"] = conditions(load_before, round(os.getloadavg()[0], 2))
-    RESULTS.parent.mkdir(parents=True, exist_ok=True)
-    RESULTS.with_suffix(".json").write_text(json.dumps(result, indent=2) + "\n")
-    RESULTS.with_suffix(".md").write_text(report(result))
+    write_results(RESULTS, result, report(result))
     print(report(result))
     return 0
 

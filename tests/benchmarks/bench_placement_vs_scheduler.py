@@ -26,7 +26,6 @@ Writes tests/benchmarks/results/placement_vs_scheduler.{json,md}. About 5 min on
 
 from __future__ import annotations
 
-import json
 import os
 import platform
 import statistics
@@ -58,7 +57,7 @@ from benchmarks.gang_mix import (  # noqa: E402
 )
 from benchmarks.operator_cluster import operator_cluster  # noqa: E402
 from benchmarks.placement_quality import Fleet, Quality  # noqa: E402
-from benchmarks.provenance import git_commit  # noqa: E402
+from benchmarks.provenance import git_commit, write_results  # noqa: E402
 from benchmarks.summaries import spread  # noqa: E402
 from trainwave.placement.snapshot import build_snapshot  # noqa: E402
 
@@ -99,9 +98,7 @@ def main() -> int:
     }
     result = {**phases, "conditions": conditions(mix, loads, time.monotonic() - started)}
     result["conditions"]["worker_resources"] = resources
-    RESULTS.parent.mkdir(parents=True, exist_ok=True)
-    RESULTS.with_suffix(".json").write_text(json.dumps(result, indent=2) + "\n")
-    RESULTS.with_suffix(".md").write_text(report(result))
+    write_results(RESULTS, result, report(result))
     print(report(result))
     share = phases["trainwave"]["quality"]["single_rack_share_when_room"]
     verdict = "met" if share >= GOAL_SINGLE_RACK_WHEN_ROOM else "MISSED"

@@ -57,7 +57,7 @@ sys.path.insert(0, str(REPO / "tests"))
 import yaml  # noqa: E402
 
 from benchmarks.operator_cluster import operator_cluster, parse_time  # noqa: E402
-from benchmarks.provenance import git_commit  # noqa: E402
+from benchmarks.provenance import git_commit, write_results  # noqa: E402
 from benchmarks.summaries import percentile  # noqa: E402
 from cluster.api import ApiClient  # noqa: E402
 from cluster.components import Layout  # noqa: E402
@@ -137,9 +137,7 @@ def main() -> int:
         clear(bench.cluster, api, load)
     phase_a["settle_seconds"] = round(settled_after, 1)
     result = summarize(phase_a, phase_b, nodes, load, time.monotonic() - started)
-    RESULTS.parent.mkdir(parents=True, exist_ok=True)
-    RESULTS.with_suffix(".json").write_text(json.dumps(result, indent=2) + "\n")
-    RESULTS.with_suffix(".md").write_text(report(result))
+    write_results(RESULTS, result, report(result))
     print(report(result))
     return 0
 

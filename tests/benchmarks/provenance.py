@@ -1,7 +1,9 @@
 """What every benchmark result records about where it came from."""
 
+import json
 import subprocess
 from pathlib import Path
+from typing import Any
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -15,3 +17,10 @@ def git_commit() -> str:
         ).stdout.strip()  # fmt: skip
     except (OSError, subprocess.CalledProcessError):
         return "unknown"
+
+
+def write_results(stem: Path, result: dict[str, Any], markdown: str) -> None:
+    """`stem`.json (the numbers) and `stem`.md (the report people read), side by side."""
+    stem.parent.mkdir(parents=True, exist_ok=True)
+    stem.with_suffix(".json").write_text(json.dumps(result, indent=2) + "\n")
+    stem.with_suffix(".md").write_text(markdown)
