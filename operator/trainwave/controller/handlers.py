@@ -36,7 +36,7 @@ from trainwave.controller.kube import KubeClient, load_config
 from trainwave.controller.leadership import LeaderElector
 from trainwave.controller.placer import Placer
 from trainwave.controller.queue import WorkQueue
-from trainwave.controller.reconciler import JobKey, Reconciler
+from trainwave.controller.reconciler import POD_BATCH_SECONDS, JobKey, Reconciler
 from trainwave.controller.recorder import EventRecorder
 from trainwave.controller.reporting import ANY_NETWORK, Network, StatusPoller
 from trainwave.controller.workloads import WorkloadCache
@@ -62,7 +62,6 @@ class Options:
 
 
 OPTIONS = Options()
-POD_BATCH_SECONDS = 1.0
 _QUEUE: dict[str, WorkQueue] = {}
 _PLACER: dict[str, Placer] = {}
 _CACHE: dict[str, ClusterCache | JobCache | WorkloadCache | AdmissionGuards] = {}

@@ -78,10 +78,13 @@ REFUSED_MAX_BACKOFF = 300
 # Pods created but not yet seen by the watch hold the job's next decision back at most
 # this long (kube-controller-manager's ControllerExpectations wait 5 minutes).
 EXPECTATIONS_SECONDS = 15.0
+# A worker pod's event wakes its job this much later, so one reconcile sees a gang's pods
+# created, bound and started together (the handlers batch them; the Job controller's
+# syncJobBatchPeriod).
+POD_BATCH_SECONDS = 1.0
 # How long the status decided with a gang created placed is held before it is written,
-# at most: the batch period of its pods' events (handlers.POD_BATCH_SECONDS), which
-# wake the job as the pods are bound and start.
-HOLD_SECONDS = 1.0
+# at most: until the batch of its pods' events wakes the job.
+HOLD_SECONDS = POD_BATCH_SECONDS
 
 
 @dataclass(frozen=True)
@@ -194,15 +197,17 @@ class Reconciler:
             logger.warning("%s/%s: could not record the error: %s", *key, writing)
 
     async def reconcile(self, key: JobKey) -> float | None:
-        namespace, name = key
         body = self._fresher(key, self._job_body(key))
         if body is None or body["metadata"].get("deletionTimestamp"):
             self._forget(key)
             return None  # garbage collection removes the children
         meta = parse_metadata(body)
-        held = self._held_for(key, meta, parse_status(body))
-        base = body if held is None else _with_status_body(body, held.status)
-        pods = self._pods(key, parse_status(base).attempt)
+        written = parse_status(body)
+        held = self._held_for(key, meta, written)
+        base, base_status = (
+            (body, written) if held is None else (_with_status_body(body, held.status), held.status)
+        )
+        pods = self._pods(key, base_status.attempt)
         unseen = self._unseen(key, pods)
         if unseen is not None:
             if held is not None:  # the watch is late with the pods: write what was held
@@ -210,10 +215,8 @@ class Reconciler:
             return unseen
         decision, understood = self._decide(key, base, meta, pods)
         resolved = understood.resolved if understood is not None else None
-        if held is not None and decision.status.phase == held.status.phase:
-            # Still the news it was: post it with the status that now carries it.
-            decision = replace(decision, events=held.events + decision.events)
-        if understood is not None and _only_creates(decision, parse_status(base)):
+        decision = _with_held_news(decision, held)
+        if understood is not None and _only_creates(decision, base_status):
             # The Job controller's order when the attempt is already written: create the
             # workers, then write one status that counts them. Writing "0/N created" first
             # cost a status patch per job and said nothing a user acts on.
@@ -235,7 +238,8 @@ class Reconciler:
             pods = pods + created
             decision = self._decide_understood(key, understood, pods)
             if _may_hold(decision, created, resolved.job.spec.workers):
-                return self._hold(key, body, decision, accepted)
+                held = Held(meta.uid, written, decision.status, accepted + decision.events)
+                return self._hold(key, held, decision.requeue_after)
             self._record_events(body, accepted)
         if decision.wants_placement and resolved is not None:
             self._placer.submit(key, self._ticket(resolved, decision))
@@ -245,7 +249,7 @@ class Reconciler:
         try:
             body = await self._write_status(body, meta, decision)
         except Conflict as conflict:
-            logger.debug("%s/%s: %s; retrying", namespace, name, conflict)
+            logger.debug("%s/%s: %s; retrying", *key, conflict)
             return CONFLICT_RETRY_SECONDS
         self._held.pop(key, None)  # written, or equal to what is written
         # Only once the new attempt is written: a lost write is decided again from the
@@ -254,7 +258,7 @@ class Reconciler:
         try:
             await self._act(body, meta, decision, resolved)
         except Conflict as conflict:  # our Workload changed under a write: decide again
-            logger.debug("%s/%s: %s; retrying", namespace, name, conflict)
+            logger.debug("%s/%s: %s; retrying", *key, conflict)
             return CONFLICT_RETRY_SECONDS
         except (Refused, Rejected) as refused:
             return await self._not_created(
@@ -322,20 +326,12 @@ class Reconciler:
         logger.warning("%s/%s: %s", meta.namespace, meta.name, failed.status.message)
         return float(min(REFUSED_MAX_BACKOFF, 2 ** min(count, 10)))
 
-    def _hold(
-        self,
-        key: JobKey,
-        body: dict[str, Any],
-        decision: Decision,
-        accepted: tuple[JobEvent, ...],
-    ) -> float:
-        """Keep `decision`'s status and news unwritten until the next reconcile, at most
-        HOLD_SECONDS away."""
+    def _hold(self, key: JobKey, held: Held, requeue_after: float | None) -> float:
+        """Keep `held` unwritten until the next reconcile: HOLD_SECONDS away, or sooner
+        if its decision asked to be looked at again sooner."""
         self._placer.withdraw(key)
-        uid = parse_metadata(body).uid
-        events = accepted + decision.events
-        self._held[key] = Held(uid, parse_status(body), decision.status, events)
-        return min(HOLD_SECONDS, decision.requeue_after or HOLD_SECONDS)
+        self._held[key] = held
+        return min(HOLD_SECONDS, requeue_after or HOLD_SECONDS)
 
     async def _write_held(
         self, key: JobKey, body: dict[str, Any], meta: ObjectMeta, held: Held, then: float
@@ -728,6 +724,14 @@ def _may_hold(decision: Decision, created: list[WorkerPod], workers: int) -> boo
         and decision.status.phase is not None
         and not decision.status.phase.terminal
     )
+
+
+def _with_held_news(decision: Decision, held: Held | None) -> Decision:
+    """`decision` with the held status's news first, while it is still the news it was (the
+    status to be written is in the held phase); without it otherwise."""
+    if held is None or decision.status.phase != held.status.phase:
+        return decision
+    return replace(decision, events=held.events + decision.events)
 
 
 def _with_status_body(body: dict[str, Any], status: TrainingJobStatus) -> dict[str, Any]:
