@@ -401,6 +401,12 @@ def add_size_parser(commands: "argparse._SubParsersAction[argparse.ArgumentParse
     size.add_argument("--sequence-parallel", action="store_true")
     size.add_argument("--zero", type=int, default=0, help="ZeRO stage 0-3")
     size.add_argument("--gpu-memory-gib", type=float, default=80.0)
+    size.add_argument(
+        "--gpu-tflops",
+        type=float,
+        default=312.0,
+        help="the GPU's peak dense 16-bit TFLOP/s (A100: 312, H100 SXM: 989)",
+    )
     size.add_argument("--json", action="store_true", help="print JSON")
 
 
@@ -441,7 +447,9 @@ def run_size(options: argparse.Namespace) -> int:
             sequence_parallel=options.sequence_parallel,
             zero_stage=options.zero,
         )
-        result = recommend(model, setup, int(options.gpu_memory_gib * (1 << 30)))
+        result = recommend(
+            model, setup, int(options.gpu_memory_gib * (1 << 30)), options.gpu_tflops
+        )
         flops = step_flops(model, result.setup)
     except (SizingError, ValueError) as invalid:
         print(f"trainwave size: {invalid}", file=sys.stderr)

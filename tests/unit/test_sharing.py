@@ -247,12 +247,14 @@ def test_shared_nodes_from_the_agents_inventory_and_the_pinned_pods() -> None:
 
 
 def test_a_model_description_is_sized_by_the_same_code_as_trainwave_size() -> None:
-    model = {"preset": "gpt2-124m", "microBatch": 4, "sequence": 512}
+    # A step light enough that `trainwave size` recommends sharing (its compute bound).
+    model = {"preset": "gpt2-124m", "microBatch": 1, "sequence": 128}
     job = make_job(workers=1, gpuSharing={"model": model})
     assert job.spec.gpu_sharing is not None
     memory = shared_memory(job.spec.gpu_sharing)
-    setup = TrainingSetup(micro_batch=4, sequence=512)
+    setup = TrainingSetup(micro_batch=1, sequence=128)
     expected = recommend(preset("gpt2-124m"), setup, 80 * 2**30)
+    assert expected.mode == "shared", expected.reason
     assert memory.bytes == expected.memory_request, "the request `trainwave size` prints"
     assert memory.bytes - estimate_memory(preset("gpt2-124m"), setup).total < 256 * 2**20
     assert memory.how.startswith("estimated from spec.gpuSharing.model (weights ")

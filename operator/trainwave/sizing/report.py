@@ -29,6 +29,8 @@ def render_text(model: Model, result: Recommendation, flops: StepFlops) -> str:
         f"recomputation, {flops.per_gpu(s.tensor_parallel):.3e} per GPU "
         f"({flops.tokens:,} {'samples' if isinstance(model, MLPShape) else 'tokens'})",
     ]
+    if result.compute is not None:
+        lines.append(f"GPU busy: {result.compute.describe()}")
     lines += [f"note: {note}" for note in e.notes]
     if result.mode == "shared":
         lines.append(
@@ -50,6 +52,13 @@ def render_json(model: Model, result: Recommendation, flops: StepFlops) -> dict[
         "setup": asdict(result.setup),
         "memory": {**asdict(result.estimate), "total": result.estimate.total},
         "flops": asdict(flops),
+        "compute": None
+        if result.compute is None
+        else {
+            **asdict(result.compute),
+            "busy": round(result.compute.busy, 4),
+            "light": result.compute.light,
+        },
         "recommendation": {
             "mode": result.mode,
             "gpus": result.gpus,
