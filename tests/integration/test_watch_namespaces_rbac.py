@@ -1,4 +1,5 @@
-"""With `watchNamespaces`, the operator may change pods, Services and Secrets only there.
+"""With `watchNamespaces`, the operator may change pods, Services and Secrets and post
+Events only there.
 
 The chart is reinstalled with one watched namespace and the real RBAC authorizer
 answers for the operator's own token; the default install is restored afterwards,
@@ -18,7 +19,13 @@ import pytest
 
 from cluster.controlplane import Cluster, tool
 from cluster.deploy import NAMESPACE, install_chart, service_account_kubeconfig
-from integration.trainwave_fixtures import apply, job_manifest, wait_for_phase
+from integration.trainwave_fixtures import (
+    apply,
+    get_json,
+    job_manifest,
+    wait_for_phase,
+    wait_until,
+)
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(240)]
 
@@ -66,6 +73,15 @@ def test_the_operator_changes_only_watched_namespaces_and_still_runs_jobs_there(
         refused = create(operator, unwatched, manifest)
         assert refused.returncode != 0, f"{kind} in an unwatched namespace must be refused"
         assert "forbidden" in refused.stderr, refused.stderr
+    # Events too: through the Role in each watched namespace, nowhere else (not even the
+    # release's own namespace or `default`, where a Node's Events would go).
+    for resource in ("events", "events.events.k8s.io"):
+        for verb in ("create", "patch"):
+            assert can_i(operator, verb, resource, watching) == "yes", (verb, resource)
+            for elsewhere in (unwatched, NAMESPACE, "default"):
+                assert can_i(operator, verb, resource, elsewhere) == "no", (
+                    verb, resource, elsewhere,
+                )  # fmt: skip
     # The master status key in the release namespace: still creatable on first start.
     assert create(operator, NAMESPACE, SECRET).returncode == 0
     # Placement still sees every pod: other workloads hold GPUs too.
@@ -78,3 +94,20 @@ def test_the_operator_changes_only_watched_namespaces_and_still_runs_jobs_there(
 
     apply(cluster, watching, job_manifest("scoped", workers=2))
     wait_for_phase(cluster, watching, "scoped", "Succeeded", timeout=90)
+
+    # Its Events were posted through the namespace's Role.
+    def reasons() -> set[str]:
+        events = get_json(cluster, watching, "events.events.k8s.io")["items"]
+        return {e.get("reason") for e in events if e["regarding"].get("name") == "scoped"}
+
+    wait_until(lambda: "Succeeded" in reasons(), 30, "the job's Succeeded Event")
+
+
+def can_i(kubeconfig: Path, verb: str, resource: str, namespace: str) -> str:
+    """The real authorizer's answer for the operator's own token: "yes" or "no"."""
+    answer = subprocess.run(
+        [str(tool("kubectl")), "auth", "can-i", verb, resource, "-n", namespace],
+        env=os.environ | {"KUBECONFIG": str(kubeconfig)},
+        capture_output=True, text=True, timeout=30, check=False,
+    )  # fmt: skip
+    return answer.stdout.strip()

@@ -54,3 +54,38 @@ def test_a_full_queue_drops_and_counts() -> None:
         return recorder
 
     assert asyncio.run(run()).dropped == 1
+
+
+@pytest.mark.parametrize(
+    ("namespaces", "namespace", "posted"),
+    [
+        pytest.param((), "anywhere", True, id="cluster-wide-posts-everywhere"),
+        pytest.param(("team-a",), "team-a", True, id="watched-name"),
+        pytest.param(("team-*",), "team-b", True, id="watched-pattern"),
+        pytest.param(("team-a",), "team-b", False, id="other-namespace-dropped"),
+        pytest.param(("team-a",), "", False, id="cluster-scoped-dropped"),
+    ],
+)
+def test_with_watched_namespaces_events_elsewhere_are_dropped_with_a_log_line(
+    namespaces: tuple[str, ...], namespace: str, posted: bool, caplog: pytest.LogCaptureFixture
+) -> None:
+    """The chart grants Events only through Roles in the watched namespaces: one about an
+    object elsewhere (a Node's would go to `default`) is dropped here, not refused there."""
+    seen: list[str] = []
+
+    async def run() -> EventRecorder:
+        recorder = EventRecorder(lambda job, *_: seen.append(job["metadata"]["name"]),
+                                 namespaces=namespaces)  # fmt: skip
+        recorder.start()
+        recorder.record({"metadata": {"name": "j", "namespace": namespace}},
+                        JobEvent("Warning", "NodeLost", "m"))  # fmt: skip
+        await asyncio.wait_for(recorder.drain(), 5)
+        await recorder.stop()
+        return recorder
+
+    recorder = asyncio.run(run())
+    assert seen == (["j"] if posted else [])
+    assert recorder.outside == (0 if posted else 1)
+    if not posted:
+        assert "not posting Event NodeLost about j" in caplog.text
+        assert "outside the watched namespaces team-a" in caplog.text

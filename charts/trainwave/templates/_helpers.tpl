@@ -110,4 +110,15 @@ when it watches every namespace, a Role's in each of `watchNamespaces` otherwise
 - apiGroups: [""]
   resources: ["secrets"]
   verbs: ["create"]
+# Events on its jobs, posted in the job's namespace: the operator's own through
+# events.k8s.io, kopf's (handler errors) through the core API. With
+# watchNamespaces these come from the Role in each watched namespace, so the
+# operator can write no Event anywhere else; one it would post outside them is
+# dropped with a log line (controller/recorder.py).
+- apiGroups: [""]
+  resources: ["events"]
+  verbs: ["create", "patch"]
+- apiGroups: ["events.k8s.io"]
+  resources: ["events"]
+  verbs: ["create", "patch"]
 {{- end }}

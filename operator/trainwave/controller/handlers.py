@@ -124,7 +124,7 @@ async def start(*, settings: kopf.OperatorSettings, memo: Any, **_: Any) -> None
 
     cache.on_node_health(lambda nodes: loop.call_soon_threadsafe(wake_jobs_on, nodes))
     poller = StatusPoller(_wake, networks=OPTIONS.status_networks)
-    recorder = EventRecorder(kube.post_event)
+    recorder = EventRecorder(kube.post_event, namespaces=OPTIONS.namespaces)
     recorder.start()
     memo.recorder = recorder
     # Read (or created) once: every job's status key derives from it. Failing here
