@@ -40,15 +40,16 @@ cluster-down: venv ## stop the local control plane and remove its state
 	cd tests && $(CLUSTER) down
 
 .PHONY: generate
-generate: venv ## regenerate CRDs, chart CRDs, values.schema.json and the dashboard from their sources
+generate: venv ## regenerate CRDs, chart CRDs, values.schema.json, the dashboard and docs/reference from their sources
 	PYTHONPATH=operator $(PY) -m trainwave.api.generate --crds crds --chart charts/trainwave  # this tree's models
 	$(PY) hack/values_schema.py charts/trainwave/values.yaml > charts/trainwave/values.schema.json
 	PYTHONPATH=operator $(PY) hack/dashboard.py > charts/trainwave/dashboards/trainwave.json
+	PYTHONPATH=operator $(PY) hack/reference.py docs/reference  # field and values reference
 
 .PHONY: check-generated
 check-generated: generate ## fail if generated files differ from what is committed
 	@git diff --exit-code -- crds charts/trainwave/templates/crds charts/trainwave/values.schema.json \
-	  charts/trainwave/dashboards \
+	  charts/trainwave/dashboards docs/reference \
 	  || { echo "generated files drifted: run 'make generate' and commit"; exit 1; }
 
 .PHONY: lint
