@@ -23,12 +23,32 @@ from trainwave.sizing.requests import SharedMemory, shared_memory
 
 
 @dataclass(frozen=True)
+class ResourceOverride:
+    """A resource the user set in the worker container that trainwave sets itself, to
+    another value: `field` is where the user wrote it, `written` what they wrote,
+    `applied` what each worker gets, and `source` the field trainwave took it from."""
+
+    field: str
+    written: str
+    applied: str
+    source: str
+
+    def describe(self) -> str:
+        return (
+            f"{self.field} is {self.written}, but each worker gets {self.applied} "
+            f"(set by trainwave from {self.source})"
+        )
+
+
+@dataclass(frozen=True)
 class ResolvedJob:
     job: TrainingJob
     shared: SharedMemory | None  # gpuSharing's request per worker; None for whole GPUs
     gang: GangRequest  # what placement is asked; the stored pods add their own needs
     # What a shared worker gets (pinning, budget, allocator, arbiter); None for whole GPUs.
     setup: SharedSetup | None = None
+    # Resources the user wrote that trainwave replaced (template_overrides): a warning.
+    overrides: tuple[ResourceOverride, ...] = ()
 
 
 def resolve(
@@ -75,7 +95,55 @@ def resolve_job(
         setup = shared_setup(
             shared.mib, shared.bytes, job.spec.runtime, arbiter_dir, gpu_claim=gpu_claims
         )
-    return ResolvedJob(job, shared, gang, setup)
+    return ResolvedJob(job, shared, gang, setup, template_overrides(job, shared))
+
+
+def owned_resources(job: TrainingJob, shared: SharedMemory | None) -> dict[str, tuple[str, str]]:
+    """The worker container's resources trainwave sets itself: name -> (value, the field
+    it comes from). The builders write these over whatever the template says
+    (builders/pods.py set_gpus, builders/sharing.py, builders/network.py)."""
+    spec = job.spec
+    owned: dict[str, tuple[str, str]] = {}
+    if spec.gpus_per_worker > 0:
+        owned[contract.GPU_RESOURCE] = (str(spec.gpus_per_worker), "spec.gpusPerWorker")
+    if shared is not None:
+        owned[contract.SHARED_GPU_MEMORY_RESOURCE] = (
+            str(shared.mib),
+            "spec.gpuSharing (MiB)",
+        )
+    rdma = spec.network.rdma if spec.network is not None else None
+    if rdma is not None:
+        owned[rdma.resource_name] = (str(rdma.count), "spec.network.rdma.count")
+    return owned
+
+
+def template_overrides(
+    job: TrainingJob, shared: SharedMemory | None
+) -> tuple[ResourceOverride, ...]:
+    """Where the user asked the worker container for a resource trainwave sets itself,
+    with another value: in spec.template's worker container or in spec.resources. The
+    same value is no news (a manifest ported from PyTorchJob often repeats the GPU count
+    in the container), so only a differing one is reported. Pure."""
+    owned = owned_resources(job, shared)
+    if not owned:
+        return ()
+    sources: list[tuple[str, dict[str, Any]]] = []
+    for container in job.spec.template.spec.get("containers", []):
+        if container.get("name") == contract.WORKER_CONTAINER:
+            where = f"{_TEMPLATE}.containers[{contract.WORKER_CONTAINER}].resources"
+            sources.append((where, dict(container.get("resources") or {})))
+    resources = job.spec.resources
+    sources.append(("spec.resources", {"requests": resources.requests, "limits": resources.limits}))
+    found = []
+    for where, asked in sources:
+        for kind in ("limits", "requests"):
+            for name, value in (asked.get(kind) or {}).items():
+                if name in owned and str(value).strip() != owned[name][0]:
+                    applied, source = owned[name]
+                    found.append(
+                        ResourceOverride(f"{where}.{kind}[{name}]", str(value), applied, source)
+                    )
+    return tuple(found)
 
 
 def check_shared_env(job: TrainingJob) -> None:

@@ -45,6 +45,11 @@ class Reason(StrEnum):
     RECONCILE_ERROR = "ReconcileError"
     RECONCILED = "Reconciled"
 
+    # A worker-container resource the user wrote that trainwave replaced (resolving.py,
+    # lifecycle/decide.py), and its condition turning False once the spec agrees.
+    RESOURCES_OVERRIDDEN = "ResourcesOverridden"
+    RESOURCES_AS_WRITTEN = "ResourcesAsWritten"
+
     # Placement: why a gang waits or cannot run (placement/, lifecycle/placing.py).
     INVALID_REQUEST = "InvalidRequest"
     NO_MATCHING_NODES = "NoMatchingNodes"

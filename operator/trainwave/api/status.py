@@ -46,6 +46,9 @@ class ConditionType(StrEnum):
     RDMA_VERIFIED = "RDMAVerified"
     PREEMPTED = "Preempted"
     REPLICA_FAILURE = "ReplicaFailure"  # the API server refused a worker pod or the Service
+    # The worker container asks for a resource trainwave sets itself (GPUs, GPU memory,
+    # RDMA devices), with another value: theirs is replaced, the message says by what.
+    RESOURCES_OVERRIDDEN = "ResourcesOverridden"
     RECONCILE_ERROR = "ReconcileError"  # an unexpected error in the operator; retried with backoff
 
 

@@ -153,6 +153,9 @@ def _mount_shm(spec: dict[str, Any], container: dict[str, Any], size: int | str)
 def _request_rdma(container: dict[str, Any], rdma: RdmaSpec) -> None:
     resources = container.setdefault("resources", {})
     resources.setdefault("limits", {})[rdma.resource_name] = rdma.count
+    if rdma.resource_name in resources.get("requests", {}):
+        # As set_gpus: a differing request would be refused; the user is told (resolving).
+        resources["requests"][rdma.resource_name] = rdma.count
     security = container.setdefault("securityContext", {})
     capabilities = security.setdefault("capabilities", {})
     added = list(capabilities.get("add", []))

@@ -148,6 +148,10 @@ def set_gpus(pod: dict[str, Any], worker: Worker) -> None:
     # kubelet account for them per node.
     resources = _worker_container(pod).setdefault("resources", {})
     resources.setdefault("limits", {})[contract.GPU_RESOURCE] = gpus
+    # A request the user wrote must equal the limit, or the API server refuses the pod;
+    # resolving.template_overrides tells them theirs was replaced.
+    if contract.GPU_RESOURCE in resources.get("requests", {}):
+        resources["requests"][contract.GPU_RESOURCE] = gpus
 
 
 def torch_contract(worker: Worker) -> dict[str, str]:

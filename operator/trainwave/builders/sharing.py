@@ -30,8 +30,11 @@ def set_shared_gpu(pod: dict[str, Any], worker: Worker) -> None:
     if setup is None:
         return
     container = next(c for c in pod["spec"]["containers"] if c["name"] == contract.WORKER_CONTAINER)
-    limits = container.setdefault("resources", {}).setdefault("limits", {})
-    limits[contract.SHARED_GPU_MEMORY_RESOURCE] = setup.memory_mib
+    resources = container.setdefault("resources", {})
+    resources.setdefault("limits", {})[contract.SHARED_GPU_MEMORY_RESOURCE] = setup.memory_mib
+    if contract.SHARED_GPU_MEMORY_RESOURCE in resources.get("requests", {}):
+        # As set_gpus: a differing request would be refused; the user is told (resolving).
+        resources["requests"][contract.SHARED_GPU_MEMORY_RESOURCE] = setup.memory_mib
     # resolving.check_shared_env refused user values for these names.
     container["env"] = [*container.get("env", []), *shared_env(setup)]
     if setup.arbiter_dir is not None:

@@ -26,6 +26,7 @@ from trainwave.lifecycle.admission import Admission, finish, gate, suspended
 from trainwave.lifecycle.draft import Decision, Draft, JobEvent, PlacementWait, complete, fail
 from trainwave.lifecycle.failures import Cause, Incident, find_incidents, judge_failure
 from trainwave.lifecycle.observed import NodeHealth, PodPhase, WorkerPod
+from trainwave.lifecycle.overrides import overridden
 from trainwave.lifecycle.placing import await_placement, bind_timed_out, record_placement
 from trainwave.lifecycle.reports import WorkerReport, progress_status, rdma_verdict
 from trainwave.resolving import ResolvedJob, resolve_job
@@ -60,6 +61,7 @@ def decide(
     if draft.status.phase is None:
         draft.condition(ConditionType.CREATED, True, Reason.CREATED, "job accepted")
         draft.enter(Phase.PENDING, Reason.CREATED, "job accepted")
+    overridden(draft, resolved.overrides)
     phase = draft.status.phase
     if phase is not None and phase.terminal:
         _finished(draft, job, mine)
