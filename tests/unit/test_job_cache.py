@@ -10,7 +10,8 @@ from typing import Any
 import pytest
 
 from trainwave import contract
-from trainwave.controller.job_cache import JobCache, JobKey
+from trainwave.api.trainingjob import JobKey
+from trainwave.controller.job_cache import JobCache
 from unit.test_cluster_cache import FakeApi, raw_pod, until
 
 pytestmark = pytest.mark.timeout(20)

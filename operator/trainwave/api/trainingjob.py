@@ -19,6 +19,10 @@ from trainwave.api.status import TrainingJobStatus
 # with up to 10,000 workers the rank takes 4 digits, leaving 51 for the name.
 MAX_NAME_LENGTH = 51
 
+# (namespace, name) of a TrainingJob: how every cache, queue and map of the
+# controller files a job. Defined here, the lowest layer its users share.
+JobKey = tuple[str, str]
+
 ROOT_VALIDATIONS = [
     cel(
         f"size(self.metadata.name) <= {MAX_NAME_LENGTH}",

@@ -11,26 +11,28 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping
 from typing import Any, Generic, TypeVar
 
-JobKey = tuple[str, str]
+# The owner's key (the controller's JobKey) stays a type parameter: filing by
+# owner is machinery and knows nothing of what a job is.
+K = TypeVar("K")
 R = TypeVar("R")
-Filed = tuple[JobKey, R]
+Filed = tuple[K, R]
 
 
-class ByJob(Generic[R]):
+class ByJob(Generic[K, R]):
     def __init__(self) -> None:
-        self._by_name: dict[str, Filed[R]] = {}
-        self._by_job: dict[JobKey, dict[str, R]] = {}
+        self._by_name: dict[str, Filed[K, R]] = {}
+        self._by_job: dict[K, dict[str, R]] = {}
 
     def __len__(self) -> int:
         return len(self._by_name)
 
-    def of(self, key: JobKey) -> list[R]:
+    def of(self, key: K) -> list[R]:
         return list(self._by_job.get(key, {}).values())
 
-    def items(self) -> list[tuple[JobKey, list[R]]]:
+    def items(self) -> list[tuple[K, list[R]]]:
         return [(key, list(records.values())) for key, records in self._by_job.items()]
 
-    def replace(self, records: Mapping[str, Filed[R]]) -> set[JobKey]:
+    def replace(self, records: Mapping[str, Filed[K, R]]) -> set[K]:
         """Everything anew (a relist); the jobs whose records were added, changed or lost."""
         old, self._by_name = self._by_name, dict(records)
         self._by_job = {}
@@ -40,7 +42,7 @@ class ByJob(Generic[R]):
         changed |= {records[n][0] for n in records if old.get(n) != records[n]}
         return changed
 
-    def put(self, name: str, filed: Filed[R] | None) -> Filed[R] | None:
+    def put(self, name: str, filed: Filed[K, R] | None) -> Filed[K, R] | None:
         """Add, update or (None) remove one object; returns what was filed before."""
         old = self._by_name.pop(name, None)
         if old is not None:

@@ -20,6 +20,7 @@ from types import MappingProxyType
 
 from kubernetes.client.exceptions import ApiException
 
+from trainwave.api.trainingjob import JobKey
 from trainwave.controller.informer import list_records
 from trainwave.controller.kube import ACTIVE_PODS, KubeClient
 from trainwave.placement.records import (
@@ -40,8 +41,6 @@ from trainwave.placement.snapshot import (
     snapshot_of,
 )
 from trainwave.placement.topology import DEFAULT_LEVELS, Topology
-
-JobKey = tuple[str, str]  # (namespace, job name)
 
 
 @dataclass(frozen=True)

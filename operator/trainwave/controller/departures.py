@@ -22,9 +22,8 @@ as vanished (a counted restart), the same as before this existed.
 import threading
 from dataclasses import replace
 
+from trainwave.api.trainingjob import JobKey
 from trainwave.lifecycle.observed import PodPhase, WorkerPod
-
-JobKey = tuple[str, str]
 
 
 class Departures:

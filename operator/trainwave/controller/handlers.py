@@ -27,6 +27,7 @@ from typing import Any
 import kopf
 
 from trainwave import contract
+from trainwave.api.trainingjob import JobKey
 from trainwave.controller import metrics
 from trainwave.controller.admission_guards import AdmissionGuards
 from trainwave.controller.cluster_cache import ClusterCache
@@ -36,7 +37,7 @@ from trainwave.controller.kube import KubeClient, load_config
 from trainwave.controller.leadership import LeaderElector
 from trainwave.controller.placer import Placer
 from trainwave.controller.queue import WorkQueue
-from trainwave.controller.reconciler import POD_BATCH_SECONDS, JobKey, Reconciler
+from trainwave.controller.reconciler import POD_BATCH_SECONDS, Reconciler
 from trainwave.controller.recorder import EventRecorder
 from trainwave.controller.reporting import ANY_NETWORK, Network, StatusPoller
 from trainwave.controller.workloads import WorkloadCache

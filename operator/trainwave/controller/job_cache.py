@@ -27,6 +27,7 @@ from functools import partial
 from typing import Any
 
 from trainwave import contract
+from trainwave.api.trainingjob import JobKey
 from trainwave.controller.by_job import ByJob, Store
 from trainwave.controller.informer import PAGE_SIZE, WATCH_SECONDS, Informer
 from trainwave.controller.kube import KubeClient
@@ -34,7 +35,6 @@ from trainwave.lifecycle.observed import WorkerPod, observe_pod
 
 logger = logging.getLogger(__name__)
 
-JobKey = tuple[str, str]
 Wake = Callable[[JobKey], None]
 Departure = Callable[[JobKey, WorkerPod], None]
 Body = dict[str, Any]
@@ -64,7 +64,7 @@ class JobCache:
         self._wake_pod = wake_pod or wake
         self._namespaces = tuple(namespaces)
         self._bodies: dict[JobKey, Body] = {}
-        self._pods: ByJob[WorkerPod] = ByJob()
+        self._pods: ByJob[JobKey, WorkerPod] = ByJob()
         self._services: dict[str, JobKey] = {}
         self._service_count: Counter[JobKey] = Counter()
         labelled = contract.LABEL_JOB_NAME  # a bare key selects "label present"

@@ -50,11 +50,12 @@ from typing import Any
 from trainwave import contract
 from trainwave.api.network import NetworkSpec
 from trainwave.api.reasons import Reason
+from trainwave.api.trainingjob import JobKey
 from trainwave.builders.gating import build_release_patch, merged
 from trainwave.builders.network import gang_link_env, node_network_env
 from trainwave.builders.sharing import build_gpu_claim
 from trainwave.controller import metrics
-from trainwave.controller.clusterview import ClusterView, JobKey
+from trainwave.controller.clusterview import ClusterView
 from trainwave.controller.inflight import Inflight
 from trainwave.controller.kube import Conflict, KubeClient, Rejected
 from trainwave.hardware.inventory import NodeInventory

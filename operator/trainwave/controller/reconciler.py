@@ -31,6 +31,7 @@ from trainwave.api.network import NetworkSpec
 from trainwave.api.status import Phase, TrainingJobStatus
 from trainwave.api.trainingjob import (
     InvalidSpec,
+    JobKey,
     ObjectMeta,
     TrainingJob,
     parse_metadata,
@@ -70,7 +71,6 @@ from trainwave.signatures import job_key
 
 logger = logging.getLogger(__name__)
 
-JobKey = tuple[str, str]
 # A status write that lost a race is retried at once from a fresh read.
 CONFLICT_RETRY_SECONDS = 0.05
 # A child the API server refused is retried after 2, 4, 8... seconds, at most this.

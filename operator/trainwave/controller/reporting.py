@@ -30,13 +30,13 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from trainwave import contract, signatures
+from trainwave.api.trainingjob import JobKey
 from trainwave.controller import metrics
 from trainwave.controller.fetching import FetchError, fetch
 from trainwave.lifecycle.reports import WorkerReport, read_report
 
 logger = logging.getLogger(__name__)
 
-JobKey = tuple[str, str]
 Network = ipaddress.IPv4Network | ipaddress.IPv6Network
 ANY_NETWORK: tuple[Network, ...] = (
     ipaddress.ip_network("0.0.0.0/0"),

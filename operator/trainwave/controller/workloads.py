@@ -23,6 +23,7 @@ from typing import Any
 from kubernetes.client.exceptions import ApiException
 
 from trainwave import contract
+from trainwave.api.trainingjob import JobKey
 from trainwave.controller.by_job import ByJob, Store
 from trainwave.controller.informer import PAGE_SIZE, WATCH_SECONDS, Informer, LockedDict
 from trainwave.controller.kube import Conflict, KubeClient
@@ -30,7 +31,6 @@ from trainwave.lifecycle.admission import Flavor, Workload, observe_workload
 
 logger = logging.getLogger(__name__)
 
-JobKey = tuple[str, str]
 _KUEUE = (contract.KUEUE_GROUP, contract.KUEUE_VERSION)
 
 
@@ -45,7 +45,7 @@ class WorkloadCache:
     ):
         self._lock = threading.Lock()
         self._wake = wake
-        self._workloads: ByJob[Workload] = ByJob()
+        self._workloads: ByJob[JobKey, Workload] = ByJob()
         self._flavors = LockedDict[Flavor](self._lock)
         common: dict[str, Any] = {"page_size": page_size, "watch_seconds": watch_seconds}
         custom = kube.custom
