@@ -8,6 +8,7 @@ whose node labels select it, a ClusterQueue and a LocalQueue.
 
 from __future__ import annotations
 
+import time
 import uuid
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -145,9 +146,27 @@ def test_a_16_gpu_quota_admits_two_8_gpu_jobs_and_holds_the_third(
         assert live_pods(cluster, namespace, "third") == []
         events_about(cluster, namespace, lambda e: e.get("reason") == "Queued"
                      and e["regarding"]["name"] == "third", "a Queued Event")  # fmt: skip
+        # Kueue's own reason reaches an Event too (not only the status), where `kubectl
+        # describe` readers look; posted once, not on every resync.
+        kueue_says = "insufficient unused quota for nvidia.com/gpu"
+        said = events_about(
+            cluster, namespace,
+            lambda e: e["regarding"]["name"] == "third" and kueue_says in (e.get("note") or "")
+            and e.get("reason") in ("Queued", "KueuePending"),
+            "an Event with Kueue's reason", timeout=30,
+        )  # fmt: skip
+        assert said[0]["note"].startswith(f"waiting for Kueue admission in LocalQueue {queue}: ")
         assert (
             workload_condition(workload_of(cluster, namespace, "third"), "QuotaReserved") == "False"
         )
+
+        time.sleep(3)  # resyncs and Workload updates meanwhile post no second one
+        again = [
+            e
+            for e in get_json(cluster, namespace, "events.events.k8s.io")["items"]
+            if e["regarding"]["name"] == "third" and kueue_says in (e.get("note") or "")
+        ]
+        assert len(again) == 1, [e["note"] for e in again]
 
         # The first ends: its Workload is Finished, the quota freed, the third admitted.
         wait_for_phase(cluster, namespace, "first", "Succeeded", timeout=60)

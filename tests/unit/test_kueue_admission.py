@@ -192,6 +192,46 @@ def test_queued_and_admitted_post_one_event_each() -> None:
     assert [e.reason for e in admitted.events] == ["Admitted"]
 
 
+def pending(message: str) -> Admission:
+    return admission(cond("QuotaReserved", "False", "Pending", message))
+
+
+QUOTA_8 = ("couldn't assign flavors to pod set worker: insufficient unused quota for "
+           "nvidia.com/gpu in flavor h100, 8 more needed")  # fmt: skip
+
+
+def test_kueues_reason_is_an_event_when_it_changes_not_on_every_resync() -> None:
+    """`kubectl describe` readers look at Events: Kueue's words on why the job waits are
+    posted when they first come and when their gist changes; the counts moving ("8 more
+    needed" -> "4 more needed") as other jobs come and go are the same reason."""
+    created = decide(make_job(), [], NOW, admission=Admission(QUEUE, None))
+    assert [(e.reason, e.message) for e in created.events] == [
+        ("Created", "job accepted"),
+        ("Queued", "waiting for Kueue admission in LocalQueue team-a: creating its Workload"),
+    ]
+    job = make_job().model_copy(update={"status": created.status})
+    # The Workload exists; Kueue has not said anything yet: no news.
+    quiet = decide(job, [], NOW, admission=admission())
+    assert quiet.events == ()
+    job = job.model_copy(update={"status": quiet.status})
+    said = decide(job, [], NOW, admission=pending(QUOTA_8))
+    expected = f"waiting for Kueue admission in LocalQueue team-a: {QUOTA_8}"
+    assert [(e.type, e.reason, e.message) for e in said.events] == [
+        ("Normal", "KueuePending", expected)
+    ]
+    job = job.model_copy(update={"status": said.status})
+    assert decide(job, [], NOW, admission=pending(QUOTA_8)).events == (), "a resync"
+    fewer = decide(job, [], NOW, admission=pending(QUOTA_8.replace("8 more", "4 more")))
+    assert fewer.events == (), "the same reason with other numbers"
+    assert fewer.status.message.endswith("4 more needed"), "the status keeps the latest words"
+    job = job.model_copy(update={"status": fewer.status})
+    other = "ClusterQueue gpus is inactive"
+    changed = decide(job, [], NOW, admission=pending(other))
+    assert [(e.reason, e.message) for e in changed.events] == [
+        ("KueuePending", f"waiting for Kueue admission in LocalQueue team-a: {other}")
+    ]
+
+
 def test_an_eviction_moves_the_attempt_once() -> None:
     first = decide(make_job(phase="Running", start_time=ago(9)), running(), NOW,
                    admission=admission(*PREEMPTED))  # fmt: skip

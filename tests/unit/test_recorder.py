@@ -4,13 +4,14 @@ Events (never decisions), and one failing post does not stop the next."""
 from __future__ import annotations
 
 import asyncio
+import logging
 import threading
 from datetime import datetime
 from typing import Any
 
 import pytest
 
-from trainwave.controller.recorder import EventRecorder
+from trainwave.controller.recorder import EventRecorder, Rate
 from trainwave.lifecycle.decide import JobEvent
 
 pytestmark = pytest.mark.timeout(10)
@@ -89,3 +90,37 @@ def test_with_watched_namespaces_events_elsewhere_are_dropped_with_a_log_line(
     if not posted:
         assert "not posting Event NodeLost about j" in caplog.text
         assert "outside the watched namespaces team-a" in caplog.text
+
+
+def test_a_rate_limited_reason_passes_its_burst_then_one_per_period(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """Kueue's reason may flap as other jobs come and go: a few Events at once, then one
+    per period, per job; other reasons and other jobs are not held back."""
+    caplog.set_level(logging.INFO, logger="trainwave.controller.recorder")
+    now = [0.0]
+    rates = {"KueuePending": Rate(burst=2, every=60.0)}
+
+    async def run() -> tuple[EventRecorder, list[tuple[str, str]]]:
+        seen: list[tuple[str, str]] = []
+        recorder = EventRecorder(lambda job, event, _: seen.append((job["metadata"]["name"],
+                                 event.reason)), rates=rates, clock=lambda: now[0])  # fmt: skip
+        recorder.start()
+        other = {"metadata": {"name": "other", "namespace": "ns"}}
+        for _ in range(4):
+            recorder.record(JOB, JobEvent("Normal", "KueuePending", "m"))
+        recorder.record(other, JobEvent("Normal", "KueuePending", "m"))
+        recorder.record(JOB, JobEvent("Normal", "Queued", "m"))
+        now[0] = 59.0
+        recorder.record(JOB, JobEvent("Normal", "KueuePending", "m"))  # not a full token yet
+        now[0] = 61.0
+        recorder.record(JOB, JobEvent("Normal", "KueuePending", "m"))
+        await asyncio.wait_for(recorder.drain(), 5)
+        await recorder.stop()
+        return recorder, seen
+
+    recorder, seen = asyncio.run(run())
+    assert seen == [("j", "KueuePending"), ("j", "KueuePending"), ("other", "KueuePending"),
+                    ("j", "Queued"), ("j", "KueuePending")]  # fmt: skip
+    assert recorder.limited == 3
+    assert "Event KueuePending about ns/j held back" in caplog.text

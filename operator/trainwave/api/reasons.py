@@ -29,6 +29,8 @@ class Reason(StrEnum):
     QUEUED = "Queued"
     ADMITTED = "Admitted"
     EVICTED = "Evicted"
+    # An Event only: Kueue's own reason why the job still waits, when it changes.
+    KUEUE_PENDING = "KueuePending"
 
     # A worker in trouble and what the failure policy made of it (lifecycle/failures.py).
     WORKER_FAILED = "WorkerFailed"

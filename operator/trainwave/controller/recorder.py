@@ -18,15 +18,35 @@ from __future__ import annotations
 import asyncio
 import fnmatch
 import logging
-from collections.abc import Callable, Sequence
+import time
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any
 
+from trainwave.api.reasons import Reason
 from trainwave.lifecycle.decide import JobEvent
 
 logger = logging.getLogger(__name__)
 
 MAX_QUEUED = 1000  # client-go's maxQueuedEvents
+
+
+@dataclass(frozen=True)
+class Rate:
+    """A token bucket per object and reason: `burst` Events at once, then one per
+    `every` seconds (client-go's EventSourceObjectSpamFilter does the same per object,
+    25 at once then one per 5 minutes)."""
+
+    burst: int
+    every: float
+
+
+# Reasons whose news comes from outside and may flap: Kueue rewrites a pending
+# Workload's message as other jobs come and go. The first few changes pass at once;
+# after that, one a minute.
+RATE_LIMITED: dict[str, Rate] = {Reason.KUEUE_PENDING: Rate(burst=3, every=60.0)}
+MAX_BUCKETS = 4096  # beyond this, buckets full again are swept (jobs long gone)
 Post = Callable[[dict[str, Any], JobEvent, datetime], None]  # blocking; run in a thread
 Queued = tuple[dict[str, Any], JobEvent, datetime]
 
@@ -38,15 +58,28 @@ def watched(namespace: str, namespaces: Sequence[str]) -> bool:
 
 
 class EventRecorder:
-    def __init__(self, post: Post, *, max_queued: int = MAX_QUEUED, namespaces: Sequence[str] = ()):
+    def __init__(
+        self,
+        post: Post,
+        *,
+        max_queued: int = MAX_QUEUED,
+        namespaces: Sequence[str] = (),
+        rates: Mapping[str, Rate] = RATE_LIMITED,
+        clock: Callable[[], float] = time.monotonic,
+    ):
         """`namespaces`: where Events may be posted (the operator's --namespace); empty:
-        anywhere."""
+        anywhere. `rates`: reasons held to a rate per object (see RATE_LIMITED)."""
         self._post = post
         self._queue: asyncio.Queue[Queued] = asyncio.Queue(max_queued)
         self._task: asyncio.Task[None] | None = None
         self._namespaces = tuple(namespaces)
+        self._rates = dict(rates)
+        self._clock = clock
+        # (namespace, name, reason) -> (tokens left, when they were counted)
+        self._buckets: dict[tuple[str, str, str], tuple[float, float]] = {}
         self.dropped = 0
         self.outside = 0  # Events dropped because their namespace is not watched
+        self.limited = 0  # Events dropped by their reason's rate
 
     def record(self, job: dict[str, Any], event: JobEvent) -> None:
         """Queue `event` about `job`; its time is now, not when it is posted."""
@@ -62,6 +95,16 @@ class EventRecorder:
                 ", ".join(self._namespaces),
             )
             return
+        name = str(job["metadata"].get("name"))
+        if not self._allowed(namespace, name, event.reason):
+            self.limited += 1
+            logger.info(
+                "Event %s about %s/%s held back: more than its rate allows",
+                event.reason,
+                namespace,
+                name,
+            )
+            return
         try:
             self._queue.put_nowait((job, event, datetime.now(UTC)))
         except asyncio.QueueFull:
@@ -72,6 +115,27 @@ class EventRecorder:
                 event.reason,
                 job["metadata"]["name"],
             )
+
+    def _allowed(self, namespace: str, name: str, reason: str) -> bool:
+        rate = self._rates.get(reason)
+        if rate is None:
+            return True
+        key = (namespace, name, reason)
+        now = self._clock()
+        tokens, then = self._buckets.get(key, (float(rate.burst), now))
+        tokens = min(float(rate.burst), tokens + (now - then) / rate.every)
+        allowed = tokens >= 1.0
+        self._buckets[key] = (tokens - 1.0 if allowed else tokens, now)
+        if len(self._buckets) > MAX_BUCKETS:
+            self._sweep(now)
+        return allowed
+
+    def _sweep(self, now: float) -> None:
+        """Drop the buckets full again: a full one is what a missing one means."""
+        for key, (tokens, then) in list(self._buckets.items()):
+            rate = self._rates[key[2]]
+            if tokens + (now - then) / rate.every >= rate.burst:
+                del self._buckets[key]
 
     def start(self) -> None:
         self._task = asyncio.create_task(self._run(), name="event-recorder")

@@ -30,6 +30,7 @@ quota not yet given back) only stops and releases.
 from __future__ import annotations
 
 import copy
+import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from datetime import datetime
@@ -154,7 +155,10 @@ def gate(draft: Draft, job: TrainingJob, mine: list[WorkerPod], admission: Admis
         return False
     if not workload.admitted:
         pending = workload.condition(QUOTA_RESERVED) or {}
-        _hold(draft, mine, _waiting(admission.queue, str(pending.get("message", ""))))
+        kueue_says = str(pending.get("message", ""))
+        message = _waiting(admission.queue, kueue_says)
+        _kueue_reason(draft, kueue_says, message)
+        _hold(draft, mine, message)
         return False
     if admission.flavors_missing:
         missing = ", ".join(admission.flavors_missing)
@@ -215,6 +219,30 @@ def _announce(draft: Draft, admitted: bool, reason: Reason, message: str) -> Non
     turned = previous is None or (previous.status == "True") != admitted
     if turned and not any(e.reason == reason for e in draft.events):
         draft.events.append(JobEvent("Normal", reason, message))
+
+
+def _kueue_reason(draft: Draft, kueue_says: str, message: str) -> None:
+    """An Event carrying Kueue's own words on why the job still waits (its Workload's
+    QuotaReserved message: "couldn't assign flavors to pod set worker: insufficient
+    unused quota for nvidia.com/gpu in flavor ..., 8 more needed"), where `kubectl
+    describe` readers look, when that reason changes. Posted on change, never on a
+    resync, as the other Events are: the job's Admitted condition keeps the last
+    message, and only a change of its gist posts again. The gist leaves the numbers
+    out, so "8 more needed" turning "4 more needed" as other jobs come and go is the
+    same reason; another resource, flavor or kind of refusal is a new one. A reason
+    that keeps flapping is held to a few Events a minute by the recorder
+    (controller/recorder.py RATE_LIMITED)."""
+    if not kueue_says or any(e.reason == Reason.QUEUED for e in draft.events):
+        return
+    previous = draft.status.condition(ConditionType.ADMITTED)
+    if previous is None or previous.status == "True":
+        return  # _announce posts the turn to waiting, with this message
+    if _gist(previous.message) != _gist(message):
+        draft.events.append(JobEvent("Normal", Reason.KUEUE_PENDING, message))
+
+
+def _gist(message: str) -> str:
+    return re.sub(r"\d+(\.\d+)?", "N", message)
 
 
 def _evicted(draft: Draft, mine: list[WorkerPod], workload: Workload) -> None:
