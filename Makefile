@@ -40,16 +40,17 @@ cluster-down: venv ## stop the local control plane and remove its state
 	cd tests && $(CLUSTER) down
 
 .PHONY: generate
-generate: venv ## regenerate CRDs, chart CRDs, values.schema.json, the dashboard and docs/reference from their sources
+generate: venv ## regenerate CRDs, chart CRDs, values.schema.json, the dashboard, docs/reference and the kubelet gRPC stubs from their sources
 	PYTHONPATH=operator $(PY) -m trainwave.api.generate --crds crds --chart charts/trainwave  # this tree's models
 	$(PY) hack/values_schema.py charts/trainwave/values.yaml > charts/trainwave/values.schema.json
 	PYTHONPATH=operator $(PY) hack/dashboard.py > charts/trainwave/dashboards/trainwave.json
 	PYTHONPATH=operator $(PY) hack/reference.py docs/reference  # field and values reference
+	$(PY) hack/protos.py operator/trainwave/agent/kubelet/gen  # kubelet gRPC stubs from k8s.io/kubelet's .proto files
 
 .PHONY: check-generated
 check-generated: generate ## fail if generated files differ from what is committed
 	@git diff --exit-code -- crds charts/trainwave/templates/crds charts/trainwave/values.schema.json \
-	  charts/trainwave/dashboards docs/reference \
+	  charts/trainwave/dashboards docs/reference operator/trainwave/agent/kubelet/gen \
 	  || { echo "generated files drifted: run 'make generate' and commit"; exit 1; }
 
 .PHONY: lint

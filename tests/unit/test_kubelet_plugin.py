@@ -1,56 +1,49 @@
-"""The kubelet side of the shared-GPU DRA driver, the pure parts: wire format, prepare, CDI.
+"""The kubelet side of the shared-GPU DRA driver: the plugin's gRPC services, prepare, CDI.
 
-The encoding is also checked end to end against the kubelet's own generated Go clients
-(tests/integration/test_gpu_claims.py, draclient); these pin single messages to bytes.
+The messages and servicers are generated from the kubelet's .proto files (hack/protos.py);
+these tests call the plugin over a real unix socket with the generated client stubs. That
+the generated code speaks what the kubelet speaks is checked end to end with the kubelet's
+own Go client (tests/integration/test_gpu_claims.py, draclient).
 """
 
 from __future__ import annotations
 
 import json
+import tempfile
+from collections.abc import Iterator, Mapping
 from pathlib import Path
 from typing import Any
 
+import grpc
 import pytest
 
-from trainwave.agent.kubelet import wire
 from trainwave.agent.kubelet.cdi import SPEC_FILE, cdi_spec, write_cdi_spec
+from trainwave.agent.kubelet.gen import dra_v1_pb2 as dra
+from trainwave.agent.kubelet.gen import dra_v1_pb2_grpc as dra_grpc
+from trainwave.agent.kubelet.gen import pluginregistration_v1_pb2 as registration
+from trainwave.agent.kubelet.gen import pluginregistration_v1_pb2_grpc as registration_grpc
+from trainwave.agent.kubelet.plugin import KubeletPlugin
 from trainwave.agent.kubelet.prepare import prepare_claim
 from trainwave.hardware.inventory import GpuInfo
 
 pytestmark = pytest.mark.timeout(10)
 
-CLAIM = wire.Claim("team", "uid-1", "worker-0-gpu")
+CLAIM = dra.Claim(namespace="team", uid="uid-1", name="worker-0-gpu")
 
 
-def test_a_claim_encodes_as_protoc_would() -> None:
-    # Field 1 (namespace), 2 (uid), 3 (name), each length-delimited (wire type 2).
-    assert CLAIM.encode() == b"\x0a\x04team\x12\x05uid-1\x1a\x0cworker-0-gpu"
-    assert wire.decode_claims(wire.encode_claims([CLAIM, CLAIM])) == (CLAIM, CLAIM)
+def test_a_claim_encodes_with_the_upstream_field_numbers() -> None:
+    # Field 1 (namespace), 2 (uid), 3 (name), each length-delimited: stripping the gogo
+    # options (hack/protos.py) must leave the wire format as k8s.io/kubelet has it.
+    assert CLAIM.SerializeToString() == b"\x0a\x04team\x12\x05uid-1\x1a\x0cworker-0-gpu"
 
 
-def test_default_scalars_are_left_out_and_booleans_are_varints() -> None:
-    assert wire.RegistrationStatus(False).encode() == b""
-    assert wire.RegistrationStatus(True, "x").encode() == b"\x08\x01\x12\x01x"
-    assert wire.RegistrationStatus.decode(b"\x08\x01\x12\x01x") == wire.RegistrationStatus(
-        True, "x"
+def test_the_services_carry_the_names_the_kubelet_calls() -> None:
+    assert dra.DESCRIPTOR.services_by_name["DRAPlugin"].full_name == (
+        "k8s.io.kubelet.pkg.apis.dra.v1.DRAPlugin"
     )
-
-
-def test_plugin_info_and_prepared_results_round_trip() -> None:
-    info = wire.PluginInfo("DRAPlugin", "gpu.trainwave.io", "/p/dra.sock", ("v1.DRAPlugin",))
-    assert wire.PluginInfo.decode(info.encode()) == info
-    device = wire.Device(("gpu",), "node-a", "gpu-1", ("trainwave.io/gpu=gpu-1",))
-    results = {"uid-1": wire.Prepared((device,)), "uid-2": wire.Prepared(error="gone")}
-    encoded = wire.ClaimResults(results).encode()
-    assert wire.decode_results(encoded, wire.Prepared) == results
-
-
-def test_unknown_fields_are_skipped_and_truncation_is_an_error() -> None:
-    # Field 9 as a varint, field 10 as fixed64: a newer kubelet's additions.
-    extra = b"\x48\x05" + b"\x51" + b"\x00" * 8
-    assert wire.Claim.decode(CLAIM.encode() + extra) == CLAIM
-    with pytest.raises(wire.WireError, match="bytes announced"):
-        wire.decode_claims(wire.encode_claims([CLAIM])[:-3])
+    assert registration.DESCRIPTOR.services_by_name["Registration"].full_name == (
+        "pluginregistration.Registration"
+    )
 
 
 def allocated(node: str = "node-a", driver: str = "gpu.trainwave.io") -> dict[str, Any]:
@@ -63,8 +56,15 @@ def allocated(node: str = "node-a", driver: str = "gpu.trainwave.io") -> dict[st
 
 def test_prepare_answers_the_allocated_device_as_a_cdi_id() -> None:
     prepared = prepare_claim(CLAIM, allocated(), "node-a")
-    assert prepared == wire.Prepared(
-        (wire.Device(("gpu",), "node-a", "gpu-1", ("trainwave.io/gpu=gpu-1",)),)
+    assert prepared == dra.NodePrepareResourceResponse(
+        devices=[
+            dra.Device(
+                request_names=["gpu"],
+                pool_name="node-a",
+                device_name="gpu-1",
+                cdi_device_ids=["trainwave.io/gpu=gpu-1"],
+            )
+        ]
     )
 
 
@@ -80,9 +80,73 @@ REFUSED = {
 @pytest.mark.parametrize(("stored", "message"), REFUSED.values(), ids=REFUSED.keys())
 def test_prepare_refuses_naming_the_claim_and_why(stored: Any, message: str) -> None:
     prepared = prepare_claim(CLAIM, stored, "node-a")
-    assert prepared.devices == ()
+    assert not prepared.devices
     assert "ResourceClaim team/worker-0-gpu" in prepared.error
     assert message in prepared.error
+
+
+@pytest.fixture
+def plugin() -> Iterator[KubeletPlugin]:
+    """The plugin serving on unix sockets under a short directory (a socket path must fit
+    in 108 bytes), reading claims from a dict."""
+    claims: dict[tuple[str, str], Mapping[str, Any]] = {("team", "worker-0-gpu"): allocated()}
+
+    def read_claim(namespace: str, name: str) -> Mapping[str, Any] | None:
+        if name == "unreadable":
+            raise RuntimeError("the API server is away")
+        return claims.get((namespace, name))
+
+    with tempfile.TemporaryDirectory(dir="/tmp") as kubelet_dir:
+        served = KubeletPlugin("node-a", read_claim, Path(kubelet_dir))
+        served.start()
+        try:
+            yield served
+        finally:
+            served.stop(grace=0)
+
+
+def test_the_plugin_registers_and_prepares_over_grpc(plugin: KubeletPlugin) -> None:
+    with grpc.insecure_channel(f"unix://{plugin.registration}") as channel:
+        registry = registration_grpc.RegistrationStub(channel)
+        info = registry.GetInfo(registration.InfoRequest(), timeout=5)
+        registry.NotifyRegistrationStatus(
+            registration.RegistrationStatus(plugin_registered=True), timeout=5
+        )
+    assert info == registration.PluginInfo(
+        type="DRAPlugin",
+        name="gpu.trainwave.io",
+        endpoint=str(plugin.endpoint),
+        supported_versions=["v1.DRAPlugin"],
+    )
+    assert plugin.registered == registration.RegistrationStatus(plugin_registered=True)
+
+    unreadable = dra.Claim(namespace="team", uid="uid-2", name="unreadable")
+    gone = dra.Claim(namespace="team", uid="uid-3", name="gone")
+    with grpc.insecure_channel(f"unix://{info.endpoint}") as channel:
+        service = dra_grpc.DRAPluginStub(channel)
+        prepared = service.NodePrepareResources(
+            dra.NodePrepareResourcesRequest(claims=[CLAIM, unreadable, gone]), timeout=5
+        )
+        unprepared = service.NodeUnprepareResources(
+            dra.NodeUnprepareResourcesRequest(claims=[CLAIM, gone]), timeout=5
+        )
+    assert prepared.claims["uid-1"] == prepare_claim(CLAIM, allocated(), "node-a")
+    assert prepared.claims["uid-2"].error == "reading the claim: the API server is away"
+    assert prepared.claims["uid-3"].error == "ResourceClaim team/gone not found"
+    # Every claim asked for gets an entry, as the API requires; nothing to undo.
+    assert dict(unprepared.claims) == {
+        "uid-1": dra.NodeUnprepareResourceResponse(),
+        "uid-3": dra.NodeUnprepareResourceResponse(),
+    }
+
+
+def test_a_refused_registration_is_kept(plugin: KubeletPlugin) -> None:
+    with grpc.insecure_channel(f"unix://{plugin.registration}") as channel:
+        registration_grpc.RegistrationStub(channel).NotifyRegistrationStatus(
+            registration.RegistrationStatus(plugin_registered=False, error="version"), timeout=5
+        )
+    assert plugin.registered is not None
+    assert (plugin.registered.plugin_registered, plugin.registered.error) == (False, "version")
 
 
 def test_the_cdi_spec_hands_each_device_its_gpu_and_is_rewritten_only_on_change(

@@ -1,6 +1,8 @@
 """The agent as the kubelet plugin of DRA driver gpu.trainwave.io: two unix sockets, gRPC.
 
 Mirrors k8s.io/dynamic-resource-allocation kubeletplugin (v0.34.4):
+The messages and servicers are generated from the kubelet's .proto files (gen/,
+hack/protos.py).
 - `<registry>/gpu.trainwave.io-reg.sock` serves pluginregistration.Registration:
   the kubelet's plugin watcher finds the socket, asks GetInfo (type DRAPlugin,
   the driver name, the DRA endpoint, supported service `v1.DRAPlugin`) and
@@ -22,14 +24,15 @@ from typing import Any
 import grpc
 
 from trainwave import contract
-from trainwave.agent.kubelet import wire
+from trainwave.agent.kubelet.gen import dra_v1_pb2 as dra
+from trainwave.agent.kubelet.gen import dra_v1_pb2_grpc as dra_grpc
+from trainwave.agent.kubelet.gen import pluginregistration_v1_pb2 as registration
+from trainwave.agent.kubelet.gen import pluginregistration_v1_pb2_grpc as registration_grpc
 from trainwave.agent.kubelet.prepare import prepare_claim
 
 logger = logging.getLogger(__name__)
 
 DEFAULT_KUBELET_DIR = Path("/var/lib/kubelet")
-REGISTRATION_SERVICE = "pluginregistration.Registration"
-DRA_SERVICE = "k8s.io.kubelet.pkg.apis.dra.v1.DRAPlugin"
 # What GetInfo lists as supported: the service names the kubelet may call.
 SUPPORTED_VERSIONS = ("v1.DRAPlugin",)
 PLUGIN_TYPE = "DRAPlugin"
@@ -46,20 +49,13 @@ def dra_socket(kubelet_dir: Path) -> Path:
     return kubelet_dir / "plugins" / contract.DRA_DRIVER / "dra.sock"
 
 
-def _raw(handler: Callable[[bytes, grpc.ServicerContext], bytes]) -> grpc.RpcMethodHandler:
-    """Bytes in, bytes out: wire.py does the protobuf encoding."""
-    return grpc.unary_unary_rpc_method_handler(
-        handler, request_deserializer=None, response_serializer=None
-    )
-
-
 class KubeletPlugin:
     def __init__(self, node: str, read_claim: ReadClaim, kubelet_dir: Path = DEFAULT_KUBELET_DIR):
         self.node = node
         self.read_claim = read_claim
         self.registration = registration_socket(kubelet_dir)
         self.endpoint = dra_socket(kubelet_dir)
-        self.registered: wire.RegistrationStatus | None = None
+        self.registered: registration.RegistrationStatus | None = None
         self._server: grpc.Server | None = None
 
     def start(self) -> None:
@@ -67,24 +63,9 @@ class KubeletPlugin:
             socket.parent.mkdir(parents=True, exist_ok=True)
             socket.unlink(missing_ok=True)  # left by an earlier agent on this node
         server = grpc.server(futures.ThreadPoolExecutor(max_workers=4))
-        server.add_generic_rpc_handlers(
-            (
-                grpc.method_handlers_generic_handler(
-                    REGISTRATION_SERVICE,
-                    {
-                        "GetInfo": _raw(self._get_info),
-                        "NotifyRegistrationStatus": _raw(self._notify),
-                    },
-                ),
-                grpc.method_handlers_generic_handler(
-                    DRA_SERVICE,
-                    {
-                        "NodePrepareResources": _raw(self._prepare),
-                        "NodeUnprepareResources": _raw(self._unprepare),
-                    },
-                ),
-            )
-        )
+        # grpcio-tools types the messages (*_pb2.pyi) but not these two functions.
+        registration_grpc.add_RegistrationServicer_to_server(_Registration(self), server)  # type: ignore[no-untyped-call]
+        dra_grpc.add_DRAPluginServicer_to_server(_DRAPlugin(self), server)  # type: ignore[no-untyped-call]
         for socket in (self.registration, self.endpoint):
             server.add_insecure_port(f"unix://{socket}")
         server.start()
@@ -101,17 +82,15 @@ class KubeletPlugin:
         for socket in (self.registration, self.endpoint):
             socket.unlink(missing_ok=True)
 
-    def _get_info(self, request: bytes, context: grpc.ServicerContext) -> bytes:
-        info = wire.PluginInfo(
+    def info(self) -> registration.PluginInfo:
+        return registration.PluginInfo(
             type=PLUGIN_TYPE,
             name=contract.DRA_DRIVER,
             endpoint=str(self.endpoint),
             supported_versions=SUPPORTED_VERSIONS,
         )
-        return info.encode()
 
-    def _notify(self, request: bytes, context: grpc.ServicerContext) -> bytes:
-        status = wire.RegistrationStatus.decode(request)
+    def notified(self, status: registration.RegistrationStatus) -> None:
         self.registered = status
         if status.plugin_registered:
             logger.info("kubelet plugin %s: registered with the kubelet", contract.DRA_DRIVER)
@@ -119,23 +98,63 @@ class KubeletPlugin:
             logger.error(
                 "kubelet plugin %s: registration refused: %s", contract.DRA_DRIVER, status.error
             )
-        return wire.empty()
 
-    def _prepare(self, request: bytes, context: grpc.ServicerContext) -> bytes:
-        results: dict[str, wire.Prepared | wire.Unprepared] = {}
-        for claim in wire.decode_claims(request):
+    def prepare(self, request: dra.NodePrepareResourcesRequest) -> dra.NodePrepareResourcesResponse:
+        response = dra.NodePrepareResourcesResponse()
+        for claim in request.claims:
             try:
                 stored = self.read_claim(claim.namespace, claim.name)
             except Exception as error:  # the kubelet retries; it must hear why
-                results[claim.uid] = wire.Prepared(error=f"reading the claim: {error}")
+                response.claims[claim.uid].error = f"reading the claim: {error}"
                 continue
-            results[claim.uid] = prepared = prepare_claim(claim, stored, self.node)
+            prepared = prepare_claim(claim, stored, self.node)
+            response.claims[claim.uid].CopyFrom(prepared)
             logger.info(
                 "claim=%s/%s prepared devices=%s error=%r", claim.namespace, claim.name,
                 [d.device_name for d in prepared.devices], prepared.error,
             )  # fmt: skip
-        return wire.ClaimResults(results).encode()
+        return response
 
-    def _unprepare(self, request: bytes, context: grpc.ServicerContext) -> bytes:
-        claims = wire.decode_claims(request)
-        return wire.ClaimResults({claim.uid: wire.Unprepared() for claim in claims}).encode()
+    def unprepare(
+        self, request: dra.NodeUnprepareResourcesRequest
+    ) -> dra.NodeUnprepareResourcesResponse:
+        """Nothing to undo: preparing changed nothing on the node. Every claim asked for gets
+        an entry, as the API requires, with no error."""
+        return dra.NodeUnprepareResourcesResponse(
+            claims={claim.uid: dra.NodeUnprepareResourceResponse() for claim in request.claims}
+        )
+
+
+class _Registration(registration_grpc.RegistrationServicer):
+    """pluginregistration.Registration, served on the registration socket."""
+
+    def __init__(self, plugin: KubeletPlugin):
+        self.plugin = plugin
+
+    def GetInfo(  # noqa: N802 (the generated servicer's method name)
+        self, request: registration.InfoRequest, context: grpc.ServicerContext
+    ) -> registration.PluginInfo:
+        return self.plugin.info()
+
+    def NotifyRegistrationStatus(  # noqa: N802
+        self, request: registration.RegistrationStatus, context: grpc.ServicerContext
+    ) -> registration.RegistrationStatusResponse:
+        self.plugin.notified(request)
+        return registration.RegistrationStatusResponse()
+
+
+class _DRAPlugin(dra_grpc.DRAPluginServicer):
+    """k8s.io.kubelet.pkg.apis.dra.v1.DRAPlugin, served on the DRA socket."""
+
+    def __init__(self, plugin: KubeletPlugin):
+        self.plugin = plugin
+
+    def NodePrepareResources(  # noqa: N802
+        self, request: dra.NodePrepareResourcesRequest, context: grpc.ServicerContext
+    ) -> dra.NodePrepareResourcesResponse:
+        return self.plugin.prepare(request)
+
+    def NodeUnprepareResources(  # noqa: N802
+        self, request: dra.NodeUnprepareResourcesRequest, context: grpc.ServicerContext
+    ) -> dra.NodeUnprepareResourcesResponse:
+        return self.plugin.unprepare(request)

@@ -11,7 +11,8 @@ from collections.abc import Mapping
 from typing import Any
 
 from trainwave import contract
-from trainwave.agent.kubelet.wire import Claim, Device, Prepared
+from trainwave.agent.kubelet.gen.dra_v1_pb2 import Claim, Device
+from trainwave.agent.kubelet.gen.dra_v1_pb2 import NodePrepareResourceResponse as Prepared
 
 
 def cdi_id(device: str) -> str:
@@ -39,13 +40,13 @@ def prepare_claim(claim: Claim, stored: Mapping[str, Any] | None, node: str) -> 
     if elsewhere:
         return Prepared(error=f"{what} is allocated on pool(s) {elsewhere}, not on node {node}")
     return Prepared(
-        devices=tuple(
+        devices=[
             Device(
-                request_names=(str(r["request"]),),
+                request_names=[str(r["request"])],
                 pool_name=str(r["pool"]),
                 device_name=str(r["device"]),
-                cdi_device_ids=(cdi_id(str(r["device"])),),
+                cdi_device_ids=[cdi_id(str(r["device"]))],
             )
             for r in results
-        )
+        ]
     )
