@@ -1,8 +1,6 @@
 """The agent as the kubelet plugin of DRA driver gpu.trainwave.io: two unix sockets, gRPC.
 
 Mirrors k8s.io/dynamic-resource-allocation kubeletplugin (v0.34.4):
-The messages and servicers are generated from the kubelet's .proto files (gen/,
-hack/protos.py).
 - `<registry>/gpu.trainwave.io-reg.sock` serves pluginregistration.Registration:
   the kubelet's plugin watcher finds the socket, asks GetInfo (type DRAPlugin,
   the driver name, the DRA endpoint, supported service `v1.DRAPlugin`) and
@@ -11,6 +9,9 @@ hack/protos.py).
   NodePrepareResources reads each claim from the API server and answers its
   devices' CDI ids (prepare.py); NodeUnprepareResources has nothing to undo,
   since preparing changes nothing on the node.
+
+The messages and servicers are generated from the kubelet's .proto files
+(gen/, written by hack/protos.py).
 """
 
 from __future__ import annotations
