@@ -30,6 +30,12 @@ def main(argv: list[str] | None = None) -> int:
     up = commands.add_parser("up", help="start the cluster (idempotent) and apply a topology")
     up.add_argument("--topology", type=Path, default=DEFAULT_TOPOLOGY, help="topology YAML")
     up.add_argument("--timeout", type=float, default=120.0, help="seconds to wait for readiness")
+    up.add_argument(
+        "--real-nodes",
+        type=int,
+        default=None,
+        help="real kubelets beside the kwok nodes (0 or 1; needs root); default: keep what runs",
+    )
     commands.add_parser("down", help="stop every process and delete the state dir")
     commands.add_parser("status", help="show the components; exit 0 only when healthy")
     commands.add_parser("env", help="print shell exports for KUBECONFIG and the pinned tools")
@@ -44,7 +50,9 @@ def main(argv: list[str] | None = None) -> int:
 def _up(args: argparse.Namespace) -> int:
     began = time.monotonic()
     nodes = build_nodes(load_topology(args.topology))
-    cluster = ensure_cluster(args.topology, args.state_dir, args.timeout)
+    cluster = ensure_cluster(
+        args.topology, args.state_dir, args.timeout, real_nodes=args.real_nodes
+    )
     gpus = sum(int(n["status"]["capacity"].get(GPU_RESOURCE, 0)) for n in nodes)
     how = "started" if cluster.started else "already running"
     changes = cluster.nodes
@@ -53,6 +61,8 @@ def _up(args: argparse.Namespace) -> int:
         f"({gpus} GPUs; {changes.created} created, {changes.replaced} replaced, "
         f"{changes.deleted} deleted) at {cluster.server}; KUBECONFIG={cluster.kubeconfig}"
     )
+    if cluster.real_nodes:
+        print(f"real nodes: {', '.join(cluster.real_nodes)}")
     return 0
 
 

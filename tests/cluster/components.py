@@ -113,8 +113,27 @@ class Layout:
         return self.logs / f"{component}.log"
 
 
-def api_server_url(ports: Ports) -> str:
-    return f"https://127.0.0.1:{ports.apiserver}"
+def api_server_url(ports: Ports, host: str = "127.0.0.1") -> str:
+    return f"https://{host}:{ports.apiserver}"
+
+
+def real_node_apiserver_flags(pki: Pki, host: str) -> list[str]:
+    """What changes when real nodes run (realnode.py): the API server listens on the
+    nodes' bridge address, where the node namespaces and their pods can reach it."""
+    return [
+        f"--bind-address={host}",
+        f"--advertise-address={host}",
+        # Keeps the `kubernetes` Service's endpoint (the bridge address), so pods
+        # reach the API server through https://kubernetes.default.svc.
+        "--endpoint-reconciler-type=lease",
+        "--enable-admission-plugins=NodeRestriction",
+        # The API server's identity towards kubelets (logs, exec, port-forward);
+        # the kubelet authorizes it by webhook like any other user.
+        f"--kubelet-client-certificate={pki.apiserver_kubelet_client_cert}",
+        f"--kubelet-client-key={pki.apiserver_kubelet_client_key}",
+        # Node names are not resolvable here; the node's InternalIP is.
+        "--kubelet-preferred-address-types=InternalIP",
+    ]
 
 
 def etcd_command(binary: Path, layout: Layout, ports: Ports) -> list[str]:
@@ -170,10 +189,11 @@ DRA_GATES = "DRAConsumableCapacity=true"
 
 
 def apiserver_command(
-    binary: Path, layout: Layout, ports: Ports, *, audit: bool = False
+    binary: Path, layout: Layout, ports: Ports, *, audit: bool = False, node_host: str = ""
 ) -> list[str]:
+    """`node_host`: with real nodes, the bridge address to listen and advertise on."""
     pki = layout.pki
-    return [
+    command = [
         str(binary),
         f"--etcd-servers=http://127.0.0.1:{ports.etcd_client}",
         "--bind-address=127.0.0.1",
@@ -222,6 +242,11 @@ def apiserver_command(
         "--profiling=false",
         *(audit_flags(layout) if audit else []),
     ]
+    if not node_host:
+        return command
+    # Later flags win: these replace the loopback bind and advertise address and
+    # the `none` endpoint reconciler above.
+    return command + real_node_apiserver_flags(pki, node_host)
 
 
 def controller_manager_command(binary: Path, layout: Layout, ports: Ports) -> list[str]:

@@ -22,6 +22,7 @@ import shutil
 import socket
 import ssl
 import subprocess
+import sys
 import time
 import urllib.request
 from collections.abc import Callable, Iterator, Sequence
@@ -31,12 +32,13 @@ from typing import Any
 
 import yaml
 
-from cluster import components, processes
+from cluster import components, processes, realnode
 from cluster.api import ApiClient, ApiError
 from cluster.components import Layout, Ports
 from cluster.nodes import NodeChanges, apply_nodes, wait_nodes_ready
-from cluster.pki import make_pki, write_kubeconfig
-from cluster.topology import build_nodes, load_topology
+from cluster.pki import issue_client_cert, make_pki, write_kubeconfig
+from cluster.realnode_net import BRIDGE_IP
+from cluster.topology import Topology, build_nodes, load_topology
 
 HERE = Path(__file__).resolve().parent
 DEFAULT_TOPOLOGY = HERE / "topologies" / "small.yaml"
@@ -86,6 +88,7 @@ class Cluster:
     server: str
     started: bool
     nodes: NodeChanges
+    real_nodes: tuple[str, ...] = ()
 
     def kubectl(
         self, *args: str, check: bool = True, input: str | None = None, timeout: float = 60
@@ -135,33 +138,45 @@ def ensure_cluster(
     timeout: float = START_TIMEOUT,
     *,
     audit_users: Sequence[str] = (),
+    real_nodes: int | None = None,
 ) -> Cluster:
     """Start the cluster unless a healthy one runs in `state_dir`; apply `topology` either way.
     With `audit_users` the API server writes an audit log (Layout.audit_log) of their
-    requests; a running cluster audited differently is restarted."""
+    requests; a running cluster audited differently is restarted. `real_nodes` (0 or 1)
+    runs that many real kubelets beside the kwok nodes (realnode.py); None keeps what
+    runs. A running cluster with another number of real nodes is restarted: the API
+    server must listen on the nodes' bridge, which exists only with real nodes."""
     layout = Layout((state_dir or default_state_dir()).resolve())
     # Validate before starting anything: a typo should cost milliseconds.
-    desired_nodes = build_nodes(load_topology(topology))
+    parsed = load_topology(topology)
+    desired_nodes = build_nodes(parsed)
     with _locked(layout):
         state = _read_state(layout)
+        running_real = _real_node_count(state)
+        wanted_real = running_real if real_nodes is None else real_nodes
         started = (
             state is None
             or not _healthy(layout, state)
             or state.get("audit_users", []) != list(audit_users)
+            or wanted_real != running_real
         )
+        deadline = time.monotonic() + timeout
         if started:
             _stop(layout)
-            state = _start(layout, timeout, audit_users)
+            state = _start(layout, timeout, audit_users, wanted_real)
         assert state is not None
         client = ApiClient(state["server"], layout.pki)
         try:
             changes = apply_nodes(client, desired_nodes)
             wait_nodes_ready(client, [n["metadata"]["name"] for n in desired_nodes], timeout)
+            if wanted_real:
+                _real_nodes_up(layout, state, parsed, client, deadline, fresh=started)
         finally:
             client.close()
         state["topology"] = str(topology.resolve())
         _write_state(layout, state)
-    return Cluster(layout.root, layout.kubeconfig, state["server"], started, changes)
+    names = tuple(n.name for n in realnode.node_layouts(layout, wanted_real))
+    return Cluster(layout.root, layout.kubeconfig, state["server"], started, changes, names)
 
 
 def stop_cluster(state_dir: Path | None = None) -> bool:
@@ -187,23 +202,36 @@ def cluster_status(state_dir: Path | None = None) -> ClusterStatus:
     )
 
 
-def _start(layout: Layout, timeout: float, audit_users: Sequence[str] = ()) -> dict[str, Any]:
+def _start(
+    layout: Layout, timeout: float, audit_users: Sequence[str] = (), real_nodes: int = 0
+) -> dict[str, Any]:
     _prepare_state_dir(layout)
     if audit_users:
         layout.audit_policy.write_text(yaml.safe_dump(components.audit_policy(audit_users)))
     ports = Ports(*_free_ports(6))
-    server = components.api_server_url(ports)
-    make_pki(layout.pki.directory)
+    state: dict[str, Any] = {"processes": [], "audit_users": list(audit_users)}
+    node_host = ""
+    if real_nodes:
+        # Before the API server: it binds to the bridge this creates.
+        node_host = realnode.prepare_host(
+            layout, state, real_nodes, lambda: _write_state(layout, state)
+        )
+    server = components.api_server_url(ports, node_host or "127.0.0.1")
+    make_pki(layout.pki.directory, extra_ips=(node_host,) if node_host else ())
+    if node_host:
+        issue_client_cert(
+            layout.pki,
+            layout.pki.apiserver_kubelet_client_key,
+            layout.pki.apiserver_kubelet_client_cert,
+            user="kube-apiserver-kubelet-client",
+            group="system:masters",
+        )
     write_kubeconfig(layout.kubeconfig, server, layout.pki)
     layout.scheduler_config.write_text(yaml.safe_dump(components.scheduler_config(layout)))
     layout.kwok_config.write_text(yaml.safe_dump(components.kwok_config()))
     layout.kwok_workdir.mkdir()
-    state: dict[str, Any] = {
-        "server": server,
-        "ports": ports.to_json(),
-        "processes": [],
-        "audit_users": list(audit_users),
-    }
+    state |= {"server": server, "ports": ports.to_json(), "node_host": node_host}
+    _write_state(layout, state)
     environment = _environment()
     deadline = time.monotonic() + timeout
 
@@ -218,7 +246,11 @@ def _start(layout: Layout, timeout: float, audit_users: Sequence[str] = ()) -> d
         launch(
             "kube-apiserver",
             components.apiserver_command(
-                tool("kube-apiserver"), layout, ports, audit=bool(audit_users)
+                tool("kube-apiserver"),
+                layout,
+                ports,
+                audit=bool(audit_users),
+                node_host=node_host,
             ),
         )
         client = ApiClient(server, layout.pki, timeout=5)
@@ -256,12 +288,52 @@ def _start(layout: Layout, timeout: float, audit_users: Sequence[str] = ()) -> d
 
 
 def _environment() -> dict[str, str]:
-    # Loopback never goes through a proxy, whatever the environment says.
-    return dict(os.environ) | {"NO_PROXY": "127.0.0.1,localhost", "no_proxy": "127.0.0.1"}
+    # Loopback and the real nodes' bridge never go through a proxy, whatever the
+    # environment says.
+    local = f"127.0.0.1,localhost,{BRIDGE_IP}"
+    return dict(os.environ) | {"NO_PROXY": local, "no_proxy": local}
 
 
-def _stop(layout: Layout) -> bool:
+def _real_node_count(state: dict[str, Any] | None) -> int:
+    return int(((state or {}).get("real_nodes") or {}).get("count", 0))
+
+
+def _real_nodes_up(
+    layout: Layout,
+    state: dict[str, Any],
+    topology: Topology,
+    client: ApiClient,
+    deadline: float,
+    *,
+    fresh: bool,
+) -> None:
+    """Start the real nodes on a fresh cluster, refresh them on a running one."""
+    environment = _environment()
+
+    def launch(name: str, argv: list[str], env: dict[str, str] = environment) -> None:
+        log = layout.log(name.replace("/", "-"))
+        record = processes.spawn(name, argv, log, layout.root, env)
+        state["processes"].append(record.to_json())
+        _write_state(layout, state)
+
+    context = realnode.Context(
+        layout, state, tool, launch, lambda: _write_state(layout, state), deadline
+    )
+    if not fresh:
+        realnode.refresh_nodes(context, topology, client)
+        return
+    try:
+        realnode.start_nodes(context, topology, client)
+    except BaseException:
+        _stop(layout, keep_state=True)  # keep the logs for the error
+        raise
+
+
+def _stop(layout: Layout, *, keep_state: bool = False) -> bool:
     state = _read_state(layout) or {}
+    problems = realnode.teardown(layout, state)
+    for problem in problems:
+        print(f"cluster down: could not undo: {problem}", file=sys.stderr)
     records = [processes.ProcessRecord.from_json(p) for p in state.get("processes", [])]
     running = {r.name: r.pid for r in records if _is_ours(layout, r.pid)}
     for wave in _STOP_WAVES:
@@ -270,6 +342,8 @@ def _stop(layout: Layout) -> bool:
     strays = processes.processes_referencing(str(layout.root) + "/")
     processes.stop_groups(strays, STOP_GRACE)
     was_running = bool(running or strays)
+    if keep_state:
+        return was_running
     if layout.root.exists():
         if layout.marker.exists():
             shutil.rmtree(layout.root)
@@ -294,13 +368,14 @@ def _prepare_state_dir(layout: Layout) -> None:
 
 def _healthy(layout: Layout, state: dict[str, Any]) -> bool:
     records = state.get("processes", [])
-    if [p["name"] for p in records] != list(components.COMPONENTS):
+    expected = [*components.COMPONENTS, *realnode.process_names(_real_node_count(state))]
+    if [p["name"] for p in records] != expected:
         return False
     if not all(_is_ours(layout, p["pid"]) for p in records):
         return False
     client = ApiClient(state["server"], layout.pki, timeout=3)
     try:
-        return _ready(client)
+        return _ready(client) and realnode.healthy(layout, state, client)
     finally:
         client.close()
 

@@ -60,6 +60,15 @@ class Pki:
         return self.directory / "admin.key"
 
     @property
+    def apiserver_kubelet_client_cert(self) -> Path:
+        # What the API server presents to kubelets (logs, exec, port-forward).
+        return self.directory / "apiserver-kubelet-client.crt"
+
+    @property
+    def apiserver_kubelet_client_key(self) -> Path:
+        return self.directory / "apiserver-kubelet-client.key"
+
+    @property
     def service_account_key(self) -> Path:
         return self.directory / "sa.key"
 
@@ -68,8 +77,9 @@ class Pki:
         return self.directory / "sa.pub"
 
 
-def make_pki(directory: Path) -> Pki:
-    """Create a CA, the API server's serving cert, an admin client cert and the SA key pair."""
+def make_pki(directory: Path, extra_ips: tuple[str, ...] = ()) -> Pki:
+    """Create a CA, the API server's serving cert, an admin client cert and the SA key pair.
+    `extra_ips` are more addresses the API server is reached at (the real nodes' bridge)."""
     pki = Pki(directory)
     directory.mkdir(parents=True, exist_ok=True)
     _openssl(
@@ -86,7 +96,10 @@ def make_pki(directory: Path) -> Pki:
         pki.apiserver_cert,
         subject="/CN=kube-apiserver",
         usage="serverAuth",
-        extra=("-addext", "subjectAltName=" + ",".join(_API_SERVER_SANS)),
+        extra=(
+            "-addext",
+            "subjectAltName=" + ",".join((*_API_SERVER_SANS, *(f"IP:{ip}" for ip in extra_ips))),
+        ),
     )
     # O=system:masters: the group RBAC binds to cluster-admin by default.
     _issue(
@@ -102,8 +115,25 @@ def make_pki(directory: Path) -> Pki:
     return pki
 
 
-def write_kubeconfig(path: Path, server: str, pki: Pki, cluster_name: str = "trainwave") -> None:
-    """An admin kubeconfig with everything embedded, so it works when copied elsewhere."""
+def issue_client_cert(pki: Pki, key: Path, cert: Path, *, user: str, group: str = "") -> None:
+    """A client certificate signed by the cluster CA: CN=`user`, O=`group` (optional)."""
+    subject = (f"/O={group}" if group else "") + f"/CN={user}"
+    key.parent.mkdir(parents=True, exist_ok=True)
+    _issue(pki, key, cert, subject=subject, usage="clientAuth")
+    key.chmod(0o600)
+
+
+def write_kubeconfig(
+    path: Path,
+    server: str,
+    pki: Pki,
+    cluster_name: str = "trainwave",
+    *,
+    client: tuple[Path, Path] | None = None,
+) -> None:
+    """A kubeconfig with everything embedded, so it works when copied elsewhere; the admin
+    user unless `client` gives another (certificate, key)."""
+    certificate, key = client or (pki.admin_cert, pki.admin_key)
 
     def embedded(file: Path) -> str:
         return base64.b64encode(file.read_bytes()).decode()
@@ -124,8 +154,8 @@ def write_kubeconfig(path: Path, server: str, pki: Pki, cluster_name: str = "tra
             {
                 "name": "admin",
                 "user": {
-                    "client-certificate-data": embedded(pki.admin_cert),
-                    "client-key-data": embedded(pki.admin_key),
+                    "client-certificate-data": embedded(certificate),
+                    "client-key-data": embedded(key),
                 },
             }
         ],

@@ -125,7 +125,11 @@ def _restartable(
     environment = _environment()
     if name == "kube-apiserver":
         command = components.apiserver_command(
-            tool("kube-apiserver"), layout, ports, audit=bool(state.get("audit_users"))
+            tool("kube-apiserver"),
+            layout,
+            ports,
+            audit=bool(state.get("audit_users")),
+            node_host=state.get("node_host", ""),
         )
 
         def ready() -> bool:
