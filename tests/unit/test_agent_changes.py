@@ -187,7 +187,7 @@ def test_change_log_line(change: Change, line: str) -> None:
         ("2M", 2_000_000),
         ("1Ki", 1024),
         ("500m", None),
-        ("1e3", None),
+        ("1e3", 1000),
         ("", None),
     ],
     ids=["plain", "kilo", "mega", "kibi", "milli", "exponent", "empty"],

@@ -17,11 +17,11 @@ discovery and cluster admins:
 
 from __future__ import annotations
 
-import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
+from trainwave.api.quantity import BadQuantity, parse_quantity
 from trainwave.contract import ANNOTATION_AGENT_LABELS, SHARED_GPU_MEMORY_RESOURCE
 from trainwave.hardware.inventory import GpuInfo
 
@@ -29,12 +29,6 @@ OWNED_RESOURCES = (SHARED_GPU_MEMORY_RESOURCE,)
 STATUS_FIELDS = ("capacity", "allocatable")
 
 ChangeKind = Literal["label", "annotation", "capacity", "allocatable", "resourceslice"]
-
-_QUANTITY = re.compile(r"^([0-9]+)(|k|M|G|T|P|E|Ki|Mi|Gi|Ti|Pi|Ei)$")
-_MULTIPLIERS = {
-    "": 1, "k": 10**3, "M": 10**6, "G": 10**9, "T": 10**12, "P": 10**15, "E": 10**18,
-    "Ki": 2**10, "Mi": 2**20, "Gi": 2**30, "Ti": 2**40, "Pi": 2**50, "Ei": 2**60,
-}  # fmt: skip
 
 
 @dataclass(frozen=True)
@@ -142,12 +136,13 @@ def published_labels(annotations: Mapping[str, str]) -> frozenset[str]:
 
 
 def quantity_value(text: str) -> int | None:
-    """An integer quantity as the API server may canonicalise it ("81k" for 81000).
+    """An integer quantity however the API server wrote it ("81k" for 81000, "1Ki").
 
-    None for anything else (fractions, exponents): such a value differs from
+    None for anything else (a fraction, a bad quantity): such a value differs from
     every integer the agent wants, so it is simply written again.
     """
-    match = _QUANTITY.match(text.strip())
-    if match is None:
+    try:
+        value = parse_quantity(text)
+    except BadQuantity:
         return None
-    return int(match.group(1)) * _MULTIPLIERS[match.group(2)]
+    return int(value) if value == value.to_integral_value() else None

@@ -1,32 +1,29 @@
 """The `gpuSharing` block of a TrainingJob: part of one shared GPU per worker. Pure."""
 
-import re
+import math
 from dataclasses import dataclass
+from decimal import Decimal
 from typing import Literal
 
 from pydantic import ConfigDict, Field, field_validator, model_validator
 
 from trainwave.api.base import ApiModel, Quantity, cel, validations
+from trainwave.api.quantity import ACCEPTED, BadQuantity, parse_quantity
 from trainwave.api.runtime import RuntimeSpec
 
-_MEMORY = re.compile(r"^([0-9]+(?:\.[0-9]+)?)(Ki|Mi|Gi|Ti|k|K|M|G|T)?$")
-_FACTORS = {
-    None: 1, "k": 1000, "K": 1000, "M": 1000**2, "G": 1000**3, "T": 1000**4,
-    "Ki": 1024, "Mi": 1024**2, "Gi": 1024**3, "Ti": 1024**4,
-}  # fmt: skip
 MIB = 1024**2
 
 
 def memory_bytes(value: int | str) -> int:
-    """A memory quantity ('20Gi', '500M', 1073741824) in bytes; ValueError says what is accepted."""
-    match = _MEMORY.match(str(value).strip())
-    if match is None:
-        raise ValueError(
-            f"{value!r} is not a memory quantity; accepted: a number of bytes or one with a "
-            "suffix Ki, Mi, Gi, Ti, K, M, G, T (e.g. 20Gi)"
-        )
-    number, suffix = match.groups()
-    return int(float(number) * _FACTORS[suffix])
+    """A memory quantity ('20Gi', '500M', 1073741824) in bytes, a fraction rounded up as the
+    API server's Value() does; ValueError says what is accepted."""
+    try:
+        amount: Decimal | None = parse_quantity(value)
+    except BadQuantity:
+        amount = None
+    if amount is None or amount < 0:
+        raise ValueError(f"{value!r} is not a memory quantity; accepted: {ACCEPTED}")
+    return math.ceil(amount)
 
 
 class ModelDescription(ApiModel):

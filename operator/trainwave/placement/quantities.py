@@ -3,15 +3,17 @@
 kube-scheduler's `framework.Resource` keeps CPU in millicores (`MilliValue()`) and
 every other resource as `Value()`, which rounds a fraction up (apimachinery
 `resource.Quantity.Value`). We do the same so that "fits" here means "fits" there:
-`cpu: 250m` is 250, `memory: 1Gi` is 1073741824, `memory: 1.5` is 2.
+`cpu: 250m` is 250, `memory: 1Gi` is 1073741824, `memory: 1.5` is 2. The text is
+read by the one quantity parser, api/quantity.py; a bad one raises its BadQuantity.
 """
 
 from __future__ import annotations
 
 import math
 from collections.abc import Mapping
-from decimal import Decimal, InvalidOperation
 from typing import Final
+
+from trainwave.api.quantity import parse_quantity
 
 CPU: Final = "cpu"
 MEMORY: Final = "memory"
@@ -20,53 +22,6 @@ PODS: Final = "pods"
 
 # A resource vector: resource name -> amount in kube-scheduler's units.
 Resources = Mapping[str, int]
-
-_BINARY = {"Ki": 2**10, "Mi": 2**20, "Gi": 2**30, "Ti": 2**40, "Pi": 2**50, "Ei": 2**60}
-_DECIMAL = {
-    "n": Decimal("1e-9"),
-    "u": Decimal("1e-6"),
-    "m": Decimal("1e-3"),
-    "": Decimal(1),
-    "k": Decimal("1e3"),
-    "M": Decimal("1e6"),
-    "G": Decimal("1e9"),
-    "T": Decimal("1e12"),
-    "P": Decimal("1e15"),
-    "E": Decimal("1e18"),
-}
-
-
-class BadQuantity(ValueError):
-    """A string the API server would not accept as a quantity."""
-
-
-def parse_quantity(value: object) -> Decimal:
-    """'250m' -> 0.25, '1Gi' -> 1073741824, 8 -> 8; raises BadQuantity otherwise."""
-    if isinstance(value, bool):
-        raise BadQuantity(f"not a quantity: {value!r}")
-    if isinstance(value, int | float):
-        return Decimal(str(value))
-    text = str(value).strip()
-    number, suffix = _split(text)
-    try:
-        amount = Decimal(number)
-    except InvalidOperation:
-        raise BadQuantity(f"not a quantity: {value!r}") from None
-    if suffix in _BINARY:
-        return amount * _BINARY[suffix]
-    if suffix in _DECIMAL:
-        return amount * _DECIMAL[suffix]
-    if suffix[:1] in ("e", "E") and suffix[1:].lstrip("+-").isdigit():
-        return amount * (Decimal(10) ** int(suffix[1:]))
-    raise BadQuantity(f"not a quantity: {value!r}")
-
-
-def _split(text: str) -> tuple[str, str]:
-    for index, char in enumerate(text):
-        if not (char.isdigit() or char in ".+-"):
-            # An exponent 'e3' belongs to the suffix, a plain 'E' is exa.
-            return text[:index], text[index:]
-    return text, ""
 
 
 def amount(name: str, value: object) -> int:

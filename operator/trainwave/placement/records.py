@@ -16,8 +16,9 @@ from types import MappingProxyType
 from typing import Any
 
 from trainwave import contract
+from trainwave.api.quantity import BadQuantity, parse_quantity
 from trainwave.hardware.inventory import InventoryError, NodeInventory, decode
-from trainwave.placement.quantities import BadQuantity, amounts, parse_quantity
+from trainwave.placement.quantities import amounts
 from trainwave.placement.requirements import (
     HostPort,
     PodNeeds,
