@@ -195,14 +195,19 @@ COREDNS_IMAGE=localhost/trainwave/coredns:$COREDNS_VERSION
 install_node_packages() {
   local missing=() cmd pkg
   for cmd in runc:runc iptables:iptables conntrack:conntrack ip:iproute2 nsenter:util-linux gcc:gcc; do
-    command -v "${cmd%%:*}" >/dev/null || missing+=("${cmd#*:}")
+    PATH="$PATH:/usr/sbin:/sbin" command -v "${cmd%%:*}" >/dev/null || missing+=("${cmd#*:}")
   done
   [ -f "$(gcc -print-file-name=libc.a 2>/dev/null)" ] || missing+=(libc6-dev)
   [ ${#missing[@]} -eq 0 ] && return
   log "installing Debian packages: ${missing[*]}"
+  local apt=(apt-get)
+  if [ "$(id -u)" -ne 0 ]; then
+    sudo -n true 2>/dev/null || { log "the real node needs these Debian packages: ${missing[*]}; run as root or install them"; return 1; }
+    apt=(sudo -n env DEBIAN_FRONTEND=noninteractive apt-get)
+  fi
   export DEBIAN_FRONTEND=noninteractive
-  apt-get install -y -q "${missing[@]}" >/dev/null \
-    || { apt-get update -q >/dev/null && apt-get install -y -q "${missing[@]}" >/dev/null; }
+  "${apt[@]}" install -y -q "${missing[@]}" >/dev/null \
+    || { "${apt[@]}" update -q >/dev/null && "${apt[@]}" install -y -q "${missing[@]}" >/dev/null; }
   for pkg in "${missing[@]}"; do dpkg -s "$pkg" >/dev/null; done
 }
 
