@@ -1,9 +1,9 @@
 """End to end: `trainwave logs` reads real workers' output through the API server.
 
-The workers are processes on the test kubelet; their output reaches the CLI
-the way it would in a cluster: the API server's pods/log, proxied to the
-kubelet's log endpoint (logserver.py). The CLI runs as a user would run it,
-a separate process with only a kubeconfig.
+The workers are containers on the real node (the Debian Python base image, no torch);
+their output reaches the CLI the way it does in any cluster: the API server's pods/log,
+proxied to the real kubelet, which reads containerd's log files. The CLI runs as a user
+would run it, a separate process with only a kubeconfig.
 """
 
 from __future__ import annotations
@@ -19,9 +19,7 @@ from typing import Any
 import pytest
 
 from cluster.controlplane import Cluster
-from cluster.deploy import OperatorProcess
-from e2e.kubelet import TestKubelet
-from e2e.podrun import sandbox_unavailable
+from e2e.conftest import ON_REAL_NODE, WORKER_IMAGE, Release
 from integration.trainwave_fixtures import (
     apply,
     job_manifest,
@@ -30,9 +28,6 @@ from integration.trainwave_fixtures import (
     worker_pods,
 )
 from trainwave import contract
-
-UNAVAILABLE = sandbox_unavailable()
-pytestmark = pytest.mark.skipif(UNAVAILABLE is not None, reason=f"skipped: {UNAVAILABLE}")
 
 OPERATOR = Path(__file__).resolve().parents[2] / "operator"
 
@@ -53,14 +48,15 @@ WORKER = textwrap.dedent(f"""
 """)
 
 
-def logs_job(name: str, kubelet: TestKubelet, script: str) -> dict[str, Any]:
+def logs_job(name: str, script: str) -> dict[str, Any]:
     return job_manifest(
         name,
         workers=2,
         gpus=1,
         result=None,
+        image=WORKER_IMAGE,
         command=["python", "-c", script],
-        template_spec={"nodeSelector": kubelet.selector},
+        template_spec={"nodeSelector": ON_REAL_NODE},
     )
 
 
@@ -80,19 +76,17 @@ def lines(rank: int, attempt: int, prefix: str = "") -> list[str]:
 
 @pytest.mark.timeout(180)
 def test_logs_of_a_restarted_gang_show_the_failed_worker_first(
-    trainwave_installed: Cluster,
-    running_operator: OperatorProcess,
-    test_kubelet: TestKubelet,
+    release: Release,
     namespace: str,
 ) -> None:
-    apply(trainwave_installed, namespace, logs_job("restart", test_kubelet, WORKER))
+    apply(release.cluster, namespace, logs_job("restart", WORKER))
     done = wait_for_phase(
-        trainwave_installed, namespace, "restart", ("Succeeded", "Failed"), timeout=120
+        release.cluster, namespace, "restart", ("Succeeded", "Failed"), timeout=120
     )
     assert done["status"]["phase"] == "Succeeded", done["status"]
     assert (done["status"]["attempt"], done["status"]["restarts"]) == (1, 1)
 
-    shown = trainwave_logs(trainwave_installed, "restart", "-n", namespace)
+    shown = trainwave_logs(release.cluster, "restart", "-n", namespace)
 
     assert shown.returncode == 0, shown.stderr
     assert shown.stdout.splitlines() == [
@@ -105,10 +99,10 @@ def test_logs_of_a_restarted_gang_show_the_failed_worker_first(
     ]
     assert "attempt 0 failed first at rank 1 (Error, exit code 3)" in shown.stderr
 
-    one = trainwave_logs(trainwave_installed, "restart", "-n", namespace, "--rank", "0")
+    one = trainwave_logs(release.cluster, "restart", "-n", namespace, "--rank", "0")
     assert one.stdout.splitlines() == [*lines(0, 1), "[rank 0] done"], one.stderr
 
-    first = trainwave_logs(trainwave_installed, "restart", "-n", namespace, "--attempt", "0")
+    first = trainwave_logs(release.cluster, "restart", "-n", namespace, "--attempt", "0")
     assert first.returncode == 0, first.stderr
     assert "[rank 1] boom: rank 1 gives up" in first.stdout.splitlines()
 
@@ -126,18 +120,16 @@ def test_logs_of_a_restarted_gang_show_the_failed_worker_first(
     ],
 )  # fmt: skip
 def test_logs_refuses_what_the_job_does_not_have(
-    trainwave_installed: Cluster,
-    running_operator: OperatorProcess,
-    test_kubelet: TestKubelet,
+    release: Release,
     namespace: str,
     case: tuple[list[str], str],
 ) -> None:
     args, message = case
-    apply(trainwave_installed, namespace, logs_job("quick", test_kubelet, "print('hi')"))
-    wait_until(lambda: len(worker_pods(trainwave_installed, namespace, "quick")) == 2, 30,
+    apply(release.cluster, namespace, logs_job("quick", "print('hi')"))
+    wait_until(lambda: len(worker_pods(release.cluster, namespace, "quick")) == 2, 30,
                "the gang's pods")  # fmt: skip
 
-    refused = trainwave_logs(trainwave_installed, *args, "-n", namespace)
+    refused = trainwave_logs(release.cluster, *args, "-n", namespace)
 
     assert refused.returncode == 2
     assert refused.stderr == f"trainwave logs: {message.format(ns=namespace)}\n"
@@ -145,9 +137,7 @@ def test_logs_refuses_what_the_job_does_not_have(
 
 @pytest.mark.timeout(120)
 def test_follow_merges_the_workers_lines_as_they_arrive(
-    trainwave_installed: Cluster,
-    running_operator: OperatorProcess,
-    test_kubelet: TestKubelet,
+    release: Release,
     namespace: str,
 ) -> None:
     ticking = textwrap.dedent(f"""
@@ -157,13 +147,13 @@ def test_follow_merges_the_workers_lines_as_they_arrive(
             print(f"tick {{tick}}", flush=True)
             time.sleep(0.3)
     """)
-    apply(trainwave_installed, namespace, logs_job("ticks", test_kubelet, ticking))
+    apply(release.cluster, namespace, logs_job("ticks", ticking))
     # Followed from before the workers start: it waits for them instead of ending empty.
-    wait_until(lambda: len(worker_pods(trainwave_installed, namespace, "ticks")) == 2, 30,
+    wait_until(lambda: len(worker_pods(release.cluster, namespace, "ticks")) == 2, 30,
                "the gang's pods")  # fmt: skip
     began = time.monotonic()
 
-    followed = trainwave_logs(trainwave_installed, "ticks", "-n", namespace, "--follow")
+    followed = trainwave_logs(release.cluster, "ticks", "-n", namespace, "--follow")
 
     assert followed.returncode == 0, followed.stderr
     got = followed.stdout.splitlines()
@@ -177,5 +167,5 @@ def test_follow_merges_the_workers_lines_as_they_arrive(
     assert got.index("[rank 0] tick 0") < got.index("[rank 1] tick 9"), got
     # It ended with the workers, not at a timeout.
     assert time.monotonic() - began < 45
-    phase = wait_for_phase(trainwave_installed, namespace, "ticks", ("Succeeded", "Failed"), 30)
+    phase = wait_for_phase(release.cluster, namespace, "ticks", ("Succeeded", "Failed"), 30)
     assert phase["status"]["phase"] == "Succeeded"
