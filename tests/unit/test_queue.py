@@ -9,6 +9,7 @@ from typing import Any
 
 import pytest
 
+from trainwave.backoff import Backoff
 from trainwave.controller.queue import WorkQueue
 
 pytestmark = pytest.mark.timeout(10)
@@ -202,7 +203,7 @@ def test_failures_are_retried_with_capped_exponential_backoff(
     async def scenario() -> None:
         boom = RuntimeError("boom")
         work = Recorder({"a": [boom, boom, boom, boom, None, boom]})
-        queue = started(work, retry_delay=0.005, max_retry_delay=0.015)
+        queue = started(work, retry=Backoff(base=0.005, cap=0.015))  # no jitter: exact
         adds = spy_on_adds(queue)
         queue.add("a")
         await until(lambda: work.count("a") == 5)

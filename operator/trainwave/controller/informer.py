@@ -29,6 +29,8 @@ import threading
 from collections.abc import Callable, Iterator, Mapping
 from typing import Any, Generic, Protocol, TypeVar
 
+from trainwave.backoff import Backoff
+
 logger = logging.getLogger(__name__)
 
 R = TypeVar("R")
@@ -40,7 +42,10 @@ PAGE_SIZE = 500  # the reflector's default page size
 WATCH_SECONDS = 300  # server-side watch timeout; the reflector picks 5-10 min
 CONNECT_SECONDS = 10.0
 LIST_SECONDS = 60.0  # one page of 500 objects; a stuck LIST must not block stop() forever
-BACKOFF_FIRST, BACKOFF_MAX = 1.0, 30.0  # failures in a row: 1, 2, 4 ... 30 s
+# Failed watches in a row: relist after 1, 2, 4 ... 30 s, each up to a tenth longer at
+# random so informers that lost the same API server do not all relist at once. (The
+# reflector jitters by up to 100%; a tenth keeps the longest wait near 30 s.)
+RELIST_BACKOFF = Backoff(base=1.0, cap=30.0, jitter=0.1)
 
 
 class Store(Protocol[R_contra]):
@@ -228,7 +233,7 @@ class Informer(Generic[R]):
                     logger.info("%s watch expired (%s); relisting", self.kind, error)
                     continue
                 self.errors += 1
-                delay = min(BACKOFF_MAX, BACKOFF_FIRST * 2 ** (failures - 1))
+                delay = RELIST_BACKOFF.delay(failures)
                 logger.warning(
                     "%s informer: %s; relisting in %.0fs", self.kind, error, delay, exc_info=True
                 )

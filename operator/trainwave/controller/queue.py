@@ -11,14 +11,19 @@ import asyncio
 import logging
 from collections.abc import Awaitable, Callable, Hashable
 
+from trainwave.backoff import Backoff
+
 logger = logging.getLogger(__name__)
 
 Key = Hashable
+# A failed reconcile is retried after 1, 2, 4 ... 60 s (failures of that key in a row,
+# workqueue's ItemExponentialFailureRateLimiter), each up to a tenth longer at random.
+RETRY = Backoff(base=1.0, cap=60.0, jitter=0.1)
 Worker = Callable[[Key], Awaitable[float | None]]
 
 
 class WorkQueue:
-    def __init__(self, work: Worker, *, retry_delay: float = 1.0, max_retry_delay: float = 60.0):
+    def __init__(self, work: Worker, *, retry: Backoff = RETRY):
         self._work = work
         self._ready: asyncio.Queue[Key] = asyncio.Queue()
         self._queued: set[Key] = set()
@@ -26,8 +31,7 @@ class WorkQueue:
         self._dirty: set[Key] = set()
         self._timers: dict[Key, tuple[float, asyncio.TimerHandle]] = {}
         self._failures: dict[Key, int] = {}
-        self._retry_delay = retry_delay
-        self._max_retry_delay = max_retry_delay
+        self._retry = retry
         self._tasks: list[asyncio.Task[None]] = []
 
     def add(self, key: Key, after: float = 0.0) -> None:
@@ -84,7 +88,7 @@ class WorkQueue:
             except Exception:
                 failures = self._failures.get(key, 0) + 1
                 self._failures[key] = failures
-                delay = min(self._retry_delay * 2 ** (failures - 1), self._max_retry_delay)
+                delay = self._retry.delay(failures)
                 logger.exception(
                     "reconcile of %s failed (%d in a row); retrying in %.1fs", key, failures, delay
                 )

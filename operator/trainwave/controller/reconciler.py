@@ -37,6 +37,7 @@ from trainwave.api.trainingjob import (
     parse_metadata,
     parse_status,
 )
+from trainwave.backoff import Backoff
 from trainwave.builders.pods import build_worker_pods
 from trainwave.builders.service import build_service
 from trainwave.builders.status_key import build_status_key_secret
@@ -73,8 +74,9 @@ logger = logging.getLogger(__name__)
 
 # A status write that lost a race is retried at once from a fresh read.
 CONFLICT_RETRY_SECONDS = 0.05
-# A child the API server refused is retried after 2, 4, 8... seconds, at most this.
-REFUSED_MAX_BACKOFF = 300
+# A child the API server refused is retried after 2, 4, 8... seconds, at most 300, each
+# up to a tenth longer at random (a quota refuses many jobs at once).
+REFUSED_BACKOFF = Backoff(base=2.0, cap=300.0, jitter=0.1)
 # Pods created but not yet seen by the watch hold the job's next decision back at most
 # this long (kube-controller-manager's ControllerExpectations wait 5 minutes).
 EXPECTATIONS_SECONDS = 15.0
@@ -324,7 +326,7 @@ class Reconciler:
         count = self._refusals[key] = self._refusals.get(key, 0) + 1
         metrics.RECONCILE_ERRORS.inc()
         logger.warning("%s/%s: %s", meta.namespace, meta.name, failed.status.message)
-        return float(min(REFUSED_MAX_BACKOFF, 2 ** min(count, 10)))
+        return REFUSED_BACKOFF.delay(count)
 
     def _hold(self, key: JobKey, held: Held, requeue_after: float | None) -> float:
         """Keep `held` unwritten until the next reconcile: HOLD_SECONDS away, or sooner
@@ -728,10 +730,14 @@ def _may_hold(decision: Decision, created: list[WorkerPod], workers: int) -> boo
 
 def _with_held_news(decision: Decision, held: Held | None) -> Decision:
     """`decision` with the held status's news first, while it is still the news it was (the
-    status to be written is in the held phase); without it otherwise."""
-    if held is None or decision.status.phase != held.status.phase:
+    status to be written is in the held phase); otherwise only its lasting news (a warning
+    about the spec, which the phase written next does not make stale)."""
+    if held is None:
         return decision
-    return replace(decision, events=held.events + decision.events)
+    news = held.events
+    if decision.status.phase != held.status.phase:
+        news = tuple(event for event in held.events if event.lasting)
+    return replace(decision, events=news + decision.events) if news else decision
 
 
 def _with_status_body(body: dict[str, Any], status: TrainingJobStatus) -> dict[str, Any]:

@@ -22,6 +22,7 @@ from trainwave.api.sharing import isolation
 from trainwave.api.spec import MAX_BACKOFF_SECONDS
 from trainwave.api.status import ConditionType, Phase, TrainingJobStatus
 from trainwave.api.trainingjob import ObjectMeta, TrainingJob
+from trainwave.backoff import Backoff
 from trainwave.lifecycle.admission import Admission, finish, gate, suspended
 from trainwave.lifecycle.draft import Decision, Draft, JobEvent, PlacementWait, complete, fail
 from trainwave.lifecycle.failures import Cause, Incident, find_incidents, judge_failure
@@ -308,7 +309,8 @@ def _restart_orfail(draft: Draft, job: TrainingJob, what: str, cause: Cause) -> 
 def ignore_backoff(first: int, nth: int) -> int:
     """Seconds before the nth Ignore restart: `first`, doubled each time, at most 300 s,
     as the kubelet backs off a crash-looping container."""
-    return int(min(MAX_BACKOFF_SECONDS, first * 2 ** min(nth - 1, 16)))
+    # No jitter: the delay is a decision, written into the status as nextAttemptTime.
+    return int(Backoff(base=first, cap=MAX_BACKOFF_SECONDS).delay(nth))
 
 
 def _camel(snake: str) -> str:
