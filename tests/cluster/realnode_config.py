@@ -8,6 +8,7 @@ explained where they are set; /work/shared/research/real-node.md has how they we
 
 from __future__ import annotations
 
+import hashlib
 import json
 from dataclasses import dataclass
 from pathlib import Path
@@ -58,6 +59,13 @@ class NodeLayout:
     @property
     def containerd_state(self) -> Path:
         return self.path("containerd", "state")
+
+    @property
+    def shim_socket_dir(self) -> Path:
+        # containerd refuses a socket_dir longer than 42 characters (unix socket paths
+        # are short), so not under the node dir: /run/twshim-<hash of the node dir>.
+        digest = hashlib.sha256(str(self.root).encode()).hexdigest()[:8]
+        return Path(f"/run/twshim-{digest}")
 
     @property
     def runc_root(self) -> Path:
@@ -133,10 +141,8 @@ def containerd_config(
             "plugins": {
                 "io.containerd.server.v1.grpc": {"address": socket},
                 "io.containerd.server.v1.ttrpc": {"address": socket + ".ttrpc"},
-                # Shim sockets, else in /run/containerd/s.
-                "io.containerd.shim.v1.manager": {
-                    "socket_dir": str(node.containerd_state / "s")
-                },
+                # Shim sockets, else in /run/containerd/s; removed by `down`.
+                "io.containerd.shim.v1.manager": {"socket_dir": str(node.shim_socket_dir)},
                 "io.containerd.cri.v1.runtime": {
                     # CDI is always on in 2.x (1.7 needed enable_cdi).
                     "cdi_spec_dirs": list(CDI_SPEC_DIRS),

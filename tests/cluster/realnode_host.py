@@ -50,10 +50,10 @@ def check_prerequisites() -> None:
     for command in ("ip", "nsenter", "iptables", "mount", "umount"):
         if shutil.which(command) is None:
             missing.append(f"`{command}` on PATH")
-    for part in (
-        pause_archive(),
-        *(cni_bin_dir() / plugin for plugin in ("bridge", "host-local", "loopback")),
-    ):
+    parts = [images_dir() / name for name in IMAGE_ARCHIVES]
+    parts += [cni_bin_dir() / plugin for plugin in ("bridge", "host-local", "loopback")]
+    parts += [cache_dir() / "bin" / name for name in ("kubelet", "kube-proxy", "containerd")]
+    for part in parts:
         if not part.exists():
             missing.append(str(part))
     if missing:
@@ -197,7 +197,7 @@ def remove_kubepods_cgroups(problems: list[str]) -> None:
 
 def containerd_major_version(binary: Path) -> int:
     result = subprocess.run([str(binary), "--version"], capture_output=True, text=True, check=False)
-    match = re.search(r"\s v?(\d+)\.(\d+)", result.stdout)
+    match = re.search(r"\sv?(\d+)\.(\d+)\.", result.stdout)
     if match is None:
         raise RuntimeError(f"cannot read the version of {binary}: {result.stdout!r}")
     return int(match.group(1))
