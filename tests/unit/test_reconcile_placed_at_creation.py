@@ -160,6 +160,25 @@ def test_the_next_reconcile_writes_one_status_from_the_held_one() -> None:
     assert reasons == ["AllWorkersRunning"], "no news of phases no status showed"
 
 
+def test_a_warning_about_the_spec_outlives_the_held_phase() -> None:
+    """Phase news held with a status no write ever showed is dropped; a warning about the
+    spec (a GPU limit trainwave replaced) is news whatever phase is written next."""
+    template = {"spec": {"containers": [
+        {"name": "worker", "resources": {"limits": {"nvidia.com/gpu": "8"}}}]}}  # fmt: skip
+    api = Api(make_body(workers=2, gpus_per_worker=1, template=template))
+    operator = Operator(api, Placer(), Guards())
+    operator.reconcile()
+    operator.seen = running
+    operator.now = NOW + timedelta(seconds=1)
+    operator.reconcile()
+
+    assert api.body["status"]["phase"] == "Running"
+    reasons = [event.reason for event in operator.events]
+    assert reasons == ["ResourcesOverridden", "AllWorkersRunning"]
+    operator.reconcile()
+    assert [e.reason for e in operator.events].count("ResourcesOverridden") == 1
+
+
 def test_a_held_status_that_is_still_true_is_written_with_its_news() -> None:
     api, placer = Api(make_body(workers=2, gpus_per_worker=1)), Placer()
     operator = Operator(api, placer, Guards())

@@ -730,10 +730,14 @@ def _may_hold(decision: Decision, created: list[WorkerPod], workers: int) -> boo
 
 def _with_held_news(decision: Decision, held: Held | None) -> Decision:
     """`decision` with the held status's news first, while it is still the news it was (the
-    status to be written is in the held phase); without it otherwise."""
-    if held is None or decision.status.phase != held.status.phase:
+    status to be written is in the held phase); otherwise only its lasting news (a warning
+    about the spec, which the phase written next does not make stale)."""
+    if held is None:
         return decision
-    return replace(decision, events=held.events + decision.events)
+    news = held.events
+    if decision.status.phase != held.status.phase:
+        news = tuple(event for event in held.events if event.lasting)
+    return replace(decision, events=news + decision.events) if news else decision
 
 
 def _with_status_body(body: dict[str, Any], status: TrainingJobStatus) -> dict[str, Any]:

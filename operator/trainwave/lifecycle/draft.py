@@ -26,6 +26,10 @@ class JobEvent:
     type: Literal["Normal", "Warning"]
     reason: str
     message: str
+    # News about the spec rather than a phase: still news whatever phase is written next.
+    # A phase's news held with an unwritten status is dropped once a later phase is
+    # written instead (controller/reconciler.py _with_held_news); this kind is not.
+    lasting: bool = False
 
 
 @dataclass(frozen=True)

@@ -38,4 +38,4 @@ def overridden(draft: Draft, overrides: Sequence[ResourceOverride]) -> None:
     message = "; ".join(o.describe() for o in overrides)
     draft.condition(ConditionType.RESOURCES_OVERRIDDEN, True, Reason.RESOURCES_OVERRIDDEN, message)
     if previous is None or previous.status != "True" or previous.message != message:
-        draft.events.append(JobEvent("Warning", Reason.RESOURCES_OVERRIDDEN, message))
+        draft.events.append(JobEvent("Warning", Reason.RESOURCES_OVERRIDDEN, message, lasting=True))
