@@ -174,3 +174,19 @@ def test_a_deleted_worker_s_last_state_is_handed_over_before_it_is_forgotten() -
         cache.pods.apply({"type": "DELETED", "object": gone})
         assert left == [(("ns", "a"), "a-0", "Evicted")], "its final state, not the stored one"
         assert cache.worker_pods(("ns", "a")) == []
+
+
+def test_a_worker_deleted_in_a_gap_is_handed_over_with_its_last_state() -> None:
+    left: list[tuple[JobKey, str, str]] = []
+    fake = Cluster(
+        [raw_job("a")],
+        [raw_pod("a-0", job="a", node="n0"), raw_pod("a-1", job="a", node="n0")],
+        [],
+        on_departure=lambda key, pod: left.append((key, pod.name, pod.phase.value)),
+    )
+    with fake as cache:
+        cache.stop()  # the watch is down: no DELETED event for a-1
+        fake.pods.objects = [raw_pod("a-0", job="a", node="n0")]
+        cache.start()
+        until(lambda: len(cache.worker_pods(("ns", "a"))) == 1)
+        assert left == [(("ns", "a"), "a-1", "Running")], "the relist's tombstone, unwrapped"

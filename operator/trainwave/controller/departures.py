@@ -15,6 +15,12 @@ the pod's eviction, read the store just after the drop and the departures just
 before the queued record ran, and judged the pod vanished (found by the chaos
 suite: an evicted worker counted as a failure). Hence the lock: two threads.
 
+A worker deleted while the watch was down reaches here from the relist that
+notices it gone (informer.py's DeletedFinalStateUnknown), with the last state the
+operator saw rather than its final one: it is judged "deleted before it
+finished" (or by an exit code or DisruptionTarget seen before the gap) instead of
+"vanished".
+
 In memory only: after an operator restart a pod that left meanwhile is judged
 as vanished (a counted restart), the same as before this existed.
 """

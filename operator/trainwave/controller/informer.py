@@ -13,6 +13,12 @@ placement caches need:
   any other error - is followed by a fresh LIST that REPLACES the store (the
   reflector's `syncWith`/`Replace`), so objects deleted during the gap vanish.
   kopf's indexes never relist, which is why the placer does not use them.
+- the handlers (`EventHandlers`, client-go's ResourceEventHandlerFuncs) hear of
+  every change, a relist's included: an object the store held and the new LIST
+  lacks is reported deleted as a `DeletedFinalStateUnknown` tombstone carrying the
+  last state this informer saw, as DeltaFIFO.Replace (tools/cache/delta_fifo.go)
+  does; listed objects are reported added or updated (processDeltas,
+  tools/cache/controller.go).
 
 Events are read as JSON lines off the raw response (`_preload_content=False`):
 kubernetes.watch.Watch deserializes every object into model classes, which costs
@@ -27,7 +33,8 @@ import json
 import logging
 import threading
 from collections.abc import Callable, Iterator, Mapping
-from typing import Any, Generic, Protocol, TypeVar
+from dataclasses import dataclass
+from typing import Any, Generic, Protocol, TypeAlias, TypeVar
 
 from trainwave.backoff import Backoff
 
@@ -75,6 +82,41 @@ class LockedDict(Generic[R]):
                 self.records.pop(key, None)
             else:
                 self.records[key] = record
+
+
+@dataclass(frozen=True)
+class DeletedFinalStateUnknown(Generic[R]):
+    """client-go's tombstone (tools/cache/delta_fifo.go): an object a relist no longer
+    lists, so it was deleted while no watch was open. `obj` is the last state this
+    informer saw, not the final one: what happened to it in the gap (an eviction, an
+    exit code) is not known."""
+
+    key: str
+    obj: R
+
+
+# What a delete handler receives: the final state from a DELETED event, or a tombstone.
+Deleted: TypeAlias = R | DeletedFinalStateUnknown[R]
+
+
+def _ignore(*_: object) -> None:
+    pass
+
+
+@dataclass(frozen=True)
+class EventHandlers(Generic[R]):
+    """client-go's ResourceEventHandlerFuncs (tools/cache/controller.go), with the key
+    passed along since a record need not carry its name. Called on the informer's
+    thread: they must be cheap and thread-safe.
+
+    Order: `on_add`/`on_update` after the store holds the record (as processDeltas
+    updates the indexer, then calls the handler); `on_delete` BEFORE the store forgets
+    it, so a handler that keeps a departed object's last state (departures.py) has it
+    before any reader can find the object gone from the store."""
+
+    on_add: Callable[[str, R], None] = _ignore
+    on_update: Callable[[str, R, R], None] = _ignore  # key, old, new
+    on_delete: Callable[[str, Deleted[R]], None] = _ignore
 
 
 class Expired(Exception):
@@ -146,7 +188,7 @@ class Informer(Generic[R]):
         store: Store[R],
         *,
         on_change: Callable[[], None] = lambda: None,
-        on_deleted: Callable[[R], None] | None = None,
+        handlers: EventHandlers[R] | None = None,
         page_size: int = PAGE_SIZE,
         watch_seconds: int = WATCH_SECONDS,
     ):
@@ -155,7 +197,10 @@ class Informer(Generic[R]):
         self._convert = convert
         self._store = store
         self._on_change = on_change
-        self._on_deleted = on_deleted
+        self._handlers: EventHandlers[R] = handlers or EventHandlers()
+        # client-go's knownObjects: what the store was given, by key, so a relist can
+        # tell what vanished and hand on its last state. Kept across stop/start.
+        self._known: dict[str, R] = {}
         self._page_size = page_size
         self._watch_seconds = watch_seconds
         self._stop = threading.Event()
@@ -241,7 +286,18 @@ class Informer(Generic[R]):
 
     def _list(self) -> None:
         records, version = list_records(self._lister, self._convert, self._page_size)
+        known, handlers = self._known, self._handlers
+        # Deleted in the gap: reported first, while the store still holds them.
+        for key in known.keys() - records.keys():
+            handlers.on_delete(key, DeletedFinalStateUnknown(key, known[key]))
         self._store.replace(records)
+        self._known = dict(records)
+        for key, record in records.items():
+            old = known.get(key)
+            if old is None:
+                handlers.on_add(key, record)
+            else:
+                handlers.on_update(key, old, record)  # client-go's Replaced: maybe unchanged
         self.resource_version = version
         self.lists += 1
         self._synced.set()
@@ -286,16 +342,23 @@ class Informer(Generic[R]):
         if kind == "BOOKMARK":
             self.resource_version = str(version or self.resource_version)
             return False
+        key = object_key(obj)
         if kind == "DELETED":
             # Also how a field-selector watch reports an object that stopped matching
             # (a pod that Succeeded or Failed): it left our set, so it goes.
-            if self._on_deleted is not None:
-                last = self._convert(obj)  # its final state, which the store forgets
-                if last is not None:
-                    self._on_deleted(last)
-            self._store.put(object_key(obj), None)
+            self._forget(key, self._convert(obj))  # its final state, which the store forgets
         elif kind in ("ADDED", "MODIFIED"):
-            self._store.put(object_key(obj), self._convert(obj))
+            record = self._convert(obj)
+            if record is None:
+                self._forget(key, None)  # no longer one we keep: it left our set
+            else:
+                old = self._known.get(key)
+                self._store.put(key, record)
+                self._known[key] = record
+                if old is None:
+                    self._handlers.on_add(key, record)
+                else:
+                    self._handlers.on_update(key, old, record)
         else:
             logger.warning("%s watch: unknown event type %r ignored", self.kind, kind)
             return False
@@ -303,3 +366,12 @@ class Informer(Generic[R]):
             self.resource_version = str(version)
         self.events += 1
         return True
+
+    def _forget(self, key: str, final: R | None) -> None:
+        """Drop `key`, telling the delete handler first: its final state if the event
+        had one we keep, else the last state the store was given."""
+        last = final if final is not None else self._known.get(key)
+        if last is not None:
+            self._handlers.on_delete(key, last)
+        self._store.put(key, None)
+        self._known.pop(key, None)

@@ -6,7 +6,8 @@ kopf's indexes, which drop an entry only on a DELETED event: a pod deleted
 while kopf's watch was down stayed in its index after the re-list, so the gang
 kept waiting for a worker that no longer existed. Here a relist replaces each
 store, and every job whose view changed in the replace is woken, exactly as
-if the missed events had been seen.
+if the missed events had been seen; a worker the relist no longer finds is
+handed to `on_departure` with the last state seen (informer.py's tombstone).
 
 A job is woken (`wake(key)`, from an informer thread) only when what its
 reconcile reads changed: the job's resourceVersion, a worker's `WorkerPod`
@@ -29,7 +30,14 @@ from typing import Any
 from trainwave import contract
 from trainwave.api.trainingjob import JobKey
 from trainwave.controller.by_job import ByJob, Store
-from trainwave.controller.informer import PAGE_SIZE, WATCH_SECONDS, Informer
+from trainwave.controller.informer import (
+    PAGE_SIZE,
+    WATCH_SECONDS,
+    Deleted,
+    DeletedFinalStateUnknown,
+    EventHandlers,
+    Informer,
+)
 from trainwave.controller.kube import KubeClient
 from trainwave.lifecycle.observed import WorkerPod, observe_pod
 
@@ -86,8 +94,9 @@ class JobCache:
             partial(kube.core.list_pod_for_all_namespaces, label_selector=labelled),
             self._pod_record,
             Store(self._replace_pods, self._put_pod),
-            # A worker's last state, seen only on its DELETED event (departures.py).
-            on_deleted=lambda record: on_departure(*record),
+            # A worker's last state, seen only on its DELETED event (departures.py),
+            # or carried by a relist's tombstone when it went while the watch was down.
+            handlers=EventHandlers(on_delete=_departure_handler(on_departure)),
             **common,
         )
         self.services: Informer[JobKey] = Informer(
@@ -230,6 +239,20 @@ class JobCache:
     def _wake_all(self, keys: Iterable[JobKey]) -> None:
         for key in keys:
             self._wake(key)
+
+
+def _departure_handler(
+    on_departure: Departure,
+) -> Callable[[str, Deleted[tuple[JobKey, WorkerPod]]], None]:
+    def departed(_: str, deleted: Deleted[tuple[JobKey, WorkerPod]]) -> None:
+        # A tombstone's state is the last one seen before the gap, not the final one.
+        # It is still the best evidence there is of why the worker went (its rank and
+        # attempt; an exit code or DisruptionTarget seen before the gap): without it the
+        # failure policy would judge a worker that vanished for no known reason.
+        record = deleted.obj if isinstance(deleted, DeletedFinalStateUnknown) else deleted
+        on_departure(*record)
+
+    return departed
 
 
 def _owner_key(obj: Mapping[str, Any]) -> JobKey | None:
