@@ -15,11 +15,19 @@ ENV PIP_NO_CACHE_DIR=1 \
     PIP_DISABLE_PIP_VERSION_CHECK=1
 RUN python -m venv /opt/venv
 WORKDIR /src
+# The dependencies first, in a layer of their own: read from pyproject.toml, so only a
+# change there installs them again, and a source change reuses the layer. The build backend
+# comes with them, so the package itself installs below without reaching the index.
+COPY pyproject.toml ./
+RUN python -c 'import tomllib; p = tomllib.load(open("pyproject.toml", "rb")); \
+        print(*p["build-system"]["requires"], *p["project"]["dependencies"], \
+              *p["project"]["optional-dependencies"]["operator"], sep="\n")' > /tmp/requirements.txt \
+    && /opt/venv/bin/pip install -r /tmp/requirements.txt && rm /tmp/requirements.txt
 # pyproject.toml names README.md as the package readme, so the build needs it.
-COPY pyproject.toml README.md ./
+COPY README.md ./
 COPY operator/ operator/
 # A regular (not editable) install: the final stage copies only the virtualenv.
-RUN /opt/venv/bin/pip install ".[operator]"
+RUN /opt/venv/bin/pip install --no-deps --no-build-isolation ".[operator]"
 
 FROM ${PYTHON_IMAGE}
 LABEL org.opencontainers.image.title="trainwave-operator" \

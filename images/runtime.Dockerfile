@@ -13,10 +13,16 @@ LABEL org.opencontainers.image.title="trainwave-runtime" \
 ENV PYTHONDONTWRITEBYTECODE=1 \
     PYTHONUNBUFFERED=1
 WORKDIR /src
-COPY pyproject.toml README.md ./
+# The dependencies first, in a layer of their own (see operator.Dockerfile). No extras: the
+# installer needs the standard library only.
+COPY pyproject.toml ./
+RUN python -c 'import tomllib; p = tomllib.load(open("pyproject.toml", "rb")); \
+        print(*p["project"]["dependencies"], sep="\n")' > /tmp/requirements.txt \
+    && pip install --no-cache-dir -r /tmp/requirements.txt && rm /tmp/requirements.txt
+COPY README.md ./
 COPY operator/ operator/
-# No extras: the installer needs the standard library only.
-RUN pip install --no-cache-dir . && rm -rf /src
+# Build isolation keeps the build backend out of the image.
+RUN pip install --no-cache-dir --no-deps . && rm -rf /src
 USER 65532:65532
 ENTRYPOINT ["python", "-m", "trainwave.runtime.install"]
 CMD ["/opt/trainwave"]
