@@ -12,6 +12,7 @@ trainwave version
 import argparse
 import logging
 import os
+import socket
 import sys
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -512,6 +513,10 @@ def run_operator(options: argparse.Namespace) -> int:
             print(f"trainwave operator: {error}", file=sys.stderr)
             return 2
         handlers.OPTIONS.leadership.start()
+    # kopf names itself <user>@<host> through getpass.getuser(), which raises for a uid
+    # without a passwd entry: the chart's 65532 in an image that has none (any
+    # runAsUser can be that). It takes POD_ID first; the pod's name is what it is for.
+    os.environ.setdefault("POD_ID", os.environ.get("POD_NAME") or socket.gethostname())
     # standalone: kopf's peering is not leader election (see controller/leadership.py).
     kopf.run(
         standalone=True,
