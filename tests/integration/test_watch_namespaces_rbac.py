@@ -1,9 +1,12 @@
-"""With `watchNamespaces`, the operator may change pods, Services and Secrets and post
-Events only there.
+"""With `watchNamespaces`, the operator may read its jobs and Services, change pods,
+Services and Secrets and post Events only there, and watches only there.
 
 The chart is reinstalled with one watched namespace and the real RBAC authorizer
 answers for the operator's own token; the default install is restored afterwards,
-since the rest of the session runs cluster-wide.
+since the rest of the session runs cluster-wide. The job is run by an operator
+started with `--namespace`, as the chart starts it, under that RBAC: it may not
+list TrainingJobs or Services cluster-wide, so it runs the job only if it watches
+the namespace through its namespaced endpoints.
 """
 
 from __future__ import annotations
@@ -18,7 +21,7 @@ from pathlib import Path
 import pytest
 
 from cluster.controlplane import Cluster, tool
-from cluster.deploy import NAMESPACE, install_chart, service_account_kubeconfig
+from cluster.deploy import NAMESPACE, OperatorProcess, install_chart, service_account_kubeconfig
 from integration.trainwave_fixtures import (
     apply,
     get_json,
@@ -36,6 +39,24 @@ def watching(trainwave_installed: Cluster, namespace: str) -> Iterator[str]:
     install_chart(trainwave_installed, "--set-json", f'watchNamespaces=["{namespace}"]')
     yield namespace
     install_chart(trainwave_installed)
+
+
+@pytest.fixture
+def scoped_operator(
+    cluster: Cluster, watching: str, running_operator: OperatorProcess, tmp_path: Path
+) -> Iterator[OperatorProcess]:
+    """An operator started as the chart starts it with `watching` alone: `--namespace`,
+    the chart's ServiceAccount. The session operator (cluster-wide) is stopped
+    meanwhile, so one operator acts; `running_operator` restarts it for later tests."""
+    running_operator.stop()
+    scoped = OperatorProcess(
+        kubeconfig=service_account_kubeconfig(cluster, tmp_path / "scoped"),
+        log_path=tmp_path / "scoped-operator.log",
+        extra_args=("--namespace", watching),
+    )
+    scoped.start()
+    yield scoped
+    scoped.stop()
 
 
 @pytest.fixture
@@ -63,7 +84,11 @@ SECRET = {"apiVersion": "v1", "kind": "Secret", "metadata": {"name": "probe"}}
 
 
 def test_the_operator_changes_only_watched_namespaces_and_still_runs_jobs_there(
-    cluster: Cluster, watching: str, unwatched: str, running_operator, tmp_path: Path
+    cluster: Cluster,
+    watching: str,
+    unwatched: str,
+    scoped_operator: OperatorProcess,
+    tmp_path: Path,
 ) -> None:
     operator = service_account_kubeconfig(cluster, tmp_path / "operator")
     for manifest in (POD, SERVICE, SECRET):
@@ -84,16 +109,22 @@ def test_the_operator_changes_only_watched_namespaces_and_still_runs_jobs_there(
                 )  # fmt: skip
     # The master status key in the release namespace: still creatable on first start.
     assert create(operator, NAMESPACE, SECRET).returncode == 0
-    # Placement still sees every pod: other workloads hold GPUs too.
-    listing = subprocess.run(
-        [str(tool("kubectl")), "auth", "can-i", "list", "pods", "--all-namespaces"],
-        env=os.environ | {"KUBECONFIG": str(operator)},
-        capture_output=True, text=True, timeout=30, check=False,
-    )  # fmt: skip
-    assert listing.stdout.strip() == "yes"
+    # Placement still sees every pod (other workloads hold GPUs too) and every Node; its
+    # jobs, their Services, LimitRanges and ResourceQuotas it may read only where it
+    # watches, so a cluster-wide LIST of them is refused.
+    for resource in ("pods", "nodes"):
+        assert can_i_everywhere(operator, "list", resource) == "yes", resource
+    for resource in ("trainingjobs.trainwave.io", "services", "limitranges", "resourcequotas"):
+        assert can_i_everywhere(operator, "list", resource) == "no", resource
+        assert can_i_everywhere(operator, "watch", resource) == "no", resource
+        assert can_i(operator, "list", resource, watching) == "yes", resource
+        assert can_i(operator, "list", resource, unwatched) == "no", resource
 
     apply(cluster, watching, job_manifest("scoped", workers=2))
     wait_for_phase(cluster, watching, "scoped", "Succeeded", timeout=90)
+    assert scoped_operator.alive()
+    log = scoped_operator.log_path.read_text(errors="replace")
+    assert "forbidden" not in log.lower(), scoped_operator.tail()
 
     # Its Events were posted through the namespace's Role.
     def reasons() -> set[str]:
@@ -103,10 +134,15 @@ def test_the_operator_changes_only_watched_namespaces_and_still_runs_jobs_there(
     wait_until(lambda: "Succeeded" in reasons(), 30, "the job's Succeeded Event")
 
 
+def can_i_everywhere(kubeconfig: Path, verb: str, resource: str) -> str:
+    return can_i(kubeconfig, verb, resource, "--all-namespaces")
+
+
 def can_i(kubeconfig: Path, verb: str, resource: str, namespace: str) -> str:
     """The real authorizer's answer for the operator's own token: "yes" or "no"."""
+    where = [namespace] if namespace == "--all-namespaces" else ["-n", namespace]
     answer = subprocess.run(
-        [str(tool("kubectl")), "auth", "can-i", verb, resource, "-n", namespace],
+        [str(tool("kubectl")), "auth", "can-i", verb, resource, *where],
         env=os.environ | {"KUBECONFIG": str(kubeconfig)},
         capture_output=True, text=True, timeout=30, check=False,
     )  # fmt: skip

@@ -242,23 +242,40 @@ JOB_WRITES = {
 }
 
 
-def test_with_watch_namespaces_writes_are_granted_there_only() -> None:
+# What the operator lists and watches in a namespace whose jobs it runs.
+JOB_READS = {
+    ("trainwave.io", "trainingjobs"): {"list", "watch"},
+    ("", "services"): {"list", "watch"},
+    ("", "limitranges"): {"list", "watch"},
+    ("", "resourcequotas"): {"list", "watch"},
+}
+KUEUE_WORKLOADS = {
+    ("kueue.x-k8s.io", "workloads"): {"create", "list", "watch", "patch"},
+    ("kueue.x-k8s.io", "workloads/status"): {"patch"},
+}
+
+
+def merged(*grants: dict[tuple[str, str], set[str]]) -> dict[tuple[str, str], set[str]]:
+    union: dict[tuple[str, str], set[str]] = {}
+    for grant in grants:
+        for key, verbs in grant.items():
+            union.setdefault(key, set()).update(verbs)
+    return union
+
+
+def test_with_watch_namespaces_reads_and_writes_are_granted_there_only() -> None:
     manifests = render("--set-json", 'watchNamespaces=["team-a","team-b"]')
-    reads = granted(one(manifests, "ClusterRole"))
-    assert reads == {
-        ("trainwave.io", "trainingjobs"): {"list", "watch"},
+    cluster_wide = granted(one(manifests, "ClusterRole"))
+    assert cluster_wide == {
         ("", "pods"): {"list", "watch"},  # other workloads hold GPUs too: placement reads all
-        ("", "services"): {"list", "watch"},
         ("", "nodes"): {"list", "watch"},
-        ("", "limitranges"): {"list", "watch"},
-        ("", "resourcequotas"): {"list", "watch"},
         ("admissionregistration.k8s.io", "mutatingwebhookconfigurations"): {"list", "watch"},
-    }  # no Events: those are posted through the Roles below, in the watched namespaces only
+    }  # no jobs, Services, LimitRanges, ResourceQuotas or Events: the Roles below grant them
     account = one(manifests, "ServiceAccount")["metadata"]["name"]
     roles = [r for r in find(manifests, "Role") if r["metadata"]["namespace"] != NAMESPACE]
     assert sorted(r["metadata"]["namespace"] for r in roles) == ["team-a", "team-b"]
     for role in roles:
-        assert granted(role) == JOB_WRITES
+        assert granted(role) == merged(JOB_READS, JOB_WRITES)
         [binding] = [
             b for b in find(manifests, "RoleBinding")
             if b["metadata"]["namespace"] == role["metadata"]["namespace"]
@@ -270,6 +287,17 @@ def test_with_watch_namespaces_writes_are_granted_there_only() -> None:
     # The master status key is still created on first start, now by the release's own Role.
     key = named(manifests, "Role", f"{RELEASE}-trainwave-status-key")
     assert {"apiGroups": [""], "resources": ["secrets"], "verbs": ["create"]} in key["rules"]
+
+
+def test_with_watch_namespaces_kueue_workloads_are_granted_there_only() -> None:
+    manifests = render(
+        "--set-json", 'watchNamespaces=["team-a"]', "--set", "kueue.enabled=true"
+    )  # fmt: skip
+    cluster_wide = granted(one(manifests, "ClusterRole"))
+    assert cluster_wide[("kueue.x-k8s.io", "resourceflavors")] == {"list", "watch"}
+    assert not KUEUE_WORKLOADS.keys() & cluster_wide.keys()
+    [role] = [r for r in find(manifests, "Role") if r["metadata"]["namespace"] == "team-a"]
+    assert granted(role) == merged(JOB_READS, JOB_WRITES, KUEUE_WORKLOADS)
 
 
 def test_watching_every_namespace_grants_no_namespaced_job_roles() -> None:

@@ -190,3 +190,68 @@ def test_a_worker_deleted_in_a_gap_is_handed_over_with_its_last_state() -> None:
         cache.start()
         until(lambda: len(cache.worker_pods(("ns", "a"))) == 1)
         assert left == [(("ns", "a"), "a-1", "Running")], "the relist's tombstone, unwrapped"
+
+
+class NamespacedCluster(Cluster):
+    """The same objects behind namespaced listers only: a cluster-wide call fails, as
+    the chart's RBAC refuses it with watchNamespaces."""
+
+    def __init__(self, jobs: list[Any], pods: list[Any], services: list[Any], **options: Any):
+        def in_namespace(objects: list[Any], namespace: str) -> FakeApi:
+            return FakeApi([o for o in objects if o["metadata"]["namespace"] == namespace])
+
+        def refused(*_: Any, **__: Any) -> None:
+            raise AssertionError("a cluster-wide LIST or WATCH")
+
+        self.apis: dict[tuple[str, str], FakeApi] = {}
+        for kind, objects in (("jobs", jobs), ("pods", pods), ("services", services)):
+            for namespace in {o["metadata"]["namespace"] for o in objects}:
+                self.apis[kind, namespace] = in_namespace(objects, namespace)
+
+        def lister(kind: str) -> Any:
+            def listing(namespace: str, *_: Any, **kwargs: Any) -> Any:
+                api = self.apis.setdefault((kind, namespace), FakeApi([]))
+                return api(**kwargs)
+
+            return listing
+
+        kube = SimpleNamespace(
+            custom=SimpleNamespace(
+                list_cluster_custom_object=refused,
+                list_namespaced_custom_object=lambda _g, _v, ns, _p, **kw: lister("jobs")(ns, **kw),
+            ),
+            core=SimpleNamespace(
+                list_pod_for_all_namespaces=refused,
+                list_service_for_all_namespaces=refused,
+                list_namespaced_pod=lister("pods"),
+                list_namespaced_service=lister("services"),
+            ),
+        )
+        self.woken: Counter[JobKey] = Counter()
+        self.cache = JobCache(kube, lambda key: self.woken.update([key]), page_size=2, **options)  # type: ignore[arg-type]
+
+
+def test_named_namespaces_are_each_watched_through_their_own_endpoints() -> None:
+    fake = NamespacedCluster(
+        [raw_job("a", "team-x"), raw_job("b", "team-y"), raw_job("c", "default")],
+        [raw_pod("a-0", job="a", namespace="team-x"), raw_pod("b-0", job="b", namespace="team-y")],
+        [raw_service("c", "default")],
+        namespaces=("team-x", "team-y"),
+    )
+    with fake as cache:
+        assert sorted(cache.job_keys()) == [("team-x", "a"), ("team-y", "b")]
+        assert not fake.apis["jobs", "default"].calls, "an unwatched namespace is never listed"
+        assert {kind for kind, ns in fake.apis if fake.apis[kind, ns].calls} == {
+            "jobs", "pods", "services",
+        }  # fmt: skip
+        # One namespace relists (its own 410) and a-0 went meanwhile: team-y's worker stays.
+        fake.apis["pods", "team-x"].objects = []
+        fake.woken.clear()
+        cache.pods.by_namespace["team-x"].force_relist()  # type: ignore[union-attr]
+        until(lambda: cache.worker_pods(("team-x", "a")) == [])
+        assert [p.name for p in cache.worker_pods(("team-y", "b"))] == ["b-0"]
+        assert fake.woken == Counter({("team-x", "a"): 1})
+        assert cache.stats()["worker-pods"] == (1, 1)
+        # A watch event arrives through its namespace's informer.
+        cache.pods.apply({"type": "ADDED", "object": raw_pod("a-1", job="a", namespace="team-x")})
+        assert [p.name for p in cache.worker_pods(("team-x", "a"))] == ["a-1"]

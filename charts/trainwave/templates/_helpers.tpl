@@ -122,3 +122,35 @@ when it watches every namespace, a Role's in each of `watchNamespaces` otherwise
   resources: ["events"]
   verbs: ["create", "patch"]
 {{- end }}
+
+{{- /* What the operator reads in a namespace whose jobs it runs, from watches: granted
+cluster-wide, or with watchNamespaces by the Role in each (the operator then lists and
+watches each namespace through its namespaced endpoints, controller/namespaced.py). */}}
+{{- define "trainwave.jobReadRules" -}}
+# The jobs it reconciles and their rendezvous Services: listed and watched
+# (reconciles read the watched copy, never a GET).
+- apiGroups: ["trainwave.io"]
+  resources: ["trainingjobs"]
+  verbs: ["list", "watch"]
+- apiGroups: [""]
+  resources: ["services"]
+  verbs: ["list", "watch"]
+# What could change or refuse a worker pod on its way in (a LimitRange, a
+# ResourceQuota): read from watches, so a gang is placed before its pods exist
+# only where nothing can. Without these the gate is always used.
+- apiGroups: [""]
+  resources: ["limitranges", "resourcequotas"]
+  verbs: ["list", "watch"]
+{{- end }}
+
+{{- define "trainwave.kueueWorkloadRules" -}}
+# Kueue: each queued job's Workload, created with an ownerReference (GC removes
+# it with the job) and read from a watch; its status is written to give the
+# quota back after an eviction and to mark it Finished.
+- apiGroups: ["kueue.x-k8s.io"]
+  resources: ["workloads"]
+  verbs: ["create", "list", "watch", "patch"]
+- apiGroups: ["kueue.x-k8s.io"]
+  resources: ["workloads/status"]
+  verbs: ["patch"]
+{{- end }}

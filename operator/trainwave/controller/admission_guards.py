@@ -22,44 +22,58 @@ from __future__ import annotations
 
 import threading
 from collections.abc import Iterable, Mapping
+from functools import partial
 from typing import Any
 
 from trainwave.controller.informer import PAGE_SIZE, WATCH_SECONDS, Informer, LockedDict
 from trainwave.controller.kube import KubeClient
+from trainwave.controller.namespaced import AnyInformer, informer_in
 
 _POD_RESOURCES = {"pods", "*", "*/*"}
 
 
 class AdmissionGuards:
+    """`namespaces`: the operator's --namespace; LimitRanges and ResourceQuotas matter
+    only where its jobs are, so with names they are watched only there (namespaced.py).
+    Webhook configurations are cluster-scoped: watched cluster-wide."""
+
     def __init__(
-        self, kube: KubeClient, *, page_size: int = PAGE_SIZE, watch_seconds: int = WATCH_SECONDS
+        self,
+        kube: KubeClient,
+        *,
+        namespaces: Iterable[str] = (),
+        page_size: int = PAGE_SIZE,
+        watch_seconds: int = WATCH_SECONDS,
     ):
         self._lock = threading.Lock()
         self._webhooks, self._limits, self._quotas = (LockedDict[str](self._lock) for _ in range(3))
-        self.informers = (
+        common: dict[str, Any] = {"page_size": page_size, "watch_seconds": watch_seconds}
+        core = kube.core
+        self.informers: tuple[AnyInformer[str], ...] = (
             Informer(
                 "mutatingwebhookconfigurations",
                 kube.admission.list_mutating_webhook_configuration,
                 mutates_pods,
                 self._webhooks,
-                page_size=page_size,
-                watch_seconds=watch_seconds,
+                **common,
             ),
-            Informer(
+            informer_in(
                 "limitranges",
-                kube.core.list_limit_range_for_all_namespaces,
-                _namespace,
-                self._limits,
-                page_size=page_size,
-                watch_seconds=watch_seconds,
+                namespaces,
+                everywhere=core.list_limit_range_for_all_namespaces,
+                lister_in=lambda ns: partial(core.list_namespaced_limit_range, ns),
+                convert=_namespace,
+                store=self._limits,
+                **common,
             ),
-            Informer(
+            informer_in(
                 "resourcequotas",
-                kube.core.list_resource_quota_for_all_namespaces,
-                _namespace,
-                self._quotas,
-                page_size=page_size,
-                watch_seconds=watch_seconds,
+                namespaces,
+                everywhere=core.list_resource_quota_for_all_namespaces,
+                lister_in=lambda ns: partial(core.list_namespaced_resource_quota, ns),
+                convert=_namespace,
+                store=self._quotas,
+                **common,
             ),
         )
 

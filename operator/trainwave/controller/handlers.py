@@ -104,13 +104,17 @@ async def start(*, settings: kopf.OperatorSettings, memo: Any, **_: Any) -> None
     workloads = None
     if OPTIONS.kueue:
         # Kueue's Workloads of queued jobs: an admission or eviction wakes the job.
-        workloads = WorkloadCache(kube, lambda key: loop.call_soon_threadsafe(_wake, key))
+        workloads = WorkloadCache(
+            kube,
+            lambda key: loop.call_soon_threadsafe(_wake, key),
+            namespaces=OPTIONS.namespaces,
+        )
         workloads.start()
         _CACHE["workloads"] = workloads
     # What could change or refuse a pod on its way in: a gang is placed before its pods
     # exist only where nothing can (admission_guards.py). Not waited for: until listed,
     # every gang takes the gate.
-    guards = AdmissionGuards(kube)
+    guards = AdmissionGuards(kube, namespaces=OPTIONS.namespaces)
     guards.start()
     _CACHE["guards"] = guards
     placer = Placer(kube, OPTIONS.topology_levels, _wake, cache.view)

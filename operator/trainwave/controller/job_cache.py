@@ -36,9 +36,9 @@ from trainwave.controller.informer import (
     Deleted,
     DeletedFinalStateUnknown,
     EventHandlers,
-    Informer,
 )
 from trainwave.controller.kube import KubeClient
+from trainwave.controller.namespaced import AnyInformer, informer_in
 from trainwave.lifecycle.observed import WorkerPod, observe_pod
 
 logger = logging.getLogger(__name__)
@@ -52,8 +52,9 @@ class JobCache:
     """Everything a reconcile reads, each kind followed by its own watch.
 
     `namespaces`: names or shell patterns (`team-*`) of the namespaces whose jobs
-    are reconciled; empty means all. The watches are cluster-wide either way
-    (the chart grants a ClusterRole) and other namespaces are dropped on arrival.
+    are reconciled; empty means all. Names are watched each through its namespaced
+    endpoints (namespaced.py), so the operator needs list/watch only there; with a
+    pattern the watches are cluster-wide and other namespaces are dropped on arrival.
     """
 
     def __init__(
@@ -77,38 +78,43 @@ class JobCache:
         self._service_count: Counter[JobKey] = Counter()
         labelled = contract.LABEL_JOB_NAME  # a bare key selects "label present"
         common: dict[str, Any] = {"page_size": page_size, "watch_seconds": watch_seconds}
-        self.jobs: Informer[Body] = Informer(
+        group = (contract.GROUP, contract.VERSION)
+        custom, core = kube.custom, kube.core
+        self.jobs: AnyInformer[Body] = informer_in(
             "trainingjobs",
-            partial(
-                kube.custom.list_cluster_custom_object,
-                contract.GROUP,
-                contract.VERSION,
-                contract.PLURAL,
+            self._namespaces,
+            everywhere=partial(custom.list_cluster_custom_object, *group, contract.PLURAL),
+            lister_in=lambda ns: partial(
+                custom.list_namespaced_custom_object, *group, ns, contract.PLURAL
             ),
-            self._job_record,
-            Store(self._replace_jobs, self._put_job),
+            convert=self._job_record,
+            store=Store(self._replace_jobs, self._put_job),
             **common,
         )
-        self.pods: Informer[tuple[JobKey, WorkerPod]] = Informer(
+        self.pods: AnyInformer[tuple[JobKey, WorkerPod]] = informer_in(
             "worker-pods",
-            partial(kube.core.list_pod_for_all_namespaces, label_selector=labelled),
-            self._pod_record,
-            Store(self._replace_pods, self._put_pod),
+            self._namespaces,
+            everywhere=partial(core.list_pod_for_all_namespaces, label_selector=labelled),
+            lister_in=lambda ns: partial(core.list_namespaced_pod, ns, label_selector=labelled),
+            convert=self._pod_record,
+            store=Store(self._replace_pods, self._put_pod),
             # A worker's last state, seen only on its DELETED event (departures.py),
             # or carried by a relist's tombstone when it went while the watch was down.
             handlers=EventHandlers(on_delete=_departure_handler(on_departure)),
             **common,
         )
-        self.services: Informer[JobKey] = Informer(
+        self.services: AnyInformer[JobKey] = informer_in(
             "services",
-            partial(kube.core.list_service_for_all_namespaces, label_selector=labelled),
-            self._service_record,
-            Store(self._replace_services, self._put_service),
+            self._namespaces,
+            everywhere=partial(core.list_service_for_all_namespaces, label_selector=labelled),
+            lister_in=lambda ns: partial(core.list_namespaced_service, ns, label_selector=labelled),
+            convert=self._service_record,
+            store=Store(self._replace_services, self._put_service),
             **common,
         )
 
     @property
-    def informers(self) -> tuple[Informer[Any], ...]:
+    def informers(self) -> tuple[AnyInformer[Any], ...]:
         return self.jobs, self.pods, self.services
 
     def start(self) -> None:

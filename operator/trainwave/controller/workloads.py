@@ -27,6 +27,7 @@ from trainwave.api.trainingjob import JobKey
 from trainwave.controller.by_job import ByJob, Store
 from trainwave.controller.informer import PAGE_SIZE, WATCH_SECONDS, Informer, LockedDict
 from trainwave.controller.kube import Conflict, KubeClient
+from trainwave.controller.namespaced import AnyInformer, informer_in
 from trainwave.lifecycle.admission import Flavor, Workload, observe_workload
 
 logger = logging.getLogger(__name__)
@@ -40,25 +41,37 @@ class WorkloadCache:
         kube: KubeClient,
         wake: Callable[[JobKey], None],
         *,
+        namespaces: Iterable[str] = (),
         page_size: int = PAGE_SIZE,
         watch_seconds: int = WATCH_SECONDS,
     ):
+        """`namespaces`: the operator's --namespace; with names, Workloads are watched
+        only there (namespaced.py). ResourceFlavors are cluster-scoped."""
         self._lock = threading.Lock()
         self._wake = wake
         self._workloads: ByJob[JobKey, Workload] = ByJob()
         self._flavors = LockedDict[Flavor](self._lock)
         common: dict[str, Any] = {"page_size": page_size, "watch_seconds": watch_seconds}
         custom = kube.custom
-        self.workload_informer: Informer[tuple[JobKey, Workload]] = Informer(
+        labelled = contract.LABEL_JOB_NAME
+        self.workload_informer: AnyInformer[tuple[JobKey, Workload]] = informer_in(
             "workloads",
-            partial(
+            namespaces,
+            everywhere=partial(
                 custom.list_cluster_custom_object,
                 *_KUEUE,
                 contract.KUEUE_WORKLOADS,
-                label_selector=contract.LABEL_JOB_NAME,
+                label_selector=labelled,
             ),
-            _workload_record,
-            Store(self._replace_workloads, self._put_workload),
+            lister_in=lambda ns: partial(
+                custom.list_namespaced_custom_object,
+                *_KUEUE,
+                ns,
+                contract.KUEUE_WORKLOADS,
+                label_selector=labelled,
+            ),
+            convert=_workload_record,
+            store=Store(self._replace_workloads, self._put_workload),
             **common,
         )
         self.flavor_informer: Informer[Flavor] = Informer(
@@ -70,7 +83,7 @@ class WorkloadCache:
         )
 
     @property
-    def informers(self) -> tuple[Informer[Any], ...]:
+    def informers(self) -> tuple[AnyInformer[Any], ...]:
         return self.workload_informer, self.flavor_informer
 
     def start(self) -> None:
