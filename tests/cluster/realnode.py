@@ -68,7 +68,11 @@ class Context:
 
 def node_layouts(layout: Layout, count: int) -> list[config.NodeLayout]:
     return [
-        config.NodeLayout(layout.root / f"realnode-{index}", NodeNetwork(index))
+        config.NodeLayout(
+            layout.root / f"realnode-{index}",
+            NodeNetwork(index),
+            host.cache_dir() / f"realnode-{index}-containerd",
+        )
         for index in range(1, count + 1)
     ]
 
@@ -94,7 +98,6 @@ def prepare_host(
         # Host paths that did not exist before: `down` removes them.
         "created_paths": host.missing_paths(),
         "sysctls": read_sysctls(),
-        "images": {},
     }
     save()
     # The agent's kubelet plugin writes CDI specs there; containerd watches it.
@@ -178,6 +181,7 @@ def teardown(layout: Layout, state: dict[str, Any]) -> list[str]:
         # Shims and anything else still pointing into the node's files.
         processes.stop_groups(processes.processes_referencing(str(node.root) + "/"), STOP_GRACE)
         host.unmount_under(node.root, problems)
+        host.unmount_under(node.containerd_root, problems)
         shutil.rmtree(node.shim_socket_dir, ignore_errors=True)
         remove_node_network(node.network, problems)
     host.unmount_under(config.KUBELET_ROOT, problems)
@@ -239,24 +243,29 @@ def _template(topology: Topology) -> dict[str, Any]:
 
 def import_images(context: Context, node: config.NodeLayout) -> None:
     """Import the pause, CoreDNS and `make images` archives into containerd's k8s.io
-    namespace; an archive imported before with the same content key is skipped."""
-    seen = context.state["real_nodes"].setdefault("images", {})
+    namespace. containerd's root outlives the cluster (NodeLayout.image_root), so an
+    archive imported before with the same content key is skipped, on a cold `up` too."""
+    try:
+        seen = json.loads(node.imported_images.read_text())
+    except (OSError, ValueError):
+        seen = {}
+    ctr = [str(context.tool("ctr")), f"--address={node.containerd_socket}", "--namespace=k8s.io"]
+    listed = subprocess.run(
+        [*ctr, "images", "ls", "--quiet"], capture_output=True, text=True, check=False, timeout=60
+    )
+    present = set(listed.stdout.split())  # a test may have removed one (crictl rmi)
     for archive in host.image_archives():
-        if seen.get(str(archive.path)) == archive.key:
+        if seen.get(archive.ref) == archive.key and archive.ref in present:
             continue
-        command = [
-            str(context.tool("ctr")), f"--address={node.containerd_socket}",
-            "--namespace=k8s.io", "images", "import", "--snapshotter=overlayfs",
-            str(archive.path),
-        ]  # fmt: skip
+        command = [*ctr, "images", "import", "--snapshotter=overlayfs", str(archive.path)]
         result = subprocess.run(command, capture_output=True, text=True, check=False, timeout=600)
         if result.returncode != 0:
             raise RuntimeError(
                 f"importing {archive.path} into {node.name}'s containerd failed: "
                 f"{result.stderr.strip()}"
             )
-        seen[str(archive.path)] = archive.key
-        context.save()
+        seen[archive.ref] = archive.key
+        node.imported_images.write_text(json.dumps(seen, indent=2))
 
 
 def _image_refs() -> dict[str, str]:

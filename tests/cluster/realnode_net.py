@@ -121,7 +121,8 @@ def remove_node_network(node: NodeNetwork, problems: list[str]) -> None:
     if node.netns_path.exists():
         _try(problems, "ip", "netns", "del", node.netns)
     if link_exists(node.host_veth):
-        _try(problems, "ip", "link", "del", node.host_veth)
+        # Usually gone with the namespace already; the kernel may still be removing it.
+        _try(problems, "ip", "link", "del", node.host_veth, ignore="Cannot find device")
 
 
 def remove_bridge(problems: list[str]) -> None:

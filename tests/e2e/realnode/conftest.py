@@ -24,3 +24,13 @@ def cluster() -> Iterator[Cluster]:
     yield running
     if running.started and os.environ.get("TRAINWAVE_KEEP_CLUSTER") != "1":
         running.stop()
+
+
+DOWN_TEST = "test_down_leaves_nothing_on_the_host"
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """The test of `down` stops the cluster every e2e test shares: run it after all of
+    them, not first (its directory sorts before tests/e2e/test_*.py)."""
+    last = [item for item in items if item.name == DOWN_TEST]
+    items[:] = [item for item in items if item.name != DOWN_TEST] + last

@@ -190,6 +190,8 @@ def test_down_leaves_nothing_on_the_host(cluster: Cluster) -> None:
     assert "10.245." not in routes
     assert host.kubepods_cgroups() == []
     assert host.mounts_under(cluster.state_dir) == []
+    # containerd's root outlives the cluster (images stay imported), its mounts do not.
+    assert host.mounts_under(host.cache_dir() / "realnode-1-containerd") == []
     assert not cluster.state_dir.exists()
     for path in state["real_nodes"]["created_paths"]:
         assert not Path(path).exists(), f"{path} was created by the real node and is still there"
