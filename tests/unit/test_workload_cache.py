@@ -79,3 +79,28 @@ def test_flavors_are_known_only_once_seen() -> None:
         {"pool": "a"},
         ({"key": "k", "operator": "Exists"},),
     )
+
+
+def test_with_named_namespaces_workloads_are_listed_in_each_and_flavors_cluster_wide() -> None:
+    listed: list[tuple[str, ...]] = []
+
+    def namespaced(group: str, version: str, namespace: str, plural: str, **_: Any) -> None:
+        listed.append((namespace, plural))
+
+    def cluster_wide(group: str, version: str, plural: str, **_: Any) -> None:
+        listed.append(("*", plural))
+
+    kube = SimpleNamespace(
+        custom=SimpleNamespace(
+            list_cluster_custom_object=cluster_wide, list_namespaced_custom_object=namespaced
+        )
+    )
+    workloads = WorkloadCache(kube, lambda key: None, namespaces=("team-a", "team-b"))  # type: ignore[arg-type]
+    for informer in workloads.workload_informer.informers:  # type: ignore[union-attr]
+        informer._lister(limit=1)
+    workloads.flavor_informer._lister(limit=1)
+    assert sorted(listed) == [
+        ("*", contract.KUEUE_FLAVORS),
+        ("team-a", contract.KUEUE_WORKLOADS),
+        ("team-b", contract.KUEUE_WORKLOADS),
+    ]
