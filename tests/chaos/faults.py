@@ -21,7 +21,7 @@ from datetime import UTC, datetime
 from typing import Any
 
 from chaos.plan import GRACE_SECONDS, Fault, JobPlan
-from chaos.windows import SAFE_MARGIN, Windows, job_of, left, on
+from chaos.windows import SAFE_MARGIN, Windows, job_of, left
 from cluster.controlplane import Cluster
 from cluster.deploy import OperatorProcess
 from cluster.restarts import restart_component
@@ -31,6 +31,9 @@ from integration.node_pools import Pool
 from integration.trainwave_fixtures import lease_holder, wait_until
 
 VICTIM_SEARCH = 30.0  # how long a disruption looks for a safe window before it is skipped
+# A node NotReady needs every hit worker to outlast the grace (see _not_ready_hit), which
+# fewer gangs do at any moment: it looks longer before it is skipped.
+NOT_READY_SEARCH = 60.0
 TAKEOVER = 15 + 1.2 * 2 + 8  # leaseDuration + retryPeriod jitter, slack for a loaded machine
 CORDON_SETTLE = 2.0  # the placer's cache sees the cordon before the node is deleted
 
@@ -163,13 +166,15 @@ class Chaos(Windows):
 
     def _node_not_ready(self, record: Injected) -> None:
         """NotReady past every job's grace: each job with a worker there is disrupted once.
-        kwok lets go of the node first, so its pods freeze as on a dead kubelet; the jobs it
-        hits are read again once the placer has seen the node NotReady (no gang goes there
-        after that), and the node is brought back at once if they are no longer safe."""
-        deadline = time.monotonic() + VICTIM_SEARCH
+        kwok lets go of the node first, so its pods take no new step (their ends, queued
+        already, still come: see `_not_ready_hit`); the jobs it hits are read again once
+        the placer has seen the node NotReady (no gang goes there after that), and the node
+        is brought back at once if they are no longer safe."""
+        deadline = time.monotonic() + NOT_READY_SEARCH
         while time.monotonic() < deadline:
             node = self._search(self._safe_not_ready_node, record, deadline)
             if node is None:
+                record.skipped = f"no target in a safe window for {NOT_READY_SEARCH:.0f}s"
                 return
             down = time.monotonic()
             self._take_down(node)
@@ -182,7 +187,7 @@ class Chaos(Windows):
             time.sleep(max(0.0, record.fault.hold - (time.monotonic() - down)))
             self._bring_back(node)
             return
-        record.skipped = f"no target in a safe window for {VICTIM_SEARCH:.0f}s"
+        record.skipped = f"no target in a safe window for {NOT_READY_SEARCH:.0f}s"
 
     def _safe_not_ready_node(self) -> str | None:
         nodes = sorted(set(self.pool.nodes) - self.deleted)
@@ -190,18 +195,25 @@ class Chaos(Windows):
         return self.rng.choice(candidates) if candidates else None
 
     def _not_ready_hit(self, node: str) -> set[str] | None:
-        """As `hit_on`, and every worker of a hit job that is elsewhere outlasts the
-        grace: one that ended first (a failure, a success) would decide the job before the
-        disruption does."""
+        """As `hit_on`, and every worker of a hit job outlasts the grace, wherever it is.
+        One elsewhere that ended first (a failure, a success) would decide the job before
+        the disruption does. So would one on the node itself: kwok (v0.8.0,
+        pod_controller.go playStageWorker) plays a stage it queued with a delay when the
+        delay is up without asking whether it still manages the node, and a worker's end
+        is queued, run-for seconds ahead, as soon as it runs. So letting go of the node
+        freezes nothing already queued: the workers there still end on time (seed 4242:
+        both workers of ok-46 Succeeded on the NotReady node 15 s into their run, the job
+        Succeeded with them, and the oracle still counted a disruption). A worker that
+        outlasts the grace ends only after the operator has judged the node."""
         hit = self.hit_on(node)
         if hit is None:
             return None
         now = datetime.now(UTC)
-        elsewhere = [
+        workers = [
             p for p in list(self.ledger.live.values())
-            if job_of(p) in hit and not on(p, node) and not p["metadata"].get("deletionTimestamp")
+            if job_of(p) in hit and not p["metadata"].get("deletionTimestamp")
         ]  # fmt: skip
-        if any(left(p, self.jobs[job_of(p)], now) < GRACE_SECONDS + SAFE_MARGIN for p in elsewhere):
+        if any(left(p, self.jobs[job_of(p)], now) < GRACE_SECONDS + SAFE_MARGIN for p in workers):
             return None
         return hit
 
