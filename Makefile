@@ -86,7 +86,7 @@ integration: venv tools ## integration tests against the real local control plan
 	$(PYTEST) tests/integration
 
 .PHONY: e2e
-e2e: venv tools ## end-to-end: real training processes on the test kubelet's nodes (needs root)
+e2e: venv tools images ## end-to-end: the chart installed on the local cluster's real node, real training in containers (root; docs/e2e.md)
 	$(PYTEST) tests/e2e
 
 .PHONY: chaos
