@@ -181,10 +181,13 @@ def release(cluster: Cluster) -> Release:
     cluster.kubectl("label", "namespace", NAMESPACE, "--overwrite",
                     f"pod-security.kubernetes.io/enforce={RELEASE_NAMESPACE_LEVEL}")  # fmt: skip
     began = time.monotonic()
-    install_chart(cluster, "-f", str(values_file))
-    for selector in (OPERATOR_PODS, AGENT_PODS):
-        cluster.kubectl("wait", "--for=condition=Ready", "pod", "-n", NAMESPACE, "-l", selector,
-                        "--timeout=120s", timeout=130)  # fmt: skip
+    try:
+        install_chart(cluster, "-f", str(values_file))
+        for selector in (OPERATOR_PODS, AGENT_PODS):
+            cluster.kubectl("wait", "--for=condition=Ready", "pod", "-n", NAMESPACE,
+                            "-l", selector, "--timeout=120s", timeout=130)  # fmt: skip
+    except (RuntimeError, subprocess.CalledProcessError) as error:
+        raise RuntimeError(f"{error}\n{release_diagnostics(cluster)}") from error
     installed = Release(cluster, node, layout.containerd_socket, FAKE_GPUS, values)
     deadline = time.monotonic() + 60
     while not installed.leader():
@@ -193,6 +196,20 @@ def release(cluster: Cluster) -> Release:
         time.sleep(0.5)
     print(f"trainwave installed on {node} in {time.monotonic() - began:.1f}s")
     return installed
+
+
+def release_diagnostics(cluster: Cluster) -> str:
+    """Why the release is not Ready: its pods, their events and their containers' output."""
+    parts = []
+    for args in (
+        ("get", "pods", "-n", NAMESPACE, "-o", "wide"),
+        ("describe", "pods", "-n", NAMESPACE),
+        ("logs", "-n", NAMESPACE, "-l", OPERATOR_PODS, "--all-containers", "--tail=30"),
+        ("logs", "-n", NAMESPACE, "-l", AGENT_PODS, "--all-containers", "--tail=30"),
+    ):
+        result = cluster.kubectl(*args, check=False)
+        parts.append(f"$ kubectl {' '.join(args)}\n{result.stdout[-6000:]}{result.stderr[-2000:]}")
+    return "\n".join(parts)
 
 
 def chart_values(fake_gpus: Path) -> dict[str, Any]:
