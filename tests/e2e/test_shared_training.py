@@ -1,38 +1,48 @@
-"""End to end: two jobs share one simulated GPU, each held to half its memory by the allocator.
+"""End to end on the real node: two TrainingJobs share one fake GPU through DRA.
 
-One test-kubelet node offers one shared GPU of 5 MiB. There is no GPU on this
-machine: the "device" is the runtime's CPU-simulated device tier, so every
-peak here is model-based. The node-local arbiter runs as a process, as the
-agent DaemonSet's arbiter container would, serving the socket directory the
-agent fills (the agent's own code writes gpus.json); the operator is started
-with --arbiter-dir, as the chart starts it. Each job's model needs about
-3.7 MB to train plainly and gets a 2 MiB budget: prepare() measures that and
-trains through the submodel executor. A third job would overfill the GPU and
-waits, saying which GPU is fullest.
+The chart runs as installed by the e2e conftest (`release`: the operator and the agent as
+pods on the real node, `agent.gpuClaims` on, the arbiter as the agent pod's second
+container). This module upgrades the release for its own duration so the agent reads a
+fake-GPU file with ONE GPU of 5 MiB, offered for sharing, and restores the values after.
+There is no GPU on this machine: the fake file stands in for NVML, and the jobs train on
+the runtime's CPU-simulated device tier, so every memory peak here is model-based.
+
+What runs for real: the agent publishes the GPU as a ResourceSlice and serves its DRA
+kubelet plugin, which the real kubelet finds through /var/lib/kubelet/plugins_registry;
+the operator gives each shared worker a ResourceClaim for the GPU its packer chose;
+kube-scheduler allocates it; the kubelet calls the agent's NodePrepareResources and
+passes the answered CDI device (`trainwave.io/gpu=gpu-0`) to containerd v2, which applies
+the agent's CDI spec (/var/run/cdi, a directory containerd reads by default) to the
+container. Each job's model needs about 3.7 MB to train plainly and gets a 2 MiB budget:
+prepare() measures that and trains through the submodel allocator, taking turns on the
+GPU's memory through the arbiter's socket. A third job would overfill the GPU and waits,
+naming the GPU.
+
+The operator's pod spec also sets NVIDIA_VISIBLE_DEVICES (from the placement annotation),
+so a worker's environment alone cannot tell the two routes apart: the CDI route is shown
+by a pod with only a claim and no such env, and by the CDI device containerd recorded
+for each worker container (`crictl inspect`).
 """
 
 from __future__ import annotations
 
 import json
 import os
-import signal
-import subprocess
-import sys
 import time
 from collections.abc import Iterator
-from pathlib import Path
 from typing import Any
 
 import pytest
+import yaml
 
 from cluster.controlplane import Cluster
-from cluster.deploy import OperatorProcess
-from cluster.topology import NodeShape
-from e2e.kubelet import TestKubelet
-from e2e.podrun import PodRun, sandbox_unavailable
+from cluster.deploy import NAMESPACE, RELEASE, install_chart
+from e2e.conftest import ON_REAL_NODE, WORKER_IMAGE, Release
+from e2e.test_training import SCRIPTS, SITE_PACKAGES, events, pod_logs, read_only_host_path
 from integration.trainwave_fixtures import (
     apply,
     condition,
+    get_json,
     job,
     job_manifest,
     wait_for_phase,
@@ -40,204 +50,279 @@ from integration.trainwave_fixtures import (
     worker_pods,
 )
 from trainwave import contract
-from trainwave.agent.running import write_arbiter_gpus
-from trainwave.hardware.inventory import GpuInfo
 from trainwave.runtime.submodel.arbiter import ArbiterClient
 
-UNAVAILABLE = sandbox_unavailable()
-pytestmark = pytest.mark.skipif(UNAVAILABLE is not None, reason=f"skipped: {UNAVAILABLE}")
-
-REPO = Path(__file__).resolve().parents[2]
-SCRIPT = REPO / "examples" / "train" / "budgeted_mlp.py"
 GPU_MIB = 5
 BUDGET = 2 << 20  # 2Mi: about half of what the model needs to train plainly
-SHARED_SHAPE = NodeShape.model_validate(
-    {"cpu": "16", "gpu": {"product": "Simulated-CPU-Device", "count": 1, "memoryMiB": GPU_MIB,
-                          "shared": True}}
-)  # fmt: skip
+GPU_UUID = "GPU-e2e5a4ed-0000-4000-8000-000000000000"
+ONE_SHARED_GPU = {
+    "gpus": [{"uuid": GPU_UUID, "name": "Simulated-CPU-Device", "memoryMiB": GPU_MIB,
+              "pciBusId": "00000000:01:00.0"}],
+}  # fmt: skip
+DEVICE = f"{contract.DRA_DEVICE_PREFIX}0"
+CDI_ID = f"{contract.CDI_KIND}={DEVICE}"
+CDI_SPEC = "/var/run/cdi/trainwave.io-gpu.json"  # where the chart's agent writes it
+REGISTRATION = f"/var/lib/kubelet/plugins_registry/{contract.DRA_DRIVER}-reg.sock"
+
+
+def agent_log(release: Release) -> str:
+    pod = release.agent_pod()["metadata"]["name"]
+    return pod_logs(release.cluster, NAMESPACE, pod, "agent")
+
+
+def upgrade(release: Release, values: dict[str, Any], name: str) -> None:
+    """`helm upgrade` with `values` (all of them: install_chart resets the rest), then wait
+    for the agent's new pod."""
+    path = release.cluster.state_dir / "e2e" / name
+    path.write_text(yaml.safe_dump(values))
+    install_chart(release.cluster, "-f", str(path))
+    release.cluster.kubectl("rollout", "status", f"daemonset/{RELEASE}-agent", "-n", NAMESPACE,
+                            "--timeout=120s", timeout=130)  # fmt: skip
 
 
 @pytest.fixture(scope="module")
-def shared_kubelet(
-    cluster: Cluster, tmp_path_factory: pytest.TempPathFactory
-) -> Iterator[TestKubelet]:
-    kubelet = TestKubelet(
-        cluster.kubeconfig,
-        tmp_path_factory.mktemp("shared-kubelet"),
-        venv=Path(sys.prefix),
-        nodes=1,
-        image_env={"PYTHONPATH": str(REPO / "operator"), "OMP_NUM_THREADS": "1"},
-        shape=SHARED_SHAPE,
-    )
+def shared_gpu(release: Release) -> Iterator[str]:
+    """The release upgraded to one fake GPU of 5 MiB, shared, until the module ends; yields
+    its UUID once the kubelet registered the agent's plugin, the GPU's slice is published,
+    the CDI spec names it and the arbiter serves its socket."""
+    gpus = release.cluster.state_dir / "e2e" / "one-shared-gpu.json"
+    gpus.write_text(json.dumps(ONE_SHARED_GPU))
+    agent = {**release.values["agent"], "fakeGpus": str(gpus), "sharedGpus": "0"}
+    upgrade(release, {**release.values, "agent": agent}, "values-one-shared-gpu.yaml")
     try:
-        kubelet.start()
-        cluster.kubectl("wait", "--for=condition=Ready", f"node/{kubelet.node_names[0]}",
-                        "--timeout=30s")  # fmt: skip
-        yield kubelet
+        wait_until(lambda: "registered with the kubelet" in agent_log(release), 60,
+                   "the kubelet to register the agent's DRA plugin")  # fmt: skip
+        wait_until(lambda: slice_devices(release.cluster, release.node).get(DEVICE), 60,
+                   "the GPU's ResourceSlice")  # fmt: skip
+        wait_until(lambda: GPU_UUID in read_host(CDI_SPEC), 60, "the agent's CDI spec")
+        wait_until(lambda: arbiter_socket().startswith("/") and host_has(arbiter_socket()),
+                   60, "the arbiter's socket for the GPU")  # fmt: skip
+        yield GPU_UUID
     finally:
-        kubelet.stop()
+        upgrade(release, release.values, "values-restored.yaml")
 
 
-@pytest.fixture(scope="module")
-def shared_gpu(cluster: Cluster, shared_kubelet: TestKubelet) -> str:
-    node = json.loads(
-        cluster.kubectl("get", "node", shared_kubelet.node_names[0], "-o", "json").stdout
-    )
-    inventory = json.loads(node["metadata"]["annotations"][contract.ANNOTATION_INVENTORY])
-    (gpu,) = inventory["sharedGpus"]
-    return str(gpu["uuid"])
+def arbiter_socket() -> str:
+    return f"/run/trainwave/arbiter/{GPU_UUID}.sock"  # agent.arbiter.hostPath, the default
 
 
-@pytest.fixture(scope="module")
-def arbiter(tmp_path_factory: pytest.TempPathFactory, shared_gpu: str) -> Iterator[Path]:
-    """The arbiter container's work, on this machine: sockets in a host directory."""
-    directory = tmp_path_factory.mktemp("arbiter")
-    write_arbiter_gpus(directory, [GpuInfo(0, shared_gpu, "sim", GPU_MIB, "0000:01:00.0", None)])
-    server = subprocess.Popen(
-        [sys.executable, "-m", "trainwave.runtime.submodel.arbiter", "--directory", str(directory)],
-        env={"PYTHONPATH": str(REPO / "operator")},
-        stderr=(directory / "arbiter.log").open("wb"),
-    )
+def host_has(path: str) -> bool:
+    return os.path.exists(path)
+
+
+def read_host(path: str) -> str:
     try:
-        wait_until((directory / f"{shared_gpu}.sock").exists, 20, "the arbiter socket")
-        yield directory
-    finally:
-        server.kill()
-        server.wait()
+        with open(path) as file:
+            return file.read()
+    except OSError:
+        return ""
 
 
-@pytest.fixture
-def operator_with_arbiter(running_operator: OperatorProcess, arbiter: Path) -> Iterator[Path]:
-    """The session operator, restarted with --arbiter-dir as the chart passes it; yields
-    the arbiter's directory."""
-    before = running_operator.extra_args
-    running_operator.stop()
-    running_operator.extra_args = (*before, "--arbiter-dir", str(arbiter))
-    running_operator.start()
-    try:
-        yield arbiter
-    finally:
-        running_operator.stop()
-        running_operator.extra_args = before
-        running_operator.start()
+def slice_devices(cluster: Cluster, node: str) -> dict[str, dict[str, Any]]:
+    listing = json.loads(cluster.kubectl("get", "resourceslices", "--field-selector",
+                                         f"spec.nodeName={node}", "-o", "json").stdout)  # fmt: skip
+    return {
+        device["name"]: device
+        for item in listing["items"]
+        if item["spec"]["driver"] == contract.DRA_DRIVER
+        for device in item["spec"]["devices"]
+    }
 
 
-def shared_job(name: str, kubelet: TestKubelet, *, steps: int) -> dict[str, Any]:
-    worker = {
-        "name": contract.WORKER_CONTAINER,
-        "env": [
-            {"name": contract.ENV_STATUS_HOST, "valueFrom": {"fieldRef": {"fieldPath": "status.podIP"}}}
-        ],
-    }  # fmt: skip
+def shared_job(name: str, *, steps: int) -> dict[str, Any]:
+    torch_volume, torch_mount = read_only_host_path(
+        "torch", SITE_PACKAGES, "/usr/local/lib/python3.11/dist-packages"
+    )
+    scripts_volume, scripts_mount = read_only_host_path("scripts", SCRIPTS, "/scripts")
+    worker = {"name": contract.WORKER_CONTAINER, "volumeMounts": [torch_mount, scripts_mount]}
     return job_manifest(
         name,
         workers=1,
         gpus=0,
         result=None,
-        command=["python", str(SCRIPT)],
+        image=WORKER_IMAGE,
+        command=["python", "/scripts/budgeted_mlp.py"],
         args=["--step-seconds", "0.3"],
+        env=[{"name": "OMP_NUM_THREADS", "value": "1"}],
         runtime={"totalSteps": steps},  # features.submodel: auto, the default
         gpuSharing={"memory": "2Mi"},
-        template_spec={"nodeSelector": kubelet.selector, "containers": [worker]},
+        template_spec={
+            "nodeSelector": ON_REAL_NODE,
+            "containers": [worker],
+            "volumes": [torch_volume, scripts_volume],
+        },
     )
 
 
-def events(run: PodRun, kind: str) -> list[dict[str, Any]]:
-    found: list[dict[str, Any]] = []
-    log = run.log_path(contract.WORKER_CONTAINER)
-    if not log.exists():  # the runtime's init container still runs
-        return found
-    for line in log.read_text().splitlines():
-        if line.startswith("{"):
-            record = json.loads(line)
-            if record.get("event") == kind:
-                found.append(record)
-    return found
+def claim_only_pod(name: str, uuid: str) -> list[dict[str, Any]]:
+    """A pod with a claim on the GPU and no GPU variable of its own: what its container's
+    environment says of the GPU, only the CDI edit can have put there."""
+    selector = f'device.attributes["{contract.DRA_DRIVER}"].uuid == "{uuid}"'
+    claim = {
+        "apiVersion": "resource.k8s.io/v1",
+        "kind": "ResourceClaim",
+        "metadata": {"name": name},
+        "spec": {"devices": {"requests": [{"name": "gpu", "exactly": {
+            "deviceClassName": contract.DRA_DEVICE_CLASS,
+            "selectors": [{"cel": {"expression": selector}}],
+            "capacity": {"requests": {contract.DRA_CAPACITY_MEMORY: "1Mi"}},
+        }}]}},
+    }  # fmt: skip
+    # Prints, then stays (its claim is deallocated once the pod is done).
+    show = ("import os, time; print(os.environ.get('NVIDIA_VISIBLE_DEVICES', 'unset'), "
+            "flush=True); time.sleep(600)")  # fmt: skip
+    pod = {
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": {"name": name},
+        "spec": {
+            "nodeSelector": ON_REAL_NODE,
+            "restartPolicy": "Never",
+            "terminationGracePeriodSeconds": 0,
+            "resourceClaims": [{"name": "gpu", "resourceClaimName": name}],
+            "containers": [{
+                "name": "show", "image": WORKER_IMAGE, "imagePullPolicy": "Never",
+                "command": ["python3", "-c", show],
+                "resources": {"claims": [{"name": "gpu"}]},
+            }],
+        },
+    }  # fmt: skip
+    return [claim, pod]
 
 
-def training_process(run: PodRun) -> Any:
-    def find() -> Any:
-        return next((p for p in run.processes() if str(SCRIPT) in p.argv), None)
+def container_env(cluster: Cluster, namespace: str, pod: str) -> dict[str, str]:
+    """The worker container's environment, read from inside it."""
+    out = cluster.kubectl("exec", pod, "-n", namespace, "-c", contract.WORKER_CONTAINER,
+                          "--", "env").stdout  # fmt: skip
+    return dict(line.split("=", 1) for line in out.splitlines() if "=" in line)
 
-    return wait_until(find, 60, f"the training process of {run.name}")
+
+def cdi_devices(release: Release, namespace: str, pod: str) -> tuple[list[str], list[str]]:
+    """The CDI devices the kubelet passed for the worker container (containerd keeps the
+    CRI request) and the environment containerd wrote into its OCI spec."""
+    container = release.container_id(namespace, pod, contract.WORKER_CONTAINER)
+    info = json.loads(release.crictl("inspect", container).stdout)["info"]
+    devices = [d["name"] for d in info["config"].get("CDI_devices") or []]
+    return devices, info["runtimeSpec"]["process"]["env"]
 
 
-def held_to_budget(run: PodRun) -> dict[str, Any]:
+def held_to_budget(log: str) -> dict[str, Any]:
     """The run went through the allocator and every measured peak stayed in the budget."""
-    (start,) = events(run, "start")
+    (start,) = events(log, "start")
     assert start["report"]["submodel"].startswith(
         f"on: the measured peak {start['plain_peak']} B exceeds the budget {BUDGET} B"
     ), start["report"]
     assert start["report"]["arbiter"].startswith("on: turns from"), start["report"]
     assert start["plain_peak"] > BUDGET
-    (done,) = events(run, "done")
-    peaks = done["peaks"]
+    (done,) = events(log, "done")
+    peaks: dict[str, Any] = done["peaks"]
     assert 0 < peaks["ledger"] <= BUDGET, peaks
     assert 0 < peaks["census"] <= BUDGET, peaks
     return peaks
 
 
-@pytest.mark.timeout(420)
-def test_two_jobs_share_one_gpu_within_their_budgets_and_survive_a_neighbour_kill(
-    trainwave_installed: Cluster,
-    operator_with_arbiter: Path,
-    shared_kubelet: TestKubelet,
-    shared_gpu: str,
-    namespace: str,
+@pytest.mark.timeout(180)
+def test_the_kubelet_prepares_a_claim_and_containerd_applies_the_cdi_edit(
+    release: Release, shared_gpu: str, namespace: str
 ) -> None:
-    cluster, steps, arbiter = trainwave_installed, 40, operator_with_arbiter
-    apply(cluster, namespace, shared_job("a", shared_kubelet, steps=steps),
-          shared_job("b", shared_kubelet, steps=steps))  # fmt: skip
-    runs: dict[str, PodRun] = {}
-    for name in ("a", "b"):
-        prefix = f"{name}-a0-"
-        runs[name] = wait_until(
-            lambda prefix=prefix: next(iter(shared_kubelet.pod_runs(namespace, prefix)), None),
-            90,
-            f"job {name}'s worker to run",
-        )
-    wait_until(lambda: all(len(events(r, "step")) >= 3 for r in runs.values()), 120,
-               "both jobs training")  # fmt: skip
+    cluster = release.cluster
+    spec = json.loads(read_host(CDI_SPEC))
+    assert spec["kind"] == contract.CDI_KIND
+    assert {d["name"]: d["containerEdits"] for d in spec["devices"]} == {
+        DEVICE: {"env": [f"{contract.ENV_NVIDIA_VISIBLE_DEVICES}={shared_gpu}"]}
+    }
+    assert host_has(REGISTRATION), "the agent's registration socket, where the kubelet looks"
 
-    # Pinned in the pod itself: the kubelet resolved the env from the placement.
-    socket = f"{arbiter}/{shared_gpu}.sock"
-    for name, run in runs.items():
+    apply(cluster, namespace, *claim_only_pod("cdi-probe", shared_gpu))
+    running = wait_until(
+        lambda: (p := get_json(cluster, namespace, "pod", "cdi-probe"))["status"].get("phase")
+        in ("Running", "Succeeded", "Failed") and p,
+        90, "the claim-only pod to start",
+    )  # fmt: skip
+    assert running["spec"]["nodeName"] == release.node
+    assert running["status"]["phase"] == "Running", running["status"]
+    shown = wait_until(lambda: pod_logs(cluster, namespace, "cdi-probe", "show").strip(), 30,
+                       "the claim-only pod's line")  # fmt: skip
+    assert shown == shared_gpu, f"NVIDIA_VISIBLE_DEVICES inside the container: {shown!r}"
+    [result] = get_json(cluster, namespace, "resourceclaim", "cdi-probe")["status"][
+        "allocation"]["devices"]["results"]  # fmt: skip
+    assert (result["driver"], result["pool"], result["device"]) == (
+        contract.DRA_DRIVER, release.node, DEVICE)  # fmt: skip
+    prepared = [line for line in agent_log(release).splitlines()
+                if f"claim={namespace}/cdi-probe prepared devices=['{DEVICE}']" in line]  # fmt: skip
+    assert prepared, "the agent's plugin logged no NodePrepareResources for the claim"
+    cluster.kubectl("delete", "pod,resourceclaim", "cdi-probe", "-n", namespace, "--wait=true",
+                    timeout=90)  # fmt: skip
+
+
+@pytest.mark.timeout(480)
+def test_two_jobs_share_one_gpu_within_their_budgets_and_survive_a_neighbour_kill(
+    release: Release, shared_gpu: str, namespace: str
+) -> None:
+    cluster, steps = release.cluster, 80
+    apply(cluster, namespace, shared_job("a", steps=steps), shared_job("b", steps=steps))
+    pods = {name: f"{name}-a0-worker-0" for name in ("a", "b")}
+
+    def training(pod: str) -> bool:
+        try:
+            return len(events(pod_logs(cluster, namespace, pod, contract.WORKER_CONTAINER),
+                              "step")) >= 3  # fmt: skip
+        except Exception:  # not started yet: kubectl logs fails
+            return False
+
+    wait_until(lambda: all(training(p) for p in pods.values()), 240, "both jobs training")
+
+    socket = arbiter_socket()
+    for name, pod_name in pods.items():
         [pod] = worker_pods(cluster, namespace, name)
+        assert pod["spec"]["nodeName"] == release.node
         assert pod["metadata"]["annotations"][contract.ANNOTATION_GPU_UUID] == shared_gpu
-        env = training_process(run).environ
+        claim = get_json(cluster, namespace, "resourceclaim",
+                         pod["spec"]["resourceClaims"][0]["resourceClaimName"])  # fmt: skip
+        [result] = claim["status"]["allocation"]["devices"]["results"]
+        assert (result["pool"], result["device"]) == (release.node, DEVICE), result
+        # From inside the container, as the process sees it.
+        env = container_env(cluster, namespace, pod_name)
         assert env["NVIDIA_VISIBLE_DEVICES"] == env["CUDA_VISIBLE_DEVICES"] == shared_gpu
         assert env[contract.ENV_ARBITER_SOCKET] == socket
         assert env[contract.ENV_GPU_MEMORY_BUDGET] == str(BUDGET)
+        # The kubelet passed the prepared CDI device; containerd applied its edit.
+        devices, oci_env = cdi_devices(release, namespace, pod_name)
+        assert devices == [CDI_ID], devices
+        assert f"NVIDIA_VISIBLE_DEVICES={shared_gpu}" in oci_env
 
     # A third would overfill the GPU (2 + 2 + 2 MiB > 5 MiB): it waits, naming the GPU.
-    apply(cluster, namespace, shared_job("c", shared_kubelet, steps=steps))
+    apply(cluster, namespace, shared_job("c", steps=steps))
     waiting = wait_until(
         lambda: (c := condition(job(cluster, namespace, "c"), "Scheduled"))
         and c["reason"] == "NotEnoughGPUMemory" and c,
         60, "the third job to wait for GPU memory",
     )  # fmt: skip
-    assert f"(GPU {shared_gpu} on node {shared_kubelet.node_names[0]})" in waiting["message"]
+    assert f"(GPU {shared_gpu} on node {release.node})" in waiting["message"]
     cluster.kubectl("delete", "tj", "c", "-n", namespace, "--wait=false")
 
-    victim = training_process(runs["a"])
-    os.kill(victim.pid, signal.SIGKILL)
+    # SIGKILL a's worker container at once; b shares the GPU and must not notice.
+    victim = release.container_id(namespace, pods["a"], contract.WORKER_CONTAINER)
+    release.crictl("stop", "--timeout", "0", victim)
     observer = ArbiterClient(socket, job="observer")
     time.sleep(1)
     holders = observer.status()["holders"]
-    assert not [h for h in holders if h.startswith(f"{namespace}/a/")], holders
     observer.close()
+    assert not [h for h in holders if str(h).startswith(f"{namespace}/a/")], holders
 
     done_b = wait_for_phase(cluster, namespace, "b", ("Succeeded", "Failed"), timeout=240)
     assert done_b["status"]["phase"] == "Succeeded", done_b["status"]
-    assert [e["step"] for e in events(runs["b"], "step")] == list(range(1, steps + 1))
+    log_b = pod_logs(cluster, namespace, pods["b"], contract.WORKER_CONTAINER)
+    assert [e["step"] for e in events(log_b, "step")] == list(range(1, steps + 1))
     assert done_b["status"]["restarts"] == 0, "the neighbour's kill did not touch b"
-    peaks_b = held_to_budget(runs["b"])
+    peaks_b = held_to_budget(log_b)
 
     # The killed job restarts its gang (a worker failure) and finishes on the same GPU.
     done_a = wait_for_phase(cluster, namespace, "a", ("Succeeded", "Failed"), timeout=240)
     assert done_a["status"]["phase"] == "Succeeded", done_a["status"]
     assert done_a["status"]["restarts"] == 1
-    peaks_a = held_to_budget(shared_kubelet.run_of(namespace, "a-a1-worker-0"))
-    losses = [e["loss"] for e in events(runs["b"], "step")]
+    log_a = pod_logs(cluster, namespace, "a-a1-worker-0", contract.WORKER_CONTAINER)
+    peaks_a = held_to_budget(log_a)
+    losses = [e["loss"] for e in events(log_b, "step")]
     assert losses[-1] < losses[0], losses
     print(json.dumps({"budget": BUDGET, "a": peaks_a, "b": peaks_b}))  # the figures, for the log
