@@ -29,6 +29,7 @@ NODE = "tw-real-1"
 NETWORK = NodeNetwork(1)
 POD = "probe-0"
 HEADLESS = "probes"
+SERVICE = "probe-service"
 SERVER_PORT = 8080
 # Runs in the pod: prints a line (for `kubectl logs`), then serves HTTP on 8080 (for the
 # host-to-pod route check) until it is deleted.
@@ -64,6 +65,12 @@ def probe(cluster: Cluster) -> Iterator[tuple[str, str]]:
             "metadata": {"name": HEADLESS, "namespace": namespace},
             "spec": {"clusterIP": "None", "selector": {"app": "probe"},
                      "ports": [{"port": SERVER_PORT}]},
+        },
+        {
+            "apiVersion": "v1",
+            "kind": "Service",
+            "metadata": {"name": SERVICE, "namespace": namespace},
+            "spec": {"selector": {"app": "probe"}, "ports": [{"port": SERVER_PORT}]},
         },
         {
             "apiVersion": "v1",
@@ -149,6 +156,18 @@ def test_cluster_dns_resolves_services_and_headless_pod_names(
         in_pod(cluster, namespace, lookup.replace("sys.argv[1]", repr(f"{POD}.{HEADLESS}")))
         == pod_ip
     )
+
+
+def test_pod_reaches_itself_through_its_service(cluster: Cluster, probe: tuple[str, str]) -> None:
+    """Hairpin: the Service's ClusterIP is DNAT-ed back to the calling pod, on the
+    same bridge port (hairpinMode plus bridged traffic through iptables in the node)."""
+    namespace, _ = probe
+    code = (
+        "import urllib.request\n"
+        f"url = 'http://{SERVICE}:{SERVER_PORT}/'\n"
+        "print(urllib.request.urlopen(url, timeout=5).status)\n"
+    )
+    assert in_pod(cluster, namespace, code) == "200"
 
 
 def test_pod_reaches_the_api_server_through_the_kubernetes_service(
