@@ -3,7 +3,9 @@
 Pure: functions of a `Layout` (where files live) and `Ports`; nothing is started
 here. controlplane.py starts the commands in the order of `COMPONENTS`.
 
-Everything listens on 127.0.0.1 only. The flags differ from a production
+Everything listens on 127.0.0.1 only, except the API server of a cluster with real
+nodes (realnode.py), which listens on their bridge address instead
+(`real_node_apiserver_flags`). The flags differ from a production
 cluster in three deliberate ways, all for speed on a 2-core machine:
 - etcd skips fsync (the data is thrown away with the cluster);
 - API priority and fairness is off and the in-flight limits are high, so a

@@ -4,6 +4,9 @@
     cluster.kubectl("get", "nodes")
     cluster.stop()
 
+With `real_nodes=1` a real kubelet and container runtime join the kwok nodes and
+the API server moves to their bridge address (realnode.py).
+
 `ensure_cluster` is idempotent: with a healthy cluster already running in the
 state dir it only brings the kwok nodes in line with the topology and returns
 in well under a second. Otherwise it wipes the state dir and starts etcd,

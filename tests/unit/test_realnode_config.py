@@ -1,0 +1,84 @@
+"""The real node's settings (tests/cluster/realnode_config.py), checked without starting
+anything: what keeps traffic on the machine, containerd's sockets off the host's paths,
+and the API server unchanged when there are no real nodes."""
+
+from __future__ import annotations
+
+import ipaddress
+import tomllib
+from pathlib import Path
+
+from cluster import components
+from cluster.components import Layout, Ports
+from cluster.realnode import node_labels
+from cluster.realnode_config import CDI_SPEC_DIRS, NodeLayout, cni_config, containerd_config
+from cluster.realnode_net import BRIDGE_IP, NodeNetwork
+from cluster.topology import load_topology
+
+SMALL = Path(__file__).resolve().parents[1] / "cluster" / "topologies" / "small.yaml"
+
+
+def node(tmp_path: Path) -> NodeLayout:
+    return NodeLayout(tmp_path / "realnode-1", NodeNetwork(1), tmp_path / "containerd-root")
+
+
+def test_pods_get_no_default_route_and_no_masquerading(tmp_path: Path) -> None:
+    plugin = cni_config(node(tmp_path))["plugins"][0]
+    assert plugin["ipMasq"] is False
+    routes = [ipaddress.ip_network(route["dst"]) for route in plugin["ipam"]["routes"]]
+    assert ipaddress.ip_network("0.0.0.0/0") not in routes
+    # Nothing routed to pods is public: the Service range, the bridge, the pod ranges.
+    assert all(route.is_private for route in routes)
+    subnet = ipaddress.ip_network(plugin["ipam"]["ranges"][0][0]["subnet"])
+    assert not subnet.overlaps(ipaddress.ip_network(components.POD_CIDR))  # kwok's pods
+
+
+def test_containerd_2_config_keeps_its_sockets_and_state_off_the_host_paths(
+    tmp_path: Path,
+) -> None:
+    layout = node(tmp_path)
+    document = tomllib.loads(
+        containerd_config(
+            layout,
+            major_version=2,
+            sandbox_image="localhost/trainwave/pause:3.10",
+            runc=Path("/usr/sbin/runc"),
+            cni_bin=tmp_path / "cni",
+        )
+    )
+    plugins = document["plugins"]
+    assert plugins["io.containerd.server.v1.grpc"]["address"] == str(layout.containerd_socket)
+    socket_dir = plugins["io.containerd.shim.v1.manager"]["socket_dir"]
+    assert len(socket_dir) <= 42, "containerd refuses longer shim socket dirs"
+    assert not socket_dir.startswith("/run/containerd")
+    runtime = plugins["io.containerd.cri.v1.runtime"]
+    assert runtime["cdi_spec_dirs"] == list(CDI_SPEC_DIRS)
+    assert runtime["restrict_oom_score_adj"] is True
+    options = runtime["containerd"]["runtimes"]["runc"]["options"]
+    assert options["SystemdCgroup"] is False
+    assert options["Root"].startswith(str(layout.root))
+    assert "io.containerd.internal.v1.opt" in document["disabled_plugins"]
+
+
+def test_real_node_labels_say_real_and_carry_the_topology() -> None:
+    labels = node_labels(load_topology(SMALL))
+    assert labels["type"] == "real"
+    assert labels["trainwave.io/rack"] == "rack-real"
+    assert not any("kubernetes.io/" in key for key in labels)  # the kubelet's own
+    assert not any("rdma" in key for key in labels)  # no RDMA NIC here
+
+
+def test_api_server_flags_change_only_with_real_nodes(tmp_path: Path) -> None:
+    layout = Layout(tmp_path)
+    ports = Ports(1, 2, 3, 4, 5, 6)
+    plain = components.apiserver_command(Path("kube-apiserver"), layout, ports)
+    assert "--bind-address=127.0.0.1" in plain
+    assert not any("kubelet-client" in flag or BRIDGE_IP in flag for flag in plain)
+    real = components.apiserver_command(Path("kube-apiserver"), layout, ports, node_host=BRIDGE_IP)
+    assert real[: len(plain)] == plain
+    # pflag keeps the last value of a repeated flag: these win over the loopback ones.
+    assert real[len(plain) :][:3] == [
+        f"--bind-address={BRIDGE_IP}",
+        f"--advertise-address={BRIDGE_IP}",
+        "--endpoint-reconciler-type=lease",
+    ]
