@@ -33,7 +33,7 @@ tools: ## install or build the pinned control-plane tools, Kueue and the dashboa
 
 # Stdlib only, so the system python3 will do: no virtualenv needed. See docs/images.md.
 .PHONY: images
-images: ## build the operator, agent, runtime images and their Debian bookworm base with buildah into the cache, as archives for containerd (root; cold ~5 min, warm <1 s, a source change ~1 min)
+images: ## build the operator, agent, runtime images and their Debian bookworm base with buildah into the cache, as archives for containerd (root; cold ~5 min, warm <1 s, a source change ~1 min; docs/images.md)
 	python3 hack/images.py
 
 .PHONY: images-check
