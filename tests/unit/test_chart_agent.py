@@ -300,3 +300,25 @@ def test_placement_of_agent_pods(
     pod = agent_pod(*args)
     assert pod["nodeSelector"] == selector
     assert pod["tolerations"] == tolerations
+
+
+FAKE_GPUS_FILE = "/var/lib/trainwave/fake-gpus.json"
+
+
+def test_a_fake_gpu_file_is_mounted_read_only_and_read_instead_of_nvml() -> None:
+    """agent.fakeGpus: clusters without GPUs (the e2e tier's real node) describe them in a
+    host file; without it the agent reads NVML and mounts no such file."""
+    pod = agent_pod("--set", f"agent.fakeGpus={FAKE_GPUS_FILE}")
+    (agent,) = (c for c in pod["containers"] if c["name"] == "agent")
+    assert flag(agent, "--fake-gpus") == "/etc/trainwave/fake-gpus.json"
+    (mount,) = (m for m in agent["volumeMounts"] if m["name"] == "fake-gpus")
+    assert mount == {"name": "fake-gpus", "mountPath": "/etc/trainwave/fake-gpus.json",
+                     "readOnly": True}  # fmt: skip
+    (volume,) = (v for v in pod["volumes"] if v["name"] == "fake-gpus")
+    assert volume["hostPath"] == {"path": FAKE_GPUS_FILE, "type": "File"}
+    assert "--fake-gpus" not in agent_container()["args"]
+    assert "fake-gpus" not in {v["name"] for v in agent_pod()["volumes"]}
+
+
+def test_a_fake_gpu_file_is_an_absolute_host_path() -> None:
+    assert "does not match pattern" in render_error("--set", "agent.fakeGpus=gpus.json")
