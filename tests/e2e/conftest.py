@@ -183,6 +183,7 @@ def release(cluster: Cluster) -> Release:
     began = time.monotonic()
     try:
         install_chart(cluster, "-f", str(values_file))
+        restart_stale_pods(cluster, layout.containerd_socket)
         for selector in (OPERATOR_PODS, AGENT_PODS):
             cluster.kubectl("wait", "--for=condition=Ready", "pod", "-n", NAMESPACE,
                             "-l", selector, "--timeout=120s", timeout=130)  # fmt: skip
@@ -196,6 +197,41 @@ def release(cluster: Cluster) -> Release:
         time.sleep(0.5)
     print(f"trainwave installed on {node} in {time.monotonic() - began:.1f}s")
     return installed
+
+
+def restart_stale_pods(cluster: Cluster, socket: Path) -> None:
+    """On a cluster kept from an earlier session (TRAINWAVE_KEEP_CLUSTER=1), `make images`
+    may have rebuilt an image under the same tag since the release's pods started: helm sees
+    no change, so restart the workloads whose pods run an image containerd no longer names."""
+    pods = json.loads(cluster.kubectl("get", "pods", "-n", NAMESPACE, "-o", "json").stdout)
+    stale = set()
+    for pod in pods["items"]:
+        owner = pod["metadata"].get("labels", {}).get("app.kubernetes.io/component")
+        for status in pod.get("status", {}).get("containerStatuses") or []:
+            if status.get("imageID") and status["imageID"] not in image_ids(
+                socket, status["image"]
+            ):
+                stale.add(
+                    "daemonset/trainwave-agent" if owner == "agent" else "deployment/trainwave"
+                )
+    for workload in sorted(stale):
+        cluster.kubectl("rollout", "restart", workload, "-n", NAMESPACE)
+        cluster.kubectl("rollout", "status", workload, "-n", NAMESPACE, "--timeout=120s",
+                        timeout=130)  # fmt: skip
+
+
+def image_ids(socket: Path, ref: str) -> set[str]:
+    """The ids containerd knows image `ref` by now (config id and repo digests)."""
+    endpoint = f"unix://{socket}"
+    found = subprocess.run(
+        [str(tool("crictl")), f"--image-endpoint={endpoint}", f"--runtime-endpoint={endpoint}",
+         "inspecti", "-o", "json", ref],
+        capture_output=True, text=True, check=False, timeout=60,
+    )  # fmt: skip
+    if found.returncode != 0:
+        return set()
+    status = json.loads(found.stdout)["status"]
+    return {status["id"], *status.get("repoDigests", [])}
 
 
 def release_diagnostics(cluster: Cluster) -> str:
