@@ -376,6 +376,8 @@ def build_base(key: str) -> Built:
 def build_app(name: str, ref: str, key: str, build_args: Mapping[str, str]) -> Built:
     dockerfile = REPO / "images" / f"{name}.Dockerfile"
     args = ["bud", "--layers", "--pull=never", "--isolation", "chroot", "--network", "host"]
+    # A failed step would otherwise keep its container, mounted, in the storage.
+    args.append("--force-rm")
     if HOST_CA_BUNDLE.is_file():
         # Where TLS to the package index goes through an intercepting proxy, the host trusts
         # its CA and the base does not: lend RUN steps the host's bundle (Debian's pip reads
@@ -489,8 +491,15 @@ def main(argv: list[str] | None = None) -> int:
     # buildah and mmdebstrap put large temporary files in TMPDIR: keep them in the cache.
     os.environ["TMPDIR"] = str(STORAGE / "tmp")
     started = time.monotonic()
-    with locked(IMAGES_DIR / ".lock"), no_host_traces():
-        images = build(args.names, args.force)
+    try:
+        with locked(IMAGES_DIR / ".lock"), no_host_traces():
+            images = build(args.names, args.force)
+    except subprocess.CalledProcessError as failed:
+        # The tool's own output above says why; what was built before it is kept.
+        command = " ".join(map(str, failed.cmd))
+        print(f"images: failed with exit code {failed.returncode}: {command[:300]}\n"
+              f"{MANIFEST} lists what is built", file=sys.stderr)  # fmt: skip
+        return 1
     for image in images:
         print(f"{image.ref:45} {image.size / 2**20:7.1f} MiB  {image.archive}")
     print(f"manifest: {MANIFEST} ({time.monotonic() - started:.1f} s)")
