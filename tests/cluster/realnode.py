@@ -122,6 +122,10 @@ def start_nodes(context: Context, topology: Topology, client: ApiClient) -> None
             environment,
         )
         _wait(context, f"containerd socket {node.containerd_socket}", partial(_answers, node))
+        # containerd's root outlives clusters: pods a crashed cluster left there would
+        # be unknown to this one's API server.
+        leftovers: list[str] = []
+        _remove_all_pods(node, leftovers)
         import_images(context, node)
         context.launch(
             f"{node.name}/kubelet",
@@ -175,7 +179,7 @@ def teardown(layout: Layout, state: dict[str, Any]) -> list[str]:
             if name in alive:
                 processes.stop_groups([alive[name]], STOP_GRACE)
         if "containerd" in alive:
-            _remove_all_pods(layout, node, problems)
+            _remove_all_pods(node, problems)
             processes.stop_groups([alive["containerd"]], STOP_GRACE)
         host.kill_pod_processes(problems)
         # Shims and anything else still pointing into the node's files.
@@ -352,8 +356,10 @@ def _wait(context: Context, what: str, check: Callable[[], bool]) -> None:
         time.sleep(0.1)
 
 
-def _remove_all_pods(layout: Layout, node: config.NodeLayout, problems: list[str]) -> None:
-    crictl = shutil.which("crictl", path=str(Path.home() / ".cache/trainwave/bin")) or "crictl"
+def _remove_all_pods(node: config.NodeLayout, problems: list[str]) -> None:
+    """Stop and remove every pod sandbox through CRI: containerd runs CNI DEL for each
+    and unmounts its containers' root filesystems."""
+    crictl = shutil.which("crictl", path=str(host.cache_dir() / "bin")) or "crictl"
     endpoint = f"unix://{node.containerd_socket}"
     try:
         result = subprocess.run(
