@@ -72,6 +72,46 @@ def test_the_arbiter_runs_beside_the_agent_and_the_operator_mounts_its_sockets()
     assert operator["args"][operator["args"].index("--arbiter-dir") + 1] == ARBITER_DIR
 
 
+def test_the_arbiter_directory_is_writable_by_the_pod_group() -> None:
+    """With agent.gpuClaims the agent runs as root without capabilities: it writes the
+    arbiter's list through the directory's group (found on the real node)."""
+    (init,) = agent_pod("--set", "agent.gpuClaims=true")["initContainers"]
+    code = init["command"][2]
+    assert "os.chown(d, 0, 0); os.chmod(d, 0o775);" in code, code
+    assert code.rstrip().endswith("os.chown(d, int(sys.argv[2]), int(sys.argv[3]))"), code
+
+
+@pytest.mark.parametrize(
+    ("args", "kubelet", "cdi"),
+    [
+        pytest.param((), "/var/lib/kubelet", "/var/run/cdi", id="defaults"),
+        pytest.param(
+            ("--set", "agent.kubeletDir=/var/lib/k0s/kubelet", "--set", "agent.cdiDir=/etc/cdi"),
+            "/var/lib/k0s/kubelet",
+            "/etc/cdi",
+            id="k0s-etc-cdi",
+        ),
+    ],
+)
+def test_the_kubelet_plugin_serves_and_writes_where_the_node_looks(
+    args: tuple[str, ...], kubelet: str, cdi: str
+) -> None:
+    """GetInfo names the socket by its path in the container, which the kubelet dials on
+    the host: every directory is mounted at its host path."""
+    pod = agent_pod("--set", "agent.gpuClaims=true", *args)
+    (agent,) = (c for c in pod["containers"] if c["name"] == "agent")
+    assert (flag(agent, "--kubelet-dir"), flag(agent, "--cdi-dir")) == (kubelet, cdi)
+    wanted = {
+        "plugins-registry": f"{kubelet}/plugins_registry",
+        "plugins": f"{kubelet}/plugins",
+        "cdi": cdi,
+    }
+    mounts = {m["name"]: m["mountPath"] for m in agent["volumeMounts"]}
+    paths = {v["name"]: v["hostPath"]["path"] for v in pod["volumes"] if "hostPath" in v}
+    for name, path in wanted.items():
+        assert (mounts[name], paths[name]) == (path, path), name
+
+
 @pytest.mark.parametrize(
     "args",
     [("--set", "agent.arbiter.enabled=false"), ("--set", "agent.enabled=false")],
