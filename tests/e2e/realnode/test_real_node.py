@@ -191,6 +191,19 @@ def test_pod_reaches_the_api_server_through_the_kubernetes_service(
     assert in_pod(cluster, namespace, code).split() == ["200", "200"]
 
 
+def test_service_rules_stay_in_the_node_namespace(probe: tuple[str, str]) -> None:
+    """kube-proxy and CNI write iptables rules in the node's namespace, none on the host."""
+
+    def rules(*prefix: str) -> str:
+        command = [*prefix, "iptables-save"]
+        return subprocess.run(command, capture_output=True, text=True, check=True).stdout
+
+    assert "KUBE-SERVICES" in rules("ip", "netns", "exec", NETWORK.netns)
+    host_rules = rules()
+    assert "KUBE-" not in host_rules
+    assert "CNI-" not in host_rules
+
+
 def test_down_leaves_nothing_on_the_host(cluster: Cluster) -> None:
     """Last in this module: stops the session's cluster and checks the host."""
     state = json.loads((cluster.state_dir / "state.json").read_text())
