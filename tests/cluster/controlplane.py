@@ -97,7 +97,7 @@ class Cluster:
         self, *args: str, check: bool = True, input: str | None = None, timeout: float = 60
     ) -> subprocess.CompletedProcess[str]:
         """Run the pinned kubectl against this cluster; output captured as text."""
-        environment = os.environ | {"KUBECONFIG": str(self.kubeconfig)}
+        environment = _environment() | {"KUBECONFIG": str(self.kubeconfig)}
         result = subprocess.run(
             [str(tool("kubectl")), *args],
             input=input,
