@@ -188,7 +188,10 @@ def read_gpus(directory: Path) -> dict[str, int]:
 
 async def serve_directory(directory: Path, poll_seconds: float = 5.0) -> None:
     """One server per GPU the agent lists, started as it lists them. A GPU whose
-    capacity changes is served anew (its holders reconnect on their next group)."""
+    capacity changes is served anew (its holders reconnect on their next group). A
+    socket nobody serves is removed (a GPU no longer shared, or one an earlier arbiter
+    served, e.g. before the node's sharing changed), so the host directory holds what
+    gpus.json says and a worker pinned to a stale GPU fails at once."""
     running: dict[str, tuple[int, asyncio.Task[None]]] = {}
     while True:
         try:
@@ -204,7 +207,16 @@ async def serve_directory(directory: Path, poll_seconds: float = 5.0) -> None:
             if uuid not in running:
                 socket_path = str(directory / f"{uuid}.sock")
                 running[uuid] = (capacity, asyncio.create_task(serve(socket_path, capacity)))
+        _remove_unserved_sockets(directory, set(running))
         await asyncio.sleep(poll_seconds)
+
+
+def _remove_unserved_sockets(directory: Path, served: set[str]) -> None:
+    for path in directory.glob("*.sock"):
+        if path.stem not in served:
+            with contextlib.suppress(FileNotFoundError):
+                path.unlink()
+            log.info("removed %s: no shared GPU %s any more", path, path.stem)
 
 
 class ArbiterClient:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import socket as sockets
 import stat
 import subprocess
 import sys
@@ -62,6 +63,37 @@ def test_the_arbiter_serves_a_socket_per_listed_gpu_that_any_user_can_reach(
         client.close()
         write_arbiter_gpus(tmp_path, [gpu(0, 1), gpu(1, 2)])  # a GPU offered later
         wait_for(tmp_path / "GPU-1.sock")
+    finally:
+        server.kill()
+        server.wait()
+
+
+def wait_gone(path: Path, seconds: float = 15.0) -> None:
+    deadline = time.monotonic() + seconds
+    while path.exists():
+        assert time.monotonic() < deadline, f"{path} is still there"
+        time.sleep(0.05)
+
+
+def test_sockets_of_gpus_no_longer_listed_are_removed(tmp_path: Path) -> None:
+    """Left by an earlier arbiter (the node shared another GPU then), or dropped from the
+    list while this one runs: nobody serves them, so they go."""
+    stale = sockets.socket(sockets.AF_UNIX)
+    stale.bind(str(tmp_path / "GPU-9.sock"))
+    stale.close()
+    write_arbiter_gpus(tmp_path, [gpu(0, 1)])
+    server = subprocess.Popen(
+        [sys.executable, "-m", "trainwave.runtime.submodel.arbiter", "--directory", str(tmp_path)],
+        env={"PYTHONPATH": str(OPERATOR)},
+        stderr=subprocess.DEVNULL,
+    )
+    try:
+        wait_for(tmp_path / "GPU-0.sock")
+        wait_gone(tmp_path / "GPU-9.sock")
+        write_arbiter_gpus(tmp_path, [gpu(1, 2)])
+        wait_for(tmp_path / "GPU-1.sock")
+        wait_gone(tmp_path / "GPU-0.sock")
+        assert sorted(p.name for p in tmp_path.iterdir()) == ["GPU-1.sock", "gpus.json"]
     finally:
         server.kill()
         server.wait()
