@@ -2,15 +2,16 @@
 
 Two operator replicas from `trainwave/operator:0.1.0` run in-cluster (the kubelet mounts
 their ServiceAccount token; nothing is handed a kubeconfig) under the chart's security
-context, elect a leader on the Lease, hand it over when the leader's pod is deleted,
-and the new leader runs jobs. The agent's DaemonSet pod runs on the real node and labels
-its own Node from the fake-GPU file (no GPU here). `kubectl logs` reaches the operator's
-output through the real kubelet.
+context, elect a leader on the Lease, hand it over when the leader's pod is deleted or its
+container killed, and the new leader runs jobs. The agent's DaemonSet pod runs on the real
+node and labels its own Node from the fake-GPU file (no GPU here). `kubectl logs` reaches
+the operator's output through the real kubelet.
 """
 
 from __future__ import annotations
 
 import json
+import time
 from typing import Any
 
 import pytest
@@ -131,3 +132,37 @@ def test_deleting_the_leader_pod_hands_the_lease_over(release: Release, namespac
     )  # fmt: skip
     assert leader not in [p["metadata"]["name"] for p in release.operator_pods()]
     assert {p["spec"]["nodeName"] for p in release.operator_pods()} == {release.node}
+
+
+def test_a_killed_leader_container_comes_back_as_the_leader_at_once(
+    release: Release, namespace: str
+) -> None:
+    """SIGKILL, no goodbye: nothing releases the Lease. The kubelet restarts the container in
+    the same pod, and the new process takes over a Lease held by an earlier run of its own
+    pod at once (controller/leadership.py) instead of after leaseDuration (15 s); were it
+    slower than the Lease, the standby would take it by then (the chart's bound: 17.4 s)."""
+    names = [p["metadata"]["name"] for p in release.operator_pods()]
+    identity, leader = release.leader(), holder_pod(release, names)
+    assert leader, f"no operator pod holds the Lease ({identity!r})"
+    container = release.container_id(release.namespace, leader, "operator")
+
+    began = time.monotonic()
+    release.crictl("stop", "--timeout", "0", container)
+
+    wait_until(lambda: release.leader() not in ("", identity), 60,
+               f"a new holder of the Lease {identity} held")  # fmt: skip
+    took, holder = time.monotonic() - began, release.leader()
+    if holder.startswith(f"{leader}_"):
+        assert took < 15, f"{leader}'s restarted container took the Lease after {took:.1f}s"
+    else:
+        assert took < 30, f"the standby took the Lease {took:.1f}s after the leader was killed"
+    apply(release.cluster, namespace,
+          job_manifest("after-kill", workers=2, template_spec={"nodeSelector": KWOK_NODES}))  # fmt: skip
+    done = wait_for_phase(release.cluster, namespace, "after-kill", ("Succeeded", "Failed"))
+    assert done["status"]["phase"] == "Succeeded", done["status"]
+    restarted = next(p for p in release.operator_pods() if p["metadata"]["name"] == leader)
+    assert restarted["status"]["containerStatuses"][0]["restartCount"] >= 1
+    wait_until(
+        lambda: len(pods := release.operator_pods()) == 2 and all(pod_ready(p) for p in pods),
+        120, "two Ready operator pods again",
+    )  # fmt: skip
