@@ -124,8 +124,8 @@ def start_nodes(context: Context, topology: Topology, client: ApiClient) -> None
         _wait(context, f"containerd socket {node.containerd_socket}", partial(_answers, node))
         # containerd's root outlives clusters: pods a crashed cluster left there would
         # be unknown to this one's API server.
-        leftovers: list[str] = []
-        _remove_all_pods(node, leftovers)
+        # Best effort: the kubelet would remove them too, only later.
+        _remove_all_pods(node, [])
         import_images(context, node)
         context.launch(
             f"{node.name}/kubelet",
@@ -159,10 +159,15 @@ def healthy(layout: Layout, state: dict[str, Any], client: ApiClient) -> bool:
 def teardown(layout: Layout, state: dict[str, Any]) -> list[str]:
     """Stop the real nodes and undo their changes to the host; returns what failed."""
     real = state.get("real_nodes")
-    owned = host.kubelet_root_owner() == str(layout.root)
+    owner = host.kubelet_root_owner()
+    owned = owner == str(layout.root)
     if not real and not owned:
         return []
     problems: list[str] = []
+    if owner and not owned:
+        # The bridge, the kubepods cgroups and /var/lib/kubelet are another cluster's now.
+        problems.append(f"the real node's host state belongs to {owner}; left alone")
+        return problems
     records = {p["name"]: p["pid"] for p in state.get("processes", [])}
     count = (real or {}).get("count", 1)
     for node in node_layouts(layout, count):
