@@ -316,15 +316,23 @@ def run_agent(options: argparse.Namespace) -> int:
     if options.once:
         return 0 if agent.run_once() else 1
     plugin = None
+    stop, wake = threading.Event(), threading.Event()
     if options.kubelet_plugin:
         from trainwave.agent.kubelet.plugin import KubeletPlugin
 
-        plugin = KubeletPlugin(options.node_name, publisher.read_claim, options.kubelet_dir)
+        # A (re)started kubelet deletes the node's ResourceSlices: publish again at once.
+        plugin = KubeletPlugin(
+            options.node_name, publisher.read_claim, options.kubelet_dir, on_registered=wake.set
+        )
         plugin.start()
-    stop = threading.Event()
-    signal.signal(signal.SIGTERM, lambda *_: stop.set())  # finish the pass, then exit
+
+    def terminate(*_: object) -> None:  # finish the pass, then exit
+        stop.set()
+        wake.set()
+
+    signal.signal(signal.SIGTERM, terminate)
     try:
-        agent.run_forever(options.interval, stop)
+        agent.run_forever(options.interval, stop, wake)
     finally:
         if plugin is not None:
             plugin.stop()

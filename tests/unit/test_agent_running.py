@@ -222,6 +222,25 @@ def test_loop_retries_until_the_api_accepts(tmp_path: Path) -> None:
     assert len(publish.calls) == 3  # two refusals, then the pass that went through
 
 
+def test_wake_starts_the_next_pass_before_the_interval(tmp_path: Path) -> None:
+    stop, wake = threading.Event(), threading.Event()
+
+    class WakeThenStop(Recorder):
+        def __call__(self, desired: DesiredNode) -> Sequence[Change]:
+            result = super().__call__(desired)
+            if len(self.calls) == 2:
+                stop.set()  # and wake, as the agent's SIGTERM handler does
+            wake.set()
+            return result
+
+    publish = WakeThenStop()
+    # An hour's interval: only the wake can bring the second pass within the timeout.
+    make_agent(tmp_path, publish).run_forever(interval=3600, stop=stop, wake=wake)
+
+    assert len(publish.calls) == 2
+    assert not wake.is_set(), "cleared for the next wait"
+
+
 def test_problems_are_logged_when_they_change(
     tmp_path: Path, caplog: pytest.LogCaptureFixture
 ) -> None:

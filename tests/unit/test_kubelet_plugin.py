@@ -140,6 +140,20 @@ def test_the_plugin_registers_and_prepares_over_grpc(plugin: KubeletPlugin) -> N
     }
 
 
+def test_each_registration_calls_back_a_refusal_does_not(plugin: KubeletPlugin) -> None:
+    """The agent publishes again when the kubelet registers the plugin: a kubelet that
+    (re)starts has deleted the node's ResourceSlices."""
+    calls: list[str] = []
+    plugin.on_registered = lambda: calls.append("registered")
+    with grpc.insecure_channel(f"unix://{plugin.registration}") as channel:
+        registry = registration_grpc.RegistrationStub(channel)
+        for registered in (True, False, True):
+            registry.NotifyRegistrationStatus(
+                registration.RegistrationStatus(plugin_registered=registered), timeout=5
+            )
+    assert calls == ["registered", "registered"]
+
+
 def test_a_refused_registration_is_kept(plugin: KubeletPlugin) -> None:
     with grpc.insecure_channel(f"unix://{plugin.registration}") as channel:
         registration_grpc.RegistrationStub(channel).NotifyRegistrationStatus(

@@ -157,11 +157,16 @@ class Agent:
         logger.debug("node=%s pass done: %d change(s)", self.options.node_name, len(changes))
         return True
 
-    def run_forever(self, interval: float, stop: threading.Event) -> None:
-        """A pass every `interval` seconds until `stop` is set; failures wait for the next."""
+    def run_forever(
+        self, interval: float, stop: threading.Event, wake: threading.Event | None = None
+    ) -> None:
+        """A pass every `interval` seconds until `stop` is set; failures wait for the next.
+        Setting `wake` starts the next pass at once (set it with `stop` to stop at once)."""
+        wake = wake or stop
         while not stop.is_set():
             self.run_once()
-            stop.wait(interval)
+            if wake.wait(interval) and wake is not stop:
+                wake.clear()
 
     def _report_problems(self, problems: tuple[str, ...]) -> None:
         """Discovery problems are logged when they change, not every pass."""

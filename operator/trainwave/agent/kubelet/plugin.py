@@ -51,9 +51,19 @@ def dra_socket(kubelet_dir: Path) -> Path:
 
 
 class KubeletPlugin:
-    def __init__(self, node: str, read_claim: ReadClaim, kubelet_dir: Path = DEFAULT_KUBELET_DIR):
+    def __init__(
+        self,
+        node: str,
+        read_claim: ReadClaim,
+        kubelet_dir: Path = DEFAULT_KUBELET_DIR,
+        on_registered: Callable[[], None] | None = None,
+    ):
+        """`on_registered` runs each time the kubelet registers the plugin: a kubelet that
+        starts deletes every ResourceSlice of its node (v1.34.4 DRAPluginManager, so pods
+        do not wait on drivers that may never return), then finds the socket again."""
         self.node = node
         self.read_claim = read_claim
+        self.on_registered = on_registered
         self.registration = registration_socket(kubelet_dir)
         self.endpoint = dra_socket(kubelet_dir)
         self.registered: registration.RegistrationStatus | None = None
@@ -95,6 +105,8 @@ class KubeletPlugin:
         self.registered = status
         if status.plugin_registered:
             logger.info("kubelet plugin %s: registered with the kubelet", contract.DRA_DRIVER)
+            if self.on_registered is not None:
+                self.on_registered()
         else:
             logger.error(
                 "kubelet plugin %s: registration refused: %s", contract.DRA_DRIVER, status.error
