@@ -93,11 +93,11 @@ e2e: venv tools images ## end-to-end: the chart installed on the local cluster's
 chaos: venv tools ## seeded faults (operator kills, API server/kwok restarts, node loss and NotReady, evictions) while 54 jobs run; CHAOS_SEED=n picks another schedule
 	$(PYTEST) tests/chaos
 
-# e2e and chaos run in pytest sessions of their own: they import the integration
-# fixtures, and one session holding two such directories would start two operators.
-# chaos (~4-6 min) joined `make test` after clean runs on five schedules (README, Reliability).
+# Each tier that starts trainwave (integration, e2e, chaos) runs in a pytest session of its
+# own: tests/conftest.py refuses a session holding two of them, which would start two
+# operators. e2e needs the images: it installs the chart on the real node (docs/e2e.md).
 .PHONY: test
-test: venv tools check-generated ## all tests: generated-file drift, unit, integration, examples, e2e, chaos
+test: venv tools images check-generated ## all tests: generated-file drift, unit, integration (kwok), e2e (real node, built images), chaos
 	$(PYTEST) tests/unit tests/integration
 	$(PYTEST) tests/e2e
 	$(PYTEST) tests/chaos
