@@ -61,7 +61,8 @@ REPO = Path(__file__).resolve().parents[2]
 ON_REAL_NODE = {KWOK_NODE_TYPE_LABEL: REAL_NODE_TYPE}
 WORKER_IMAGE = "trainwave/python:3.11-bookworm"
 # The chart's default image references (appVersion 0.1.0): preloaded, so nothing is pulled.
-IMAGES = ("trainwave/operator:0.1.0", "trainwave/agent:0.1.0", "trainwave/runtime:0.1.0")
+RUNTIME_IMAGE = "trainwave/runtime:0.1.0"
+IMAGES = ("trainwave/operator:0.1.0", "trainwave/agent:0.1.0", RUNTIME_IMAGE)
 OPERATOR_PODS = "app.kubernetes.io/instance=trainwave,app.kubernetes.io/component=operator"
 AGENT_PODS = "app.kubernetes.io/instance=trainwave,app.kubernetes.io/component=agent"
 # Pod Security level of the release namespace, as docs/operations/install.md asks: the

@@ -29,7 +29,7 @@ from typing import Any
 import pytest
 
 from cluster.controlplane import Cluster
-from e2e.conftest import ON_REAL_NODE, WORKER_IMAGE, Release
+from e2e.conftest import ON_REAL_NODE, RUNTIME_IMAGE, WORKER_IMAGE, Release
 from integration.trainwave_fixtures import (
     apply,
     env_of,
@@ -174,6 +174,9 @@ def test_gang_trains_with_ddp_and_succeeds(
     master = env_of(pods[0])[contract.ENV_MASTER_ADDR]
     assert not is_address(master), master
     assert master == "ddp-worker-0.ddp", master  # <hostname>.<headless Service>
+    (installer,) = (c for c in pods[0]["spec"]["initContainers"]
+                    if c["name"] == contract.RUNTIME_INIT_CONTAINER)  # fmt: skip
+    assert installer["image"] == RUNTIME_IMAGE, installer
     name = rank0("ddp", attempt)
     installed = pod_logs(cluster, namespace, name, contract.RUNTIME_INIT_CONTAINER)
     assert "trainwave runtime installed in /opt/trainwave/trainwave" in installed
