@@ -36,7 +36,9 @@ def tier_of(path: Path) -> str | None:
 
 def pytest_configure(config: pytest.Config) -> None:
     for tier in TIERS:
-        config.addinivalue_line("markers", f"{tier}: the {tier} tier (tests/{tier}; tests/conftest.py)")
+        config.addinivalue_line(
+            "markers", f"{tier}: the {tier} tier (tests/{tier}; tests/conftest.py)"
+        )
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
