@@ -34,6 +34,7 @@ HOST_PATHS = (
     "/run/cdi",
     "/run/netns",
     "/var/log/containers",
+    "/run/trainwave",  # the chart's agent: agent.arbiter.hostPath (hostPath DirectoryOrCreate)
 )
 IMAGE_ARCHIVES = ("pause.tar", "coredns.tar")
 
