@@ -326,6 +326,11 @@ def run_agent(options: argparse.Namespace) -> int:
         )
         plugin.start()
 
+    if options.gpu_slices:
+        from trainwave.agent.slice_watch import SliceWatch
+
+        SliceWatch(publisher.resources, options.node_name, wake.set).start(stop)
+
     def terminate(*_: object) -> None:  # finish the pass, then exit
         stop.set()
         wake.set()

@@ -14,6 +14,7 @@ import shutil
 import signal
 import subprocess
 import tempfile
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -225,6 +226,38 @@ def test_the_agent_prepares_an_allocated_claim_for_the_kubelet(
     assert agent.returncode == 0, output
     assert not registration.exists(), "the sockets go with the agent"
     shutil.rmtree(short, ignore_errors=True)
+
+
+def test_the_agent_publishes_again_when_the_kubelet_deletes_its_slices(
+    claims_chart: Cluster, bound_kubeconfig: Path, node_name: str, tmp_path: Path
+) -> None:
+    """A kubelet that starts deletes every ResourceSlice of its node (seen on the real
+    node: the slices stayed away until the agent's next pass). The agent watches its
+    slices and publishes again at once, long before its hour-long interval."""
+    cluster = claims_chart
+    create_node(cluster, node_name)
+    root, gpus = write_inputs(tmp_path / "inputs")
+    agent = subprocess.Popen(
+        agent_argv(node_name, root, gpus, "--shared-gpus", "0,1", "--gpu-slices",
+                   "--interval", "3600"),
+        env=agent_env(bound_kubeconfig), stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+        text=True,
+    )  # fmt: skip
+    try:
+        wait_until(lambda: sorted(slices_of(cluster, node_name)) == ["gpu-0", "gpu-1"], 60,
+                   "the agent's slices")  # fmt: skip
+        time.sleep(1)  # the watch starts before the first pass; a second to be established
+        # What the kubelet's DRA manager does when it starts.
+        cluster.kubectl(
+            "delete", "resourceslices", "--field-selector", f"spec.nodeName={node_name}"
+        )
+        wait_until(lambda: sorted(slices_of(cluster, node_name)) == ["gpu-0", "gpu-1"], 30,
+                   "the slices published again")  # fmt: skip
+    finally:
+        agent.send_signal(signal.SIGTERM)
+        output, _ = agent.communicate(timeout=90)
+    assert agent.returncode == 0, output
+    assert f"ResourceSlice {node_name}-gpu-0 deleted: publishing again" in output, output
 
 
 def slice_items(cluster: Cluster, node: str) -> list[dict[str, Any]]:
