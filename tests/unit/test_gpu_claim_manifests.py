@@ -58,6 +58,22 @@ def test_published_slices_that_match_send_nothing() -> None:
     assert not plan_slices(NODE, GPUS, stored(build_slices(NODE, GPUS, 3)))
 
 
+@pytest.mark.parametrize(
+    ("mib", "stored_as"),
+    [(81559, "81559Mi"), (40960, "40Gi"), (81920, "80Gi"), (1536, "1536Mi"), (5, "5Mi"),
+     (1 << 20, "1Ti")],
+    ids=["h100-80gb", "a100-40gb", "a100-80gb", "not-whole-gib", "tiny", "tib"],
+)  # fmt: skip
+def test_memory_is_written_as_the_api_server_stores_it_so_a_pass_sends_nothing(
+    mib: int, stored_as: str
+) -> None:
+    gpus = (GpuInfo(0, "GPU-0", "NVIDIA A100", mib, "0000:00:00.0", 0),)
+    [item] = build_slices(NODE, gpus, 1)
+    capacity = item["spec"]["devices"][0]["capacity"]["memory"]
+    assert (capacity["value"], capacity["requestPolicy"]["default"]) == (stored_as, stored_as)
+    assert not plan_slices(NODE, gpus, stored([item]))
+
+
 def test_a_change_rewrites_the_pool_at_the_next_generation_and_drops_stale_slices() -> None:
     published = stored(build_slices(NODE, GPUS, 3))
     plan = plan_slices(NODE, GPUS[:1], published)

@@ -74,8 +74,22 @@ def build_slices(node: NodeRef, shared: Sequence[GpuInfo], generation: int) -> l
     ]
 
 
+def memory_quantity(mib: int) -> str:
+    """`mib` MiB in the canonical form kube-apiserver stores (the largest binary suffix
+    that keeps an integer: 40960Mi is stored as 40Gi). A slice is compared with what the
+    server returns, so any other spelling made every pass rewrite the pool at a new
+    generation: seen on the real node with 40960 MiB GPUs (A100 40GB; 80GB ones are
+    81920 MiB, 80Gi)."""
+    value, suffixes = mib, ("Mi", "Gi", "Ti", "Pi", "Ei")
+    index = 0
+    while value and value % 1024 == 0 and index < len(suffixes) - 1:
+        value //= 1024
+        index += 1
+    return f"{value}{suffixes[index]}"
+
+
 def _device(gpu: GpuInfo) -> dict[str, Any]:
-    memory = f"{gpu.memory_mib}Mi"
+    memory = memory_quantity(gpu.memory_mib)
     return {
         "name": device_name(gpu),
         "allowMultipleAllocations": True,
