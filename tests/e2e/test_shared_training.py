@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import json
 import os
+import subprocess
 import time
 from collections.abc import Iterator
 from typing import Any
@@ -37,6 +38,7 @@ import yaml
 
 from cluster.controlplane import Cluster
 from cluster.deploy import NAMESPACE, RELEASE, install_chart
+from cluster.realnode_restart import restart_kubelet
 from e2e.conftest import ON_REAL_NODE, WORKER_IMAGE, Release
 from e2e.test_training import SCRIPTS, SITE_PACKAGES, events, pod_logs, read_only_host_path
 from integration.trainwave_fixtures import (
@@ -68,6 +70,14 @@ REGISTRATION = f"/var/lib/kubelet/plugins_registry/{contract.DRA_DRIVER}-reg.soc
 def agent_log(release: Release) -> str:
     pod = release.agent_pod()["metadata"]["name"]
     return pod_logs(release.cluster, NAMESPACE, pod, "agent")
+
+
+def try_agent_log(release: Release) -> str:
+    """The agent's log, or "" while the kubelet cannot serve it (just restarted)."""
+    try:
+        return agent_log(release)
+    except subprocess.CalledProcessError:
+        return ""
 
 
 def upgrade(release: Release, values: dict[str, Any], name: str) -> None:
@@ -118,13 +128,16 @@ def read_host(path: str) -> str:
         return ""
 
 
-def slice_devices(cluster: Cluster, node: str) -> dict[str, dict[str, Any]]:
+def slice_items(cluster: Cluster, node: str) -> list[dict[str, Any]]:
     listing = json.loads(cluster.kubectl("get", "resourceslices", "--field-selector",
                                          f"spec.nodeName={node}", "-o", "json").stdout)  # fmt: skip
+    return [item for item in listing["items"] if item["spec"]["driver"] == contract.DRA_DRIVER]
+
+
+def slice_devices(cluster: Cluster, node: str) -> dict[str, dict[str, Any]]:
     return {
         device["name"]: device
-        for item in listing["items"]
-        if item["spec"]["driver"] == contract.DRA_DRIVER
+        for item in slice_items(cluster, node)
         for device in item["spec"]["devices"]
     }
 
@@ -225,7 +238,6 @@ def held_to_budget(log: str) -> dict[str, Any]:
 def test_the_kubelet_prepares_a_claim_and_containerd_applies_the_cdi_edit(
     release: Release, shared_gpu: str, namespace: str
 ) -> None:
-    cluster = release.cluster
     spec = json.loads(read_host(CDI_SPEC))
     assert spec["kind"] == contract.CDI_KIND
     assert {d["name"]: d["containerEdits"] for d in spec["devices"]} == {
@@ -233,25 +245,34 @@ def test_the_kubelet_prepares_a_claim_and_containerd_applies_the_cdi_edit(
     }
     assert host_has(REGISTRATION), "the agent's registration socket, where the kubelet looks"
 
-    apply(cluster, namespace, *claim_only_pod("cdi-probe", shared_gpu))
+    cdi_edit_reaches_a_claim_only_pod(release, namespace, "cdi-probe", shared_gpu)
+
+
+def cdi_edit_reaches_a_claim_only_pod(
+    release: Release, namespace: str, name: str, uuid: str
+) -> None:
+    """Run a pod with only a claim on the GPU: its container sees the GPU's UUID, the
+    claim is allocated on the real node's device and the agent's plugin prepared it."""
+    cluster = release.cluster
+    apply(cluster, namespace, *claim_only_pod(name, uuid))
     running = wait_until(
-        lambda: (p := get_json(cluster, namespace, "pod", "cdi-probe"))["status"].get("phase")
+        lambda: (p := get_json(cluster, namespace, "pod", name))["status"].get("phase")
         in ("Running", "Succeeded", "Failed") and p,
         90, "the claim-only pod to start",
     )  # fmt: skip
     assert running["spec"]["nodeName"] == release.node
     assert running["status"]["phase"] == "Running", running["status"]
-    shown = wait_until(lambda: pod_logs(cluster, namespace, "cdi-probe", "show").strip(), 30,
+    shown = wait_until(lambda: pod_logs(cluster, namespace, name, "show").strip(), 30,
                        "the claim-only pod's line")  # fmt: skip
-    assert shown == shared_gpu, f"NVIDIA_VISIBLE_DEVICES inside the container: {shown!r}"
-    [result] = get_json(cluster, namespace, "resourceclaim", "cdi-probe")["status"][
+    assert shown == uuid, f"NVIDIA_VISIBLE_DEVICES inside the container: {shown!r}"
+    [result] = get_json(cluster, namespace, "resourceclaim", name)["status"][
         "allocation"]["devices"]["results"]  # fmt: skip
     assert (result["driver"], result["pool"], result["device"]) == (
         contract.DRA_DRIVER, release.node, DEVICE)  # fmt: skip
     prepared = [line for line in agent_log(release).splitlines()
-                if f"claim={namespace}/cdi-probe prepared devices=['{DEVICE}']" in line]  # fmt: skip
+                if f"claim={namespace}/{name} prepared devices=['{DEVICE}']" in line]  # fmt: skip
     assert prepared, "the agent's plugin logged no NodePrepareResources for the claim"
-    cluster.kubectl("delete", "pod,resourceclaim", "cdi-probe", "-n", namespace, "--wait=true",
+    cluster.kubectl("delete", "pod,resourceclaim", name, "-n", namespace, "--wait=true",
                     timeout=90)  # fmt: skip
 
 
@@ -326,3 +347,36 @@ def test_two_jobs_share_one_gpu_within_their_budgets_and_survive_a_neighbour_kil
     losses = [e["loss"] for e in events(log_b, "step")]
     assert losses[-1] < losses[0], losses
     print(json.dumps({"budget": BUDGET, "a": peaks_a, "b": peaks_b}))  # the figures, for the log
+
+
+@pytest.mark.timeout(180)
+def test_a_restarted_kubelet_deletes_the_slices_and_the_agent_publishes_them_at_once(
+    release: Release, shared_gpu: str, namespace: str
+) -> None:
+    """A kubelet that starts deletes every ResourceSlice of its node (v1.34.4, in the
+    background, before or after it registers the plugins it finds again). The agent
+    watches its slices and publishes them at once; its next pass (60 s) would leave the
+    GPU without a slice, and no claim allocatable, until then."""
+    cluster = release.cluster
+    [before] = slice_items(cluster, release.node)
+    restart_kubelet(cluster.state_dir)
+    began = time.monotonic()
+
+    def republished() -> dict[str, Any] | None:
+        items = slice_items(cluster, release.node)
+        fresh = [i for i in items if i["metadata"]["uid"] != before["metadata"]["uid"]]
+        return fresh[0] if fresh else None
+
+    after = wait_until(republished, 45, "the kubelet to delete the slice and the agent to "
+                       "publish it again")  # fmt: skip
+    seconds = time.monotonic() - began
+    assert after["metadata"]["name"] == before["metadata"]["name"]
+    assert seconds < 30, f"published again {seconds:.1f}s after the restart"
+    # Logs come through the kubelet: wait until the new one serves them.
+    cluster.kubectl("wait", "--for=condition=Ready", f"node/{release.node}", "--timeout=60s",
+                    timeout=70)  # fmt: skip
+    deleted = f"ResourceSlice {before['metadata']['name']} deleted: publishing again"
+    wait_until(lambda: deleted in try_agent_log(release), 60, "the agent's log of the delete")
+    # The new kubelet found the plugin again: a claim is prepared and the CDI edit applied.
+    cdi_edit_reaches_a_claim_only_pod(release, namespace, "after-restart", shared_gpu)
+    print(f"slice published again {seconds:.1f}s after the kubelet restart")
