@@ -116,10 +116,18 @@ def test_deleting_the_leader_pod_hands_the_lease_over(release: Release, namespac
 
     release.cluster.kubectl("delete", "pod", leader, "-n", release.namespace, "--wait=false")
 
-    # The leader releases the Lease when it stops (SIGTERM from the kubelet), so the
-    # standby takes it within a retry period or two, not a whole lease duration.
-    wait_until(lambda: release.leader().startswith(f"{standby}_"), 40,
-               f"{standby} to take the Lease from {leader}")  # fmt: skip
+    # The leader releases the Lease when it stops (SIGTERM from the kubelet). Any candidate
+    # may then take it: usually the standby, sometimes the Deployment's replacement pod,
+    # which starts meanwhile and races the standby (client-go's elector makes no promise
+    # either). What matters is that a live replica leads, well within the lease bound.
+    def new_holder() -> str:
+        live = [p["metadata"]["name"] for p in release.operator_pods() if pod_ready(p)]
+        holder = holder_pod(release, live)
+        return holder if holder and holder != leader else ""
+
+    holder = wait_until(new_holder, 60, f"a live replica other than {leader} (standby: {standby}) "
+                        "to hold the Lease")  # fmt: skip
+    assert holder != leader
     # A job applied now runs under the new leader (on kwok nodes: the simulation runs it).
     apply(release.cluster, namespace,
           job_manifest("after-handover", workers=2, template_spec={"nodeSelector": KWOK_NODES}))  # fmt: skip
