@@ -140,8 +140,9 @@ def make_plan(seed: int, jobs: int = 54) -> Plan:
         kind = rng.choices(KINDS, WEIGHTS)[0]
         budget = rng.randint(0, 2) if kind == "flaky" else (1 if kind == "ignored" else 0)
         # Long enough that a disruption can land well before the workers end (SAFE_MARGIN
-        # in the run), short enough that the whole mix drains in a few minutes.
-        run_for = rng.randint(15, 30) if kind in ("ok", "fragile") else rng.randint(8, 12)
+        # in the run; a node NotReady needs every hit worker to outlast the grace, 15 s,
+        # plus the margin), short enough that the whole mix drains in a few minutes.
+        run_for = rng.randint(20, 40) if kind in ("ok", "fragile") else rng.randint(8, 12)
         planned.append(
             JobPlan(
                 name=f"{kind}-{index:02d}",
