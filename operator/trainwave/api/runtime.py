@@ -16,6 +16,7 @@ from trainwave.api.base import ApiModel
 
 Mode = Literal["on", "off", "auto"]
 CompressionMode = Literal["off", "auto", "fp16", "bf16", "powersgd"]
+DEFAULT_IN_PLACE_RESTARTS = 3
 
 
 class Features(ApiModel):
@@ -97,6 +98,16 @@ class RuntimeSpec(ApiModel):
         default=None,
         ge=1,
         description="totalSteps: steps of the whole run, for progress and ETA.",
+    )
+    in_place_restarts: int = Field(
+        default=DEFAULT_IN_PLACE_RESTARTS,
+        ge=0,
+        le=100,
+        description="inPlaceRestarts: how many times a failed or hung training process is "
+        "restarted inside the running pods (torch's elastic agent: every worker's processes "
+        "re-enter rendezvous and resume from the newest checkpoint) before the pod fails and "
+        f"the gang is recreated as without the runtime. 0 turns it off. Default "
+        f"{DEFAULT_IN_PLACE_RESTARTS}.",
     )
     status_port: int = Field(
         default=contract.DEFAULT_STATUS_PORT,

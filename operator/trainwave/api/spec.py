@@ -26,6 +26,8 @@ DEFAULT_MAX_IGNORED = 10
 DEFAULT_IGNORE_BACKOFF = 10
 MAX_BACKOFF_SECONDS = 300
 DEFAULT_NODE_NOT_READY = 60
+DEFAULT_STRAGGLER_SLOWDOWN = 1.5
+DEFAULT_STRAGGLER_REPORTS = 5
 # Condition types and reasons are CamelCase words (a qualified name for types).
 CONDITION_WORD_PATTERN = r"^([a-z0-9.-]+/)?[A-Za-z][A-Za-z0-9_.-]*$"
 Reason = Annotated[
@@ -253,6 +255,29 @@ class FailurePolicy(ApiModel):
     )
 
 
+class Stragglers(ApiModel):
+    slowdown: float = Field(
+        default=DEFAULT_STRAGGLER_SLOWDOWN,
+        ge=1.1,
+        le=100,
+        description="slowdown: a rank whose recent compute time per step is at least this "
+        "many times the gang's median is slow. Default "
+        f"{DEFAULT_STRAGGLER_SLOWDOWN}.",
+    )
+    reports: int = Field(
+        default=DEFAULT_STRAGGLER_REPORTS,
+        ge=1,
+        le=1000,
+        description="reports: consecutive slow reports (one per telemetry interval) before "
+        f"the rank is named in the Straggler condition. Default {DEFAULT_STRAGGLER_REPORTS}.",
+    )
+    replace: bool = Field(
+        default=False,
+        description="replace: true marks a named straggler's node (an annotation with an "
+        "expiry, never a taint) and replaces that worker. Default false: only reported.",
+    )
+
+
 class RunPolicy(ApiModel):
     failure_policy: FailurePolicy = Field(
         default_factory=FailurePolicy,
@@ -280,6 +305,21 @@ class RunPolicy(ApiModel):
         default=False,
         description="suspend: true deletes the workers and keeps the job; false starts a new "
         "gang. Fields that shape the pods may only change while suspended.",
+    )
+    hang_timeout_seconds: int | None = Field(
+        default=None,
+        ge=10,
+        le=86_400,
+        description="hangTimeoutSeconds: with the runtime, a job whose workers all run but "
+        "none completes a training step for this long is hung: the Hung condition names the "
+        "stalled ranks and their last steps, and the processes restart in place (cause hang). "
+        "Unset (default): no hang detection.",
+    )
+    stragglers: Stragglers = Field(
+        default_factory=Stragglers,
+        description="stragglers: with the runtime, how a rank slower than the gang is named "
+        "(the Straggler condition) and whether it is replaced.",
+        json_schema_extra={"default": {}},
     )
 
 
