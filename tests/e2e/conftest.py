@@ -168,6 +168,11 @@ def cluster() -> Iterator[Cluster]:
 def release(cluster: Cluster) -> Release:
     """`helm install` of the chart onto the real node; returns once both operator pods
     and the agent pod are Ready and one operator holds the leader Lease."""
+    return install_release(cluster)
+
+
+def install_release(cluster: Cluster) -> Release:
+    """The `release` fixture's work, for benchmarks that run outside pytest too."""
     (node,) = cluster.real_nodes
     (layout,) = realnode.node_layouts(Layout(cluster.state_dir), 1)
     missing_images(layout.containerd_socket)

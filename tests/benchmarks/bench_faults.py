@@ -1,0 +1,255 @@
+"""Benchmark: faults injected into a training gang on the real node, in-place repair against
+gang recreation, in one run (issue 26).
+
+The chart is installed on the local cluster's real node (kubelet + containerd, as the e2e
+tier does). The same job runs twice, one after the other, with the same seeded fault
+schedule: 2 workers x 2 processes of tests/benchmarks/fault_worker.py (DDP over gloo on
+CPUs, a checkpoint every CHECKPOINT_EVERY steps), under trainwave's runtime,
+`runPolicy.hangTimeoutSeconds` set and straggler detection at its defaults:
+- mode `in-place`: `spec.runtime.inPlaceRestarts: 3` (the default);
+- mode `recreate`: `spec.runtime.inPlaceRestarts: 0`, so every repair recreates the gang.
+Faults, injected from the host into one training process (picked by the seed):
+- `kill`: SIGKILL;
+- `stop`: SIGSTOP (the process hangs; its peers block in the next collective);
+- `slow`: the process is stopped half of every 100 ms for SLOW_SECONDS (about 2x slower).
+A worker-node drain is not injected: all workers share the one real node (one real
+kubelet per machine, docs/real-nodes.md), so a drained node leaves nowhere to go.
+Per fault: time to detect (the first change the job's status shows: a new attempt, an
+in-place restart, a Hung or Straggler condition naming it), time from the fault to the
+first step of the new processes, steps lost; per run: goodput (distinct steps x healthy
+step time / wall time from the job's creation to its last step, fault_analysis.py) and
+what `status.goodput` said.
+
+Run as root, with nothing else using the real node:
+    flock /tmp/realnode.lock ~/.cache/trainwave/venv-py311/bin/python tests/benchmarks/bench_faults.py
+Env: BENCH_FAULTS_SEED (default 26), BENCH_FAULTS_MODES (default in-place,recreate),
+BENCH_FAULTS_KINDS (default kill,stop,slow). Writes tests/benchmarks/results/faults.{json,md}.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import random
+import signal
+import sys
+import threading
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+REPO = Path(__file__).resolve().parents[2]
+sys.path[:0] = [str(REPO / "tests"), str(REPO / "operator")]
+
+from benchmarks import fault_analysis as analysis  # noqa: E402
+from benchmarks.fault_injection import (  # noqa: E402
+    StatusWatch,
+    inject,
+    training_processes,
+)
+from benchmarks.fault_report import render_markdown  # noqa: E402
+from benchmarks.provenance import git_commit, write_results  # noqa: E402
+from cluster.controlplane import DEFAULT_TOPOLOGY, Cluster, ensure_cluster  # noqa: E402
+from e2e.conftest import ON_REAL_NODE, WORKER_IMAGE, install_release  # noqa: E402
+from integration.trainwave_fixtures import apply, job_manifest  # noqa: E402
+from trainwave import contract  # noqa: E402
+
+RESULTS = REPO / "tests" / "benchmarks" / "results"
+SEED = int(os.environ.get("BENCH_FAULTS_SEED", "26"))
+MODES = os.environ.get("BENCH_FAULTS_MODES", "in-place,recreate").split(",")
+KINDS = os.environ.get("BENCH_FAULTS_KINDS", "kill,stop,slow").split(",")
+WORKERS, PROCESSES = 2, 2
+CHECKPOINT_EVERY = 20
+HANG_TIMEOUT = 20  # the smallest hangTimeoutSeconds allows is 10
+SLOW_SECONDS = 40
+WARMUP_STEPS = 30  # healthy steps before the first fault and after each recovery
+STEPS = 400  # enough for the schedule; the job ends when it reaches them
+SITE_PACKAGES = Path(sys.prefix) / "lib" / "python3.11" / "site-packages"
+
+
+def worker_job(name: str, in_place: int, steps_dir: Path, checkpoints: Path) -> dict[str, Any]:
+    def host(volume: str, path: Path, mount: str, read_only: bool = True) -> tuple[dict, dict]:
+        kind = "Directory" if read_only else "DirectoryOrCreate"
+        return (
+            {"name": volume, "hostPath": {"path": str(path), "type": kind}},
+            {"name": volume, "mountPath": mount, "readOnly": read_only},
+        )
+
+    mounts = [
+        host("torch", SITE_PACKAGES, "/usr/local/lib/python3.11/dist-packages"),
+        host("bench", REPO / "tests" / "benchmarks", "/bench"),
+        host("steps", steps_dir, "/steps", read_only=False),
+        host("checkpoints", checkpoints, "/checkpoints", read_only=False),
+    ]
+    return job_manifest(
+        name,
+        workers=WORKERS,
+        gpus=2,
+        result=None,
+        image=WORKER_IMAGE,
+        processesPerWorker=PROCESSES,
+        command=["python", "/bench/fault_worker.py"],
+        args=["--steps", str(STEPS), "--step-log", "/steps"],
+        env=[
+            {"name": contract.ENV_TELEMETRY_INTERVAL_SECONDS, "value": "1"},
+            {"name": "OMP_NUM_THREADS", "value": "1"},
+        ],
+        runtime={
+            "checkpoint": {"path": "/checkpoints", "everySteps": CHECKPOINT_EVERY, "keep": 3},
+            "totalSteps": STEPS,
+            "inPlaceRestarts": in_place,
+        },
+        run_policy={
+            "hangTimeoutSeconds": HANG_TIMEOUT,
+            "failurePolicy": {"maxRestarts": 10},
+        },
+        template_spec={
+            "nodeSelector": ON_REAL_NODE,
+            "containers": [
+                {"name": contract.WORKER_CONTAINER, "volumeMounts": [mount for _, mount in mounts]}
+            ],
+            "volumes": [volume for volume, _ in mounts],
+        },
+    )
+
+
+def schedule(seed: int) -> list[tuple[str, int]]:
+    """(kind, global rank) per fault, in KINDS order; the seed picks the ranks."""
+    chooser = random.Random(seed)
+    return [(kind, chooser.randrange(WORKERS * PROCESSES)) for kind in KINDS]
+
+
+def rank0_steps(steps_dir: Path) -> list[analysis.StepRecord]:
+    return analysis.read_steps(steps_dir / "rank0.jsonl")
+
+
+def wait_for(what: str, check: Callable[[], Any], timeout: float, every: float = 0.25) -> Any:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if found := check():
+            return found
+        time.sleep(every)
+    raise TimeoutError(f"{what}: not within {timeout:.0f} s")
+
+
+def healthy_steps_after(steps_dir: Path, since: float, count: int) -> Callable[[], bool]:
+    return lambda: sum(r.t > since for r in rank0_steps(steps_dir)) >= count
+
+
+def run_mode(cluster: Cluster, mode: str, faults: list[tuple[str, int]]) -> dict[str, Any]:
+    namespace, name = f"faults-{mode}", "gang"
+    work = cluster.state_dir / "faults" / mode
+    steps_dir, checkpoints = work / "steps", work / "checkpoints"
+    for directory in (steps_dir, checkpoints):
+        directory.mkdir(parents=True, exist_ok=True)
+        for old in directory.iterdir():
+            old.unlink()
+    cluster.kubectl(
+        "delete", "namespace", namespace, "--ignore-not-found", "--wait=true", timeout=180
+    )
+    cluster.kubectl("create", "namespace", namespace)
+    in_place = 3 if mode == "in-place" else 0
+    created = time.time()
+    apply(cluster, namespace, worker_job(name, in_place, steps_dir, checkpoints))
+    watch = StatusWatch(cluster.kubeconfig, namespace, name).start()
+    results = []
+    try:
+        wait_for("first steps", healthy_steps_after(steps_dir, 0, WARMUP_STEPS), 600)
+        for kind, rank in faults:
+            print(f"{mode}: {kind} rank {rank}", flush=True)
+            (process,) = wait_for(
+                f"rank {rank}'s process", lambda r=rank: training_processes(namespace, name, r), 60
+            )
+            fault_at = time.time()
+            done = threading.Event()
+            injector = inject(kind, process, done, SLOW_SECONDS)
+            result: dict[str, Any] = {"kind": kind, "rank": rank, "pid": process, "at": fault_at}
+            if kind == "slow":
+                named = watch.wait_condition("Straggler", f"rank {rank}", fault_at, SLOW_SECONDS)
+                result["detect_seconds"] = None if named is None else named - fault_at
+                result["reports_to_detect"] = result["detect_seconds"]  # 1 report per second
+                done.set()
+                injector.join()
+            else:
+                records = wait_for(
+                    "the first new step",
+                    lambda at=fault_at: _recovered(steps_dir, at),
+                    900,
+                    every=0.5,
+                )
+                done.set()
+                injector.join()
+                detected = watch.first_change_after(fault_at)
+                result |= {
+                    "detect_seconds": None if detected is None else detected - fault_at,
+                    "recovery_seconds": records.seconds,
+                    "steps_lost": records.steps_lost,
+                    "last_step_before": records.last_step_before,
+                    "resumed_from": records.resumed_from,
+                }
+            results.append(result)
+            print(f"{mode}: {result}", flush=True)
+            wait_for(
+                "healthy steps", healthy_steps_after(steps_dir, time.time(), WARMUP_STEPS), 600
+            )
+        wait_for("the job's end", lambda: watch.phase() in ("Succeeded", "Failed"), 1800, every=1)
+    finally:
+        watch.stop()
+    records = rank0_steps(steps_dir)
+    fault_times = [r["at"] for r in results]
+    step_seconds = analysis.healthy_step_seconds(records, fault_times) or 0.0
+    final = watch.last()
+    return {
+        "mode": mode,
+        "in_place_restarts_allowed": in_place,
+        "phase": watch.phase(),
+        "faults": results,
+        "healthy_step_seconds": round(step_seconds, 4),
+        "goodput": round(analysis.goodput(records, created, step_seconds), 4),
+        "wall_seconds": round(max(r.t for r in records) - created, 1) if records else None,
+        "status": {key: final.get(key) for key in ("attempt", "restarts", "goodput")},
+        "timeline": watch.changes(),
+    }
+
+
+def _recovered(steps_dir: Path, fault_at: float) -> analysis.Recovery | None:
+    found = analysis.recovery(rank0_steps(steps_dir), fault_at)
+    return found if found.first_new_at is not None else None
+
+
+def main() -> int:
+    if os.geteuid() != 0:
+        print("bench_faults needs root (the real node)", file=sys.stderr)
+        return 2
+    cluster = ensure_cluster(DEFAULT_TOPOLOGY, real_nodes=1, timeout=600)
+    install_release(cluster)
+    faults = schedule(SEED)
+    load_before = os.getloadavg()
+    runs = [run_mode(cluster, mode, faults) for mode in MODES]
+    result = {
+        "benchmark": "faults",
+        "commit": git_commit(),
+        "seed": SEED,
+        "schedule": faults,
+        "conditions": {
+            "workers": WORKERS,
+            "processes_per_worker": PROCESSES,
+            "backend": "gloo (CPU)",
+            "checkpoint_every_steps": CHECKPOINT_EVERY,
+            "hang_timeout_seconds": HANG_TIMEOUT,
+            "slow": f"stopped 50 ms of every 100 ms for {SLOW_SECONDS} s",
+            "cpus": os.cpu_count(),
+            "load_before": load_before,
+            "load_after": os.getloadavg(),
+        },
+        "runs": runs,
+    }
+    write_results(RESULTS / "faults", result, render_markdown(result))
+    print(json.dumps(result, indent=1, default=str))
+    return 0
+
+
+if __name__ == "__main__":
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(1))
+    sys.exit(main())

@@ -1,0 +1,83 @@
+"""The fault benchmark's report: one table per fault kind, in-place beside recreation."""
+
+from __future__ import annotations
+
+from typing import Any
+
+
+def _number(value: Any, unit: str = "") -> str:
+    if value is None:
+        return "—"
+    return f"{value:.1f}{unit}" if isinstance(value, float) else f"{value}{unit}"
+
+
+def goals(result: dict[str, Any]) -> list[str]:
+    """The issue's goals, each with what this run measured."""
+    runs = {run["mode"]: run for run in result["runs"]}
+    lines = []
+    in_place, recreate = runs.get("in-place"), runs.get("recreate")
+    hang = result["conditions"]["hang_timeout_seconds"]
+    if in_place and recreate:
+        kill = [
+            next((f for f in run["faults"] if f["kind"] == "kill"), None)
+            for run in (in_place, recreate)
+        ]
+        if all(f and f.get("recovery_seconds") for f in kill):
+            ratio = kill[1]["recovery_seconds"] / kill[0]["recovery_seconds"]
+            verdict = "met" if ratio >= 5 else "NOT met"
+            lines.append(f"- first new step after a process kill at least 5x sooner than "
+                         f"recreation: {ratio:.1f}x ({verdict})")  # fmt: skip
+        if recreate["goodput"]:
+            ratio = in_place["goodput"] / recreate["goodput"]
+            verdict = "met" if ratio >= 1.5 else "NOT met"
+            lines.append(f"- goodput of the whole run at least 1.5x recreation's: "
+                         f"{ratio:.2f}x ({verdict})")  # fmt: skip
+    for run in result["runs"]:
+        for fault in run["faults"]:
+            if fault["kind"] == "stop":
+                seconds = fault.get("detect_seconds")
+                verdict = "met" if seconds is not None and seconds <= hang + 10 else "NOT met"
+                lines.append(f"- {run['mode']}: SIGSTOPped rank detected within "
+                             f"hangTimeoutSeconds + 10 s = {hang + 10} s: "
+                             f"{_number(seconds, ' s')} ({verdict})")  # fmt: skip
+            if fault["kind"] == "slow":
+                reports = fault.get("reports_to_detect")
+                verdict = "met" if reports is not None and reports <= 10 else "NOT met"
+                lines.append(f"- {run['mode']}: rank slowed 2x named within 10 reports: "
+                             f"{_number(reports)} ({verdict})")  # fmt: skip
+    return lines
+
+
+def render_markdown(result: dict[str, Any]) -> str:
+    conditions = result["conditions"]
+    out = [
+        "# Faults: in-place repair against gang recreation (bench_faults.py)",
+        "",
+        f"Commit {result['commit']}, seed {result['seed']}, schedule "
+        + ", ".join(f"{kind} rank {rank}" for kind, rank in result["schedule"])
+        + ".",
+        "",
+        "Conditions: " + "; ".join(f"{k} {v}" for k, v in conditions.items()) + ".",
+        "",
+        "| mode | fault | rank | detect (s) | fault to first new step (s) | steps lost |",
+        "|---|---|---|---|---|---|",
+    ]
+    for run in result["runs"]:
+        for fault in run["faults"]:
+            out.append(
+                f"| {run['mode']} | {fault['kind']} | {fault['rank']} "
+                f"| {_number(fault.get('detect_seconds'))} "
+                f"| {_number(fault.get('recovery_seconds'))} "
+                f"| {_number(fault.get('steps_lost'))} |"
+            )
+    out += ["", "| mode | phase | goodput (measured) | wall (s) | healthy step (s) | status.goodput |",
+            "|---|---|---|---|---|---|"]  # fmt: skip
+    for run in result["runs"]:
+        reported = (run["status"].get("goodput") or {}).get("ratio")
+        out.append(
+            f"| {run['mode']} | {run['phase']} | {run['goodput']:.3f} "
+            f"| {_number(run['wall_seconds'])} | {run['healthy_step_seconds']:.3f} "
+            f"| {_number(reported)} |"
+        )
+    out += ["", "Goals (issue 26):", *goals(result), ""]
+    return "\n".join(out)

@@ -1,0 +1,76 @@
+"""The fault benchmark's arithmetic: recovery, steps lost, healthy step time, goodput."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from benchmarks.fault_analysis import (
+    StepRecord,
+    goodput,
+    healthy_step_seconds,
+    read_steps,
+    recovery,
+)
+
+
+def steps(
+    first: int, last: int, t0: float, dt: float, *, gen: int = 0, attempt: int = 0
+) -> list[StepRecord]:
+    return [StepRecord(s, t0 + (s - first) * dt, gen, attempt) for s in range(first, last + 1)]
+
+
+def test_an_in_place_restart_resumes_from_the_checkpoint_and_loses_the_steps_after_it() -> None:
+    # Steps 1-47 in generation 0, a kill at t=47.05, generation 1 resumes after step 40.
+    records = steps(1, 47, 1.0, 1.0) + steps(41, 60, 55.0, 1.0, gen=1)
+    found = recovery(records, fault_at=47.05)
+    assert found.last_step_before == 47
+    assert found.resumed_from == 40
+    assert found.steps_lost == 7
+    assert found.seconds == pytest.approx(55.0 - 47.05)
+
+
+def test_a_recreated_gang_counts_by_attempt_even_when_generations_repeat() -> None:
+    records = steps(1, 30, 1.0, 1.0) + steps(21, 40, 100.0, 1.0, gen=0, attempt=1)
+    found = recovery(records, fault_at=30.5)
+    assert (found.resumed_from, found.steps_lost) == (20, 10)
+    assert found.first_new_at == 100.0
+
+
+def test_steps_of_the_old_processes_after_the_fault_are_not_the_recovery() -> None:
+    # A stopped rank's peers may finish the step in flight after the fault.
+    records = steps(1, 10, 1.0, 1.0) + steps(11, 15, 30.0, 1.0, gen=1)
+    found = recovery(records, fault_at=9.5)
+    assert found.last_step_before == 9
+    assert found.first_new_at == 30.0
+    assert found.steps_lost == 0  # resumed at 10, the last step finished before the fault was 9
+
+
+def test_no_recovery_yet() -> None:
+    found = recovery(steps(1, 10, 1.0, 1.0), fault_at=10.5)
+    assert found.first_new_at is None
+    assert found.seconds is None
+    assert found.steps_lost is None
+
+
+def test_healthy_step_time_skips_restarts_and_gaps_around_faults() -> None:
+    records = steps(1, 10, 0.0, 0.5) + steps(5, 10, 100.0, 0.5, gen=1)
+    assert healthy_step_seconds(records, faults=[4.6]) == pytest.approx(0.5)
+    assert healthy_step_seconds([], faults=[]) is None
+
+
+def test_goodput_is_distinct_steps_times_step_time_over_wall() -> None:
+    records = steps(1, 10, 10.0, 1.0) + steps(6, 10, 40.0, 1.0, gen=1)
+    # 10 distinct steps of 1 s; wall from 0 to the last step at 44.
+    assert goodput(records, started_at=0.0, step_seconds=1.0) == pytest.approx(10 / 44)
+    assert goodput([], started_at=0.0, step_seconds=1.0) == 0.0
+
+
+def test_a_torn_last_line_is_skipped(tmp_path: Path) -> None:
+    log = tmp_path / "rank0.jsonl"
+    good = {"step": 1, "t": 2.5, "gen": 0, "attempt": 3}
+    log.write_text(json.dumps(good) + "\n" + '{"step": 2, "t": 3')
+    assert read_steps(log) == [StepRecord(1, 2.5, 0, 3)]
+    assert read_steps(tmp_path / "missing.jsonl") == []
