@@ -26,11 +26,14 @@ LABEL_RANK: Final = "trainwave.io/rank"
 LABEL_ATTEMPT: Final = "trainwave.io/attempt"
 ROLE_WORKER: Final = "worker"
 
-# Kueue (v0.11, kueue.x-k8s.io/v1beta1): a job with this label is admitted through a
-# Workload that trainwave creates and owns (lifecycle/admission.py).
+# Kueue (v0.11 to v0.17): a job with this label is admitted through a Workload that
+# trainwave creates and owns (lifecycle/admission.py). The API versions trainwave speaks,
+# preferred first: Kueue serves v1beta2 from v0.15, and v0.17 marks v1beta1 deprecated; the
+# operator uses the first one the API server serves (controller/kueue_api.py).
 KUEUE_QUEUE_LABEL: Final = "kueue.x-k8s.io/queue-name"
 KUEUE_GROUP: Final = "kueue.x-k8s.io"
-KUEUE_VERSION: Final = "v1beta1"
+KUEUE_VERSIONS: Final = ("v1beta2", "v1beta1")
+KUEUE_VERSION: Final = KUEUE_VERSIONS[0]
 KUEUE_WORKLOADS: Final = "workloads"
 KUEUE_FLAVORS: Final = "resourceflavors"
 KUEUE_POD_SET: Final = "workers"  # the Workload's one pod set

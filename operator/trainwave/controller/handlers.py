@@ -34,6 +34,7 @@ from trainwave.controller.cluster_cache import ClusterCache
 from trainwave.controller.departures import Departures
 from trainwave.controller.job_cache import JobCache
 from trainwave.controller.kube import KubeClient, load_config
+from trainwave.controller.kueue_api import discover_version
 from trainwave.controller.leadership import LeaderElector
 from trainwave.controller.placer import Placer
 from trainwave.controller.queue import WorkQueue
@@ -85,6 +86,9 @@ async def start(*, settings: kopf.OperatorSettings, memo: Any, **_: Any) -> None
     kube = KubeClient(load_config(pool_size=threads))
     if OPTIONS.leadership is not None:
         kube.guard = OPTIONS.leadership.check
+    # Kueue's API version, before anything starts: where Kueue is missing, this start
+    # fails with a message naming what is served, and kopf retries it.
+    kueue_version = discover_version(kube) if OPTIONS.kueue else None
     # Nodes and active pods for placement, followed by watches instead of listed
     # every round. Its informers run in their own threads.
     cache = ClusterCache(kube, gpu_claims=OPTIONS.gpu_claims)
@@ -102,11 +106,12 @@ async def start(*, settings: kopf.OperatorSettings, memo: Any, **_: Any) -> None
     )
     _CACHE["jobs"] = jobs
     workloads = None
-    if OPTIONS.kueue:
+    if kueue_version is not None:
         # Kueue's Workloads of queued jobs: an admission or eviction wakes the job.
         workloads = WorkloadCache(
             kube,
             lambda key: loop.call_soon_threadsafe(_wake, key),
+            version=kueue_version,
             namespaces=OPTIONS.namespaces,
         )
         workloads.start()

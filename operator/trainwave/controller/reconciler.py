@@ -637,17 +637,26 @@ class Reconciler:
         job = resolved.job
         key = (meta.namespace, meta.name)
         action = decision.workload
+        workloads = self._workloads
+        if workloads is None:  # Kueue integration off: decide asks for no Workload action
+            return
+        version = workloads.version  # the one kueue_api.py discovered
         if action == WorkloadAction.CREATE:
             body = build_workload(resolved, queue_of(job), self._runtime_image)
-            await asyncio.to_thread(create_workload, self._kube, body)
+            await asyncio.to_thread(create_workload, self._kube, body, version=version)
             return
-        workload = self._workloads.workload(key, meta.uid) if self._workloads else None
+        workload = workloads.workload(key, meta.uid)
         if workload is None:
             return
         if action in (WorkloadAction.ACTIVATE, WorkloadAction.DEACTIVATE):
             active = action == WorkloadAction.ACTIVATE
             await asyncio.to_thread(
-                set_workload_active, self._kube, meta.namespace, workload.name, active
+                set_workload_active,
+                self._kube,
+                meta.namespace,
+                workload.name,
+                active,
+                version=version,
             )
             return
         now = self._clock()
@@ -667,6 +676,7 @@ class Reconciler:
             workload.name,
             workload.resource_version,
             status,
+            version=version,
         )
 
     async def _act(

@@ -8,8 +8,9 @@ decide reads of it (lifecycle/admission.py `Workload`) changes: Kueue's
 admission, eviction or a pending message. A flavor change wakes nobody: it
 applies to gangs started after it, as in Kueue.
 
-Only built with the operator's --kueue flag: without Kueue's CRDs the LISTs
-would fail and retry forever.
+Only built with the operator's --kueue flag, after kueue_api.py has found the
+API version the API server serves (`version`): every list, watch and write here
+uses it. Without Kueue's CRDs the LISTs would fail and retry forever.
 """
 
 from __future__ import annotations
@@ -32,7 +33,9 @@ from trainwave.lifecycle.admission import Flavor, Workload, observe_workload
 
 logger = logging.getLogger(__name__)
 
-_KUEUE = (contract.KUEUE_GROUP, contract.KUEUE_VERSION)
+
+def _kueue(version: str) -> tuple[str, str]:
+    return contract.KUEUE_GROUP, version
 
 
 class WorkloadCache:
@@ -41,12 +44,16 @@ class WorkloadCache:
         kube: KubeClient,
         wake: Callable[[JobKey], None],
         *,
+        version: str = contract.KUEUE_VERSION,
         namespaces: Iterable[str] = (),
         page_size: int = PAGE_SIZE,
         watch_seconds: int = WATCH_SECONDS,
     ):
-        """`namespaces`: the operator's --namespace; with names, Workloads are watched
+        """`version`: Kueue's API version, as kueue_api.discover_version chose it.
+        `namespaces`: the operator's --namespace; with names, Workloads are watched
         only there (namespaced.py). ResourceFlavors are cluster-scoped."""
+        self.version = version
+        kueue = _kueue(version)
         self._lock = threading.Lock()
         self._wake = wake
         self._workloads: ByJob[JobKey, Workload] = ByJob()
@@ -59,13 +66,13 @@ class WorkloadCache:
             namespaces,
             everywhere=partial(
                 custom.list_cluster_custom_object,
-                *_KUEUE,
+                *kueue,
                 contract.KUEUE_WORKLOADS,
                 label_selector=labelled,
             ),
             lister_in=lambda ns: partial(
                 custom.list_namespaced_custom_object,
-                *_KUEUE,
+                *kueue,
                 ns,
                 contract.KUEUE_WORKLOADS,
                 label_selector=labelled,
@@ -76,7 +83,7 @@ class WorkloadCache:
         )
         self.flavor_informer: Informer[Flavor] = Informer(
             "resourceflavors",
-            partial(custom.list_cluster_custom_object, *_KUEUE, contract.KUEUE_FLAVORS),
+            partial(custom.list_cluster_custom_object, *kueue, contract.KUEUE_FLAVORS),
             _flavor_record,
             self._flavors,
             **common,
@@ -155,14 +162,21 @@ def _flavor_record(obj: Mapping[str, Any]) -> Flavor | None:
 # Writes. Blocking calls, run in the reconciler's threads, gated on the Lease like all writes.
 
 
-def create_workload(kube: KubeClient, body: dict[str, Any]) -> None:
-    """Create once: one that exists already (our watch has not shown it yet) is ours."""
+def create_workload(kube: KubeClient, body: dict[str, Any], *, version: str) -> None:
+    """Create once: one that exists already (our watch has not shown it yet) is ours.
+    The body (builders/workload.py) has the same fields in every version trainwave
+    speaks (kueue_api.py); only its apiVersion is set to the one in use."""
     kube.guard()
     meta = body["metadata"]
+    body = {**body, "apiVersion": "/".join(_kueue(version))}
     try:
         _done(
             kube.custom.create_namespaced_custom_object(
-                *_KUEUE, meta["namespace"], contract.KUEUE_WORKLOADS, body, _preload_content=False
+                *_kueue(version),
+                meta["namespace"],
+                contract.KUEUE_WORKLOADS,
+                body,
+                _preload_content=False,
             )
         )
     except ApiException as error:
@@ -170,13 +184,15 @@ def create_workload(kube: KubeClient, body: dict[str, Any]) -> None:
             raise
 
 
-def set_workload_active(kube: KubeClient, namespace: str, name: str, active: bool) -> None:
+def set_workload_active(
+    kube: KubeClient, namespace: str, name: str, active: bool, *, version: str
+) -> None:
     """spec.active, the switch Kueue's users stop a Workload with; trainwave alone sets it."""
     kube.guard()
     try:
         _done(
             kube.custom.patch_namespaced_custom_object(
-                *_KUEUE,
+                *_kueue(version),
                 namespace,
                 contract.KUEUE_WORKLOADS,
                 name,
@@ -195,6 +211,8 @@ def patch_workload_status(
     name: str,
     resource_version: str,
     status: dict[str, Any],
+    *,
+    version: str,
 ) -> None:
     """A JSON merge patch of /status guarded by resourceVersion: the conditions list is
     replaced whole, so a write based on a stale read must fail (409) and be decided again.
@@ -204,7 +222,12 @@ def patch_workload_status(
     try:
         _done(
             kube.custom.patch_namespaced_custom_object_status(
-                *_KUEUE, namespace, contract.KUEUE_WORKLOADS, name, patch, _preload_content=False
+                *_kueue(version),
+                namespace,
+                contract.KUEUE_WORKLOADS,
+                name,
+                patch,
+                _preload_content=False,
             )
         )
     except ApiException as error:
