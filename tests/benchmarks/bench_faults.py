@@ -124,9 +124,18 @@ def rank0_steps(steps_dir: Path) -> list[analysis.StepRecord]:
     return analysis.read_steps(steps_dir / "rank0.jsonl")
 
 
-def wait_for(what: str, check: Callable[[], Any], timeout: float, every: float = 0.25) -> Any:
+def wait_for(
+    what: str,
+    check: Callable[[], Any],
+    timeout: float,
+    every: float = 0.25,
+    watch: StatusWatch | None = None,
+) -> Any:
+    """`check()`'s first truthy answer; fails at once when the watched job has Failed."""
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
+        if watch is not None and watch.phase() == "Failed":
+            raise RuntimeError(f"{what}: the job Failed: {watch.last().get('message')}")
         if found := check():
             return found
         time.sleep(every)
@@ -155,11 +164,14 @@ def run_mode(cluster: Cluster, mode: str, faults: list[tuple[str, int]]) -> dict
     watch = StatusWatch(cluster.kubeconfig, namespace, name).start()
     results = []
     try:
-        wait_for("first steps", healthy_steps_after(steps_dir, 0, WARMUP_STEPS), 600)
+        wait_for("first steps", healthy_steps_after(steps_dir, 0, WARMUP_STEPS), 600, watch=watch)
         for kind, rank in faults:
             print(f"{mode}: {kind} rank {rank}", flush=True)
             (process,) = wait_for(
-                f"rank {rank}'s process", lambda r=rank: training_processes(namespace, name, r), 60
+                f"rank {rank}'s process",
+                lambda r=rank: training_processes(namespace, name, r),
+                60,
+                watch=watch,
             )
             fault_at = time.time()
             done = threading.Event()
@@ -177,6 +189,7 @@ def run_mode(cluster: Cluster, mode: str, faults: list[tuple[str, int]]) -> dict
                     lambda at=fault_at: _recovered(steps_dir, at),
                     900,
                     every=0.5,
+                    watch=watch,
                 )
                 done.set()
                 injector.join()
@@ -191,7 +204,10 @@ def run_mode(cluster: Cluster, mode: str, faults: list[tuple[str, int]]) -> dict
             results.append(result)
             print(f"{mode}: {result}", flush=True)
             wait_for(
-                "healthy steps", healthy_steps_after(steps_dir, time.time(), WARMUP_STEPS), 600
+                "healthy steps",
+                healthy_steps_after(steps_dir, time.time(), WARMUP_STEPS),
+                600,
+                watch=watch,
             )
         wait_for("the job's end", lambda: watch.phase() in ("Succeeded", "Failed"), 1800, every=1)
     finally:
