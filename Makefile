@@ -117,6 +117,10 @@ bench: venv tools ## benchmarks, each on its own local cluster (see README, Perf
 bench-crd-cost: venv tools ## diagnostic: kube-apiserver CPU per TrainingJob status patch, by CRD schema variant (~5 min)
 	$(PY) tests/benchmarks/crd_write_cost.py
 
+.PHONY: bench-faults
+bench-faults: venv tools images ## faults on the real node (kill, SIGSTOP, slowed rank): in-place repair vs gang recreation, same seeded schedule (root; ~15 min)
+	flock /tmp/realnode.lock $(PY) tests/benchmarks/bench_faults.py
+
 .PHONY: bench-comm
 bench-comm: venv ## gradient communication on two emulated nodes (root: netns + tc; ~10 min)
 	$(PY) tests/benchmarks/bench_comm.py

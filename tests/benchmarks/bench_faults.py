@@ -22,6 +22,8 @@ what `status.goodput` said.
 
 Run as root, with nothing else using the real node:
     flock /tmp/realnode.lock ~/.cache/trainwave/venv-py311/bin/python tests/benchmarks/bench_faults.py
+The cluster is stopped at the end if this run started it (TRAINWAVE_KEEP_CLUSTER=1 keeps it).
+Images must be current: `make images` first (`make bench-faults` does both).
 Env: BENCH_FAULTS_SEED (default 26), BENCH_FAULTS_MODES (default in-place,recreate),
 BENCH_FAULTS_KINDS (default kill,stop,slow). Writes tests/benchmarks/results/faults.{json,md}.
 """
@@ -239,10 +241,15 @@ def main() -> int:
         print("bench_faults needs root (the real node)", file=sys.stderr)
         return 2
     cluster = ensure_cluster(DEFAULT_TOPOLOGY, real_nodes=1, timeout=600)
-    install_release(cluster)
-    faults = schedule(SEED)
-    load_before = os.getloadavg()
-    runs = [run_mode(cluster, mode, faults) for mode in MODES]
+    try:
+        install_release(cluster)
+        faults = schedule(SEED)
+        load_before = os.getloadavg()
+        runs = [run_mode(cluster, mode, faults) for mode in MODES]
+    finally:
+        # The real node must not outlive the run (one per machine), as in the e2e tier.
+        if cluster.started and os.environ.get("TRAINWAVE_KEEP_CLUSTER") != "1":
+            cluster.stop()
     result = {
         "benchmark": "faults",
         "commit": git_commit(),
