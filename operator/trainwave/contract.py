@@ -65,10 +65,28 @@ ENV_PET_NPROC_PER_NODE: Final = "PET_NPROC_PER_NODE"
 ENV_PET_NODE_RANK: Final = "PET_NODE_RANK"
 ENV_PET_MASTER_ADDR: Final = "PET_MASTER_ADDR"
 ENV_PET_MASTER_PORT: Final = "PET_MASTER_PORT"
+# In-place restarts (spec.runtime.inPlaceRestarts > 0, with the runtime): torchrun's
+# elastic agent with the c10d rendezvous instead of the static one, so a failed
+# process restarts every process of the gang inside the running pods
+# (torch/distributed/run.py reads these as the defaults of --rdzv-backend, ...).
+ENV_PET_RDZV_BACKEND: Final = "PET_RDZV_BACKEND"
+ENV_PET_RDZV_ENDPOINT: Final = "PET_RDZV_ENDPOINT"  # rank 0's DNS name:RDZV_PORT
+ENV_PET_RDZV_ID: Final = "PET_RDZV_ID"  # <job uid>-a<attempt>: a new attempt, a new rendezvous
+ENV_PET_RDZV_CONF: Final = "PET_RDZV_CONF"  # is_host=true on rank 0 only
+ENV_PET_MAX_RESTARTS: Final = "PET_MAX_RESTARTS"
+ENV_PET_LOCAL_ADDR: Final = "PET_LOCAL_ADDR"  # the worker's own <hostname>.<service>
+RDZV_BACKEND: Final = "c10d"
+# The c10d store's port on rank 0 (torch's own default, c10d_rendezvous_backend.py
+# DEFAULT_PORT); the builders take the next free one when the job's masterPort or
+# statusPort is this.
+DEFAULT_RDZV_PORT: Final = 29400
+RDZV_PORT_NAME: Final = "tw-rdzv"
 # trainwave's own variables for the runtime.
 ENV_JOB_NAME: Final = "TRAINWAVE_JOB_NAME"
 ENV_JOB_NAMESPACE: Final = "TRAINWAVE_JOB_NAMESPACE"
 ENV_ATTEMPT: Final = "TRAINWAVE_ATTEMPT"
+# spec.runPolicy.hangTimeoutSeconds, for the launcher's hang watchdog (in-place only).
+ENV_HANG_TIMEOUT_SECONDS: Final = "TRAINWAVE_HANG_TIMEOUT_SECONDS"
 
 # Users may not set these: the operator owns them, and a user value would
 # silently break rendezvous for the whole gang.
@@ -85,9 +103,16 @@ RESERVED_ENV: Final = (
     ENV_PET_NODE_RANK,
     ENV_PET_MASTER_ADDR,
     ENV_PET_MASTER_PORT,
+    ENV_PET_RDZV_BACKEND,
+    ENV_PET_RDZV_ENDPOINT,
+    ENV_PET_RDZV_ID,
+    ENV_PET_RDZV_CONF,
+    ENV_PET_MAX_RESTARTS,
+    ENV_PET_LOCAL_ADDR,
     ENV_JOB_NAME,
     ENV_JOB_NAMESPACE,
     ENV_ATTEMPT,
+    ENV_HANG_TIMEOUT_SECONDS,
 )
 
 GPU_RESOURCE: Final = "nvidia.com/gpu"

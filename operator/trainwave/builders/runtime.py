@@ -9,13 +9,22 @@ volume hands the launcher the pod's annotations: the env that depends on the
 node (worker-env) only exists once the gang is placed. The job's status key
 (a Secret the reconciler creates, builders/status_key.py) is mounted so the
 launcher can sign its /status answers.
+
+With `spec.runtime.inPlaceRestarts` > 0 the worker also gets torchrun's c10d
+rendezvous (`in_place_env`): the launcher then runs every command under torch's
+elastic agent, which restarts a failed gang inside the running pods.
 """
 
 from typing import Any
 
 from trainwave import contract
 from trainwave.api.runtime import RuntimeSpec
-from trainwave.builders.names import status_key_secret
+from trainwave.builders.names import (
+    master_address,
+    service_name,
+    status_key_secret,
+    worker_hostname,
+)
 from trainwave.builders.security import restricted_container
 from trainwave.builders.worker import Worker
 
@@ -82,12 +91,14 @@ def set_runtime(pod: dict[str, Any], worker: Worker) -> None:
         "--",
         *container["command"],
     ]
-    ports = [p for p in container.get("ports", []) if p.get("name") != contract.STATUS_PORT_NAME]
-    container["ports"] = [
-        *ports,
-        {"name": contract.STATUS_PORT_NAME, "containerPort": runtime.status_port},
-    ]
-    _add_env(container, runtime_env(runtime))
+    ours = (contract.STATUS_PORT_NAME, contract.RDZV_PORT_NAME)
+    ports = [p for p in container.get("ports", []) if p.get("name") not in ours]
+    ports.append({"name": contract.STATUS_PORT_NAME, "containerPort": runtime.status_port})
+    in_place = in_place_env(worker)
+    if in_place and worker.rank == 0:  # the c10d store lives in rank 0's agent
+        ports.append({"name": contract.RDZV_PORT_NAME, "containerPort": rendezvous_port(worker)})
+    container["ports"] = ports
+    _add_env(container, {**runtime_env(runtime), **in_place})
 
 
 def runtime_env(runtime: RuntimeSpec) -> dict[str, str]:
@@ -105,6 +116,51 @@ def runtime_env(runtime: RuntimeSpec) -> dict[str, str]:
         env[contract.ENV_CHECKPOINT_KEEP] = str(runtime.checkpoint.keep)
     if runtime.total_steps is not None:
         env[contract.ENV_TOTAL_STEPS] = str(runtime.total_steps)
+    return env
+
+
+def rendezvous_port(worker: Worker) -> int:
+    """contract.DEFAULT_RDZV_PORT, or the next port the job does not use already."""
+    spec = worker.job.spec
+    taken = {spec.master_port, spec.runtime.status_port if spec.runtime else 0}
+    port = contract.DEFAULT_RDZV_PORT
+    while port in taken:
+        port += 1
+    return port
+
+
+def in_place_env(worker: Worker) -> dict[str, str]:
+    """torchrun's c10d rendezvous for in-place restarts; empty when they are off.
+
+    Mirrors torch/distributed/elastic/rendezvous/c10d_rendezvous_backend.py
+    (_create_tcp_store): the agent whose host matches the endpoint hosts the store,
+    found by comparing hostnames and addresses, which fails while the headless
+    Service's DNS record of rank 0 is not published yet; `is_host` says it
+    outright. dynamic_rendezvous.py gives the process group's MASTER_ADDR as the
+    group-rank-0 agent's local address (_NodeDesc.addr: --local-addr, else
+    socket.getfqdn()), so each worker names itself the way MASTER_ADDR names rank 0
+    (`<hostname>.<service>`, resolved by cluster DNS), not by whatever FQDN the
+    image's resolver makes of the pod's hostname. Group ranks follow the sorted
+    addresses (_mark_rendezvous_complete): the pod's rank up to 10 workers; beyond,
+    torch orders `...-worker-10` before `...-worker-2`. When rank 0's pod dies the
+    store dies with it: the other agents fail and the operator recreates the gang.
+    """
+    runtime, meta = worker.job.spec.runtime, worker.job.metadata
+    if runtime is None or not runtime.enabled or runtime.in_place_restarts <= 0:
+        return {}
+    env = {
+        contract.ENV_PET_RDZV_BACKEND: contract.RDZV_BACKEND,
+        contract.ENV_PET_RDZV_ENDPOINT: f"{master_address(meta.name)}:{rendezvous_port(worker)}",
+        # A new attempt is a new gang: its agents must not join the old one's rounds.
+        contract.ENV_PET_RDZV_ID: f"{meta.uid or meta.name}-a{worker.attempt}",
+        contract.ENV_PET_RDZV_CONF: f"is_host={'true' if worker.rank == 0 else 'false'}",
+        contract.ENV_PET_MAX_RESTARTS: str(runtime.in_place_restarts),
+        contract.ENV_PET_LOCAL_ADDR: f"{worker_hostname(meta.name, worker.rank)}."
+        f"{service_name(meta.name)}",
+    }
+    hang = worker.job.spec.run_policy.hang_timeout_seconds
+    if hang is not None:
+        env[contract.ENV_HANG_TIMEOUT_SECONDS] = str(hang)
     return env
 
 

@@ -1,0 +1,107 @@
+"""In-place restarts in the worker's env: torchrun's c10d rendezvous, only when asked for."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+from factories import make_body
+
+from trainwave import contract
+from trainwave.api.trainingjob import parse_trainingjob
+from trainwave.builders.pods import build_worker_pods
+
+pytestmark = pytest.mark.timeout(30)
+IN_PLACE = {
+    contract.ENV_PET_RDZV_BACKEND,
+    contract.ENV_PET_RDZV_ENDPOINT,
+    contract.ENV_PET_RDZV_ID,
+    contract.ENV_PET_RDZV_CONF,
+    contract.ENV_PET_MAX_RESTARTS,
+    contract.ENV_PET_LOCAL_ADDR,
+    contract.ENV_HANG_TIMEOUT_SECONDS,
+}
+
+
+def pods(
+    runtime: dict[str, Any] | None,
+    *,
+    attempt: int = 0,
+    hang: int | None = None,
+    **options: Any,
+) -> list[dict[str, Any]]:
+    body = make_body("ddp", workers=2, runtime=runtime, command=["python", "t.py"], **options)
+    if hang is not None:
+        body["spec"]["runPolicy"]["hangTimeoutSeconds"] = hang
+    return build_worker_pods(parse_trainingjob(body), (0, 1), attempt=attempt)
+
+
+def env(pod: dict[str, Any]) -> dict[str, str]:
+    (worker,) = (c for c in pod["spec"]["containers"] if c["name"] == contract.WORKER_CONTAINER)
+    return {e["name"]: e["value"] for e in worker["env"]}
+
+
+def ports(pod: dict[str, Any]) -> dict[str, int]:
+    (worker,) = (c for c in pod["spec"]["containers"] if c["name"] == contract.WORKER_CONTAINER)
+    return {p["name"]: p["containerPort"] for p in worker["ports"]}
+
+
+def test_the_runtime_gives_every_worker_the_c10d_rendezvous_on_rank_0() -> None:
+    rank0, rank1 = (env(p) for p in pods({}, attempt=2, hang=20))
+    for found in (rank0, rank1):
+        assert found[contract.ENV_PET_RDZV_BACKEND] == "c10d"
+        assert found[contract.ENV_PET_RDZV_ENDPOINT] == "ddp-worker-0.ddp:29400"
+        assert found[contract.ENV_PET_RDZV_ENDPOINT].split(":")[0] == found["MASTER_ADDR"]
+        assert found[contract.ENV_PET_RDZV_ID] == "uid-1-a2"  # the job's uid and attempt
+        assert found[contract.ENV_PET_MAX_RESTARTS] == "3"  # spec.runtime.inPlaceRestarts default
+        assert found[contract.ENV_HANG_TIMEOUT_SECONDS] == "20"
+    assert rank0[contract.ENV_PET_RDZV_CONF] == "is_host=true"
+    assert rank1[contract.ENV_PET_RDZV_CONF] == "is_host=false"
+    assert rank0[contract.ENV_PET_LOCAL_ADDR] == "ddp-worker-0.ddp"
+    assert rank1[contract.ENV_PET_LOCAL_ADDR] == "ddp-worker-1.ddp"
+
+
+def test_only_rank_0_declares_the_store_port() -> None:
+    rank0, rank1 = pods({})
+    assert ports(rank0)[contract.RDZV_PORT_NAME] == contract.DEFAULT_RDZV_PORT
+    assert contract.RDZV_PORT_NAME not in ports(rank1)
+
+
+@pytest.mark.parametrize(
+    ("master_port", "status_port", "expected"),
+    [
+        pytest.param(29500, 29600, 29400, id="defaults"),
+        pytest.param(29400, 29600, 29401, id="master-port-takes-29400"),
+        pytest.param(29400, 29401, 29402, id="both-near"),
+    ],
+)
+def test_the_store_port_never_collides_with_the_jobs_ports(
+    master_port: int, status_port: int, expected: int
+) -> None:
+    rank0, _ = pods({"statusPort": status_port}, masterPort=master_port)
+    assert env(rank0)[contract.ENV_PET_RDZV_ENDPOINT] == f"ddp-worker-0.ddp:{expected}"
+
+
+@pytest.mark.parametrize(
+    "runtime",
+    [
+        pytest.param(None, id="no-runtime"),
+        pytest.param({"enabled": False}, id="runtime-disabled"),
+        pytest.param({"inPlaceRestarts": 0}, id="in-place-off"),
+    ],
+)
+def test_without_in_place_restarts_the_env_is_todays(runtime: dict[str, Any] | None) -> None:
+    for pod in pods(runtime, hang=20):
+        assert not IN_PLACE & set(env(pod))
+        assert contract.RDZV_PORT_NAME not in ports(pod)
+        assert env(pod)[contract.ENV_PET_MASTER_ADDR] == "ddp-worker-0.ddp"  # static rendezvous
+
+
+def test_the_hang_timeout_is_left_out_when_unset() -> None:
+    rank0, _ = pods({"inPlaceRestarts": 5})
+    assert env(rank0)[contract.ENV_PET_MAX_RESTARTS] == "5"
+    assert contract.ENV_HANG_TIMEOUT_SECONDS not in env(rank0)
+
+
+def test_users_may_not_set_the_new_names() -> None:
+    assert set(contract.RESERVED_ENV) >= IN_PLACE
