@@ -11,7 +11,10 @@ runtime (`trainwave.runtime.checkpoint`): with TRAINWAVE_CHECKPOINT_DIR set
 (spec.runtime.checkpoint), rank 0 saves every TRAINWAVE_CHECKPOINT_EVERY_STEPS
 steps and every rank resumes from the newest good checkpoint, so a restarted
 gang continues the step count instead of starting over. Progress (step, loss,
-samples/s) goes to the runtime's report directory for the launcher's /status.
+samples/s, and the time per step and per forward that name a slow rank) goes
+to the runtime's report directory for the launcher's /status. With in-place
+restarts (spec.runtime.inPlaceRestarts) a failed process restarts the gang
+inside its pods: the script simply starts again and resumes.
 
 Rank 0 prints one JSON line per event to stdout: `start` (world size, the
 step it starts from), `step` (the loss averaged over all ranks), `done`.
@@ -89,6 +92,8 @@ def main(argv: list[str]) -> int:
     start = checkpointer.resume(model=model, optimizer=optimizer) if checkpointer else 0
     ddp = DistributedDataParallel(model)
     progress = Progress.from_settings(settings, total_steps=args.steps)
+    if progress is not None:
+        progress.watch(model)  # the forward's time is the compute a slow rank is named by
     x, y = dataset()
     log(rank, "start", world_size=world, resumed_from=start, attempt=settings.identity.attempt,
         checkpoints=str(checkpointer.directory) if checkpointer else None)  # fmt: skip

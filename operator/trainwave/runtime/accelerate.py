@@ -32,6 +32,7 @@ from torch.nn.parallel import DistributedDataParallel
 from torch.optim import Optimizer
 
 from trainwave import contract
+from trainwave.runtime import telemetry
 from trainwave.runtime.checkpoint import Checkpointer
 from trainwave.runtime.comm.autocomm import MeasuredComm
 from trainwave.runtime.comm.distributing import Distributor, env_int
@@ -184,6 +185,7 @@ class Accelerator:
             self._prepared = PreparedOptimizer(optimizer, self)
             return model, self._prepared, loader
         model.to(self.device)
+        self.report["compute_time"] = self._watch_compute(model)
         amp, needs_scaler, self.report["amp"] = features.choose_amp(
             self.modes["amp"], self.device, self.amp_dtype
         )
@@ -202,6 +204,14 @@ class Accelerator:
         self._model, self._optimizer, self._loader = wrapped, optimizer, loader
         self._prepared = PreparedOptimizer(optimizer, self)
         return wrapped, self._prepared, loader
+
+    def _watch_compute(self, model: torch.nn.Module) -> str:
+        """Time the inner model's forward (before any wrapper: DDP's own forward syncs
+        buffers) for the progress reports' compute_seconds, the straggler signal."""
+        if self._settings is not None and self._settings.feature("telemetry") == "off":
+            return "off: telemetry is off"
+        telemetry.watch(model)
+        return "on: forward of the inner model, in progress reports (compute_seconds)"
 
     def train_step(self, inputs: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
         """One micro-batch: forward, loss_fn, backward, and at the end of the accumulation

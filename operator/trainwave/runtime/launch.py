@@ -7,6 +7,11 @@ doctor); run the doctor; log ONE JSON line with every feature's state; serve
 GET /status; run CMD (under torch.distributed.run when PET_NPROC_PER_NODE > 1,
 so `torchrun` semantics hold) and supervise it: signals are forwarded, and
 the launcher exits with the child's code (128+N when a signal N killed it).
+
+With in-place restarts (the operator's c10d rendezvous in PET_*, settings.in_place)
+CMD always runs under torch.distributed.run, whose elastic agent restarts the
+gang's processes inside the pods; the launcher watches the generations, counts
+restarts by cause and runs the hang watchdog (launcher/restarts.py).
 """
 
 from __future__ import annotations
@@ -26,6 +31,7 @@ from trainwave.runtime import reports
 from trainwave.runtime.data.loader_defaults import cuda_present, resolve_loader_defaults
 from trainwave.runtime.doctor import DoctorReport, Host, Status, run_doctor
 from trainwave.runtime.launcher import environment, podinfo
+from trainwave.runtime.launcher.restarts import Monitor
 from trainwave.runtime.launcher.status import StatusServer
 from trainwave.runtime.settings import Settings, SettingsError, load_settings
 
@@ -35,9 +41,10 @@ EXIT_DOCTOR = 3
 FORWARDED = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGUSR1, signal.SIGUSR2)
 
 
-def child_command(command: Sequence[str], nproc_per_node: int) -> list[str]:
-    """CMD itself, or CMD under torch.distributed.run, which reads the PET_* variables."""
-    if nproc_per_node <= 1 or Path(command[0]).name in ("torchrun",):
+def child_command(command: Sequence[str], nproc_per_node: int, in_place: bool = False) -> list[str]:
+    """CMD itself, or CMD under torch.distributed.run, which reads the PET_* variables:
+    always with in-place restarts (one process per worker too: its agent restarts it)."""
+    if (nproc_per_node <= 1 and not in_place) or Path(command[0]).name in ("torchrun",):
         return list(command)
     run = [sys.executable, "-m", "torch.distributed.run"]
     if command[0].endswith(".py"):
@@ -74,6 +81,7 @@ class Launcher:
         self.doctor_state = "off"
         self.child: subprocess.Popen[bytes] | None = None
         self.started = time.time()
+        self.monitor = Monitor(settings.in_place, settings.report_dir, log_line)
 
     def run_doctor(self, child_env: Mapping[str, str]) -> None:
         if self.settings.feature("doctor") == "off":
@@ -111,6 +119,8 @@ class Launcher:
             else {"pid": child.pid, "running": child.poll() is None, "exit_code": child.poll()},
             "doctor": None if doctor is None else doctor.as_dict(),
             "progress": reports.latest_progress(self.settings.report_dir),
+            **self.monitor.status(),  # "ranks", "restarts"
+            "in_place": self.settings.in_place.as_dict(),
         }
 
     def supervise(self, command: Sequence[str], env: Mapping[str, str]) -> int:
@@ -122,9 +132,12 @@ class Launcher:
                 child.send_signal(signum)
 
         previous = {sig: signal.signal(sig, forward) for sig in FORWARDED}
+        if self.settings.in_place.enabled:
+            self.monitor.start(child.pid)  # the child is torch's elastic agent
         try:
             code = child.wait()
         finally:
+            self.monitor.stop()
             for sig, handler in previous.items():
                 signal.signal(sig, handler)
         return 128 - code if code < 0 else code
@@ -157,7 +170,9 @@ def main(argv: Sequence[str] | None = None, environ: Mapping[str, str] | None = 
     launcher.environ = child_env
     launcher.run_doctor(child_env)
     server = _start_status(settings, launcher)
-    command = child_command(args, settings.identity.nproc_per_node)
+    command = child_command(
+        args, settings.identity.nproc_per_node, in_place=settings.in_place.enabled
+    )
     log_line(
         "settings",
         settings=settings.as_dict(),

@@ -61,6 +61,19 @@ def latest_progress(report_dir: Path) -> dict[str, Any] | None:
     return None
 
 
+def all_progress(report_dir: Path) -> dict[int, dict[str, Any]]:
+    """Every rank's progress report in the directory, by rank; unreadable ones left out."""
+    found: dict[int, dict[str, Any]] = {}
+    if not report_dir.is_dir():
+        return found
+    for path in report_dir.glob(f"{PROGRESS_PREFIX}*.json"):
+        rank = _rank_of(path.stem)
+        document = read_json(path)
+        if rank != 1 << 30 and isinstance(document, dict):
+            found[rank] = document
+    return found
+
+
 def _rank_of(stem: str) -> int:
     digits = stem.removeprefix(PROGRESS_PREFIX)
     return int(digits) if digits.isdigit() else 1 << 30

@@ -60,6 +60,28 @@ class LoaderOverrides:
 
 
 @dataclass(frozen=True)
+class InPlace:
+    """In-place restarts: torch's elastic agent over c10d, and the hang watchdog.
+
+    On when the operator gave the worker the c10d rendezvous and a restart budget
+    (builders/runtime.py in_place_env); `reason` says why not otherwise.
+    """
+
+    enabled: bool = False
+    max_restarts: int = 0
+    hang_timeout_seconds: float | None = None
+    reason: str = ""
+
+    def as_dict(self) -> dict[str, Any]:
+        return {
+            "enabled": self.enabled,
+            "max_restarts": self.max_restarts,
+            "hang_timeout_seconds": self.hang_timeout_seconds,
+            "reason": self.reason,
+        }
+
+
+@dataclass(frozen=True)
 class Settings:
     """Everything the runtime reads from its environment, validated."""
 
@@ -80,6 +102,7 @@ class Settings:
     loader: LoaderOverrides = field(default_factory=LoaderOverrides)
     total_steps: int | None = None
     telemetry_interval_seconds: float = DEFAULT_TELEMETRY_INTERVAL_SECONDS
+    in_place: InPlace = field(default_factory=InPlace)
 
     def feature(self, name: str) -> str:
         """The mode of one feature: "on", "off", "auto" (compression: or its algorithm)."""
@@ -108,6 +131,7 @@ class Settings:
             "arbiter_socket": self.arbiter_socket,
             "loader": vars(self.loader),
             "total_steps": self.total_steps,
+            "in_place": self.in_place.as_dict(),
         }
 
 
@@ -152,7 +176,27 @@ def load_settings(environ: Mapping[str, str]) -> Settings:
             env.number(contract.ENV_TELEMETRY_INTERVAL_SECONDS, zero_ok=True),
             DEFAULT_TELEMETRY_INTERVAL_SECONDS,
         ),
+        in_place=_in_place(env),
     )
+
+
+def _in_place(env: _Reader) -> InPlace:
+    backend = env.text(contract.ENV_PET_RDZV_BACKEND)
+    restarts = env.integer(contract.ENV_PET_MAX_RESTARTS, minimum=0) or 0
+    hang = env.number(contract.ENV_HANG_TIMEOUT_SECONDS)
+    if backend != contract.RDZV_BACKEND:
+        why = (
+            f"{contract.ENV_PET_RDZV_BACKEND} is {backend!r}, not {contract.RDZV_BACKEND!r}"
+            if backend
+            else f"no {contract.ENV_PET_RDZV_BACKEND} (spec.runtime.inPlaceRestarts is 0, "
+            "or an operator without in-place restarts)"
+        )
+        return InPlace(hang_timeout_seconds=hang, reason=f"off: {why}")
+    if restarts == 0:
+        return InPlace(
+            hang_timeout_seconds=hang, reason=f"off: {contract.ENV_PET_MAX_RESTARTS} is 0"
+        )
+    return InPlace(enabled=True, max_restarts=restarts, hang_timeout_seconds=hang)
 
 
 def _features(environ: Mapping[str, str]) -> dict[str, str]:

@@ -75,3 +75,39 @@ def test_as_dict_lists_every_feature() -> None:
     view = load_settings({"TRAINWAVE_FEATURE_DOCTOR": "on"}).as_dict()
     assert view["features"]["doctor"] == "on"
     assert set(view["features"]) == set(contract.RUNTIME_FEATURES)
+
+
+@pytest.mark.parametrize(
+    ("environ", "enabled", "restarts", "hang", "reason"),
+    [
+        pytest.param({}, False, 0, None, "no PET_RDZV_BACKEND", id="older-operator-or-off"),
+        pytest.param(
+            {"PET_RDZV_BACKEND": "c10d", "PET_MAX_RESTARTS": "3",
+             "TRAINWAVE_HANG_TIMEOUT_SECONDS": "20"},
+            True, 3, 20.0, "", id="on",
+        ),
+        pytest.param(
+            {"PET_RDZV_BACKEND": "static", "PET_MAX_RESTARTS": "3"},
+            False, 0, None, "is 'static'", id="static-rendezvous",
+        ),
+        pytest.param(
+            {"PET_RDZV_BACKEND": "c10d", "PET_MAX_RESTARTS": "0"},
+            False, 0, None, "PET_MAX_RESTARTS is 0", id="no-restarts",
+        ),
+    ],
+)  # fmt: skip
+def test_in_place_restarts(
+    environ: dict[str, str], enabled: bool, restarts: int, hang: float | None, reason: str
+) -> None:
+    in_place = load_settings(environ).in_place
+    assert (in_place.enabled, in_place.max_restarts, in_place.hang_timeout_seconds) == (
+        enabled,
+        restarts,
+        hang,
+    )
+    assert reason in in_place.reason
+
+
+def test_a_bad_hang_timeout_is_refused_naming_it() -> None:
+    with pytest.raises(SettingsError, match="TRAINWAVE_HANG_TIMEOUT_SECONDS='soon'"):
+        load_settings({"TRAINWAVE_HANG_TIMEOUT_SECONDS": "soon"})

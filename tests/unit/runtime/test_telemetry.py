@@ -5,6 +5,8 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+import pytest
+
 from trainwave.runtime.reports import latest_progress
 from trainwave.runtime.settings import load_settings
 from trainwave.runtime.telemetry import GpuReader, GpuSample, Progress
@@ -95,3 +97,86 @@ def test_from_settings_respects_the_feature_switch(tmp_path: Path) -> None:
     progress = Progress.from_settings(load_settings(env), gpus=list, gpu_status="skipped: test")
     assert progress is not None
     assert (progress.path.parent, progress.rank, progress.total_steps) == (tmp_path, 2, 50)
+
+
+# --- the goodput loop's figures: step and compute time, generation ----------------------
+
+
+class FakeModule:
+    """What ComputeMeter.watch needs of a torch module: its two hook registrations."""
+
+    def __init__(self) -> None:
+        self.pre: list[object] = []
+        self.post: list[object] = []
+
+    def register_forward_pre_hook(self, hook: object) -> None:
+        self.pre.append(hook)
+
+    def register_forward_hook(self, hook: object, *, always_call: bool = False) -> None:
+        assert always_call, "a forward that raises must still leave the meter"
+        self.post.append(hook)
+
+    def forward(self, clock: FakeClock, seconds: float) -> None:
+        for hook in self.pre:
+            hook()  # type: ignore[operator]
+        clock.now += seconds
+        for hook in self.post:
+            hook()  # type: ignore[operator]
+
+
+def test_step_and_compute_seconds_are_medians_over_the_window(tmp_path: Path) -> None:
+    from trainwave.runtime.telemetry import ComputeMeter
+
+    clock = FakeClock()
+    meter = ComputeMeter(clock=clock)
+    progress = make_progress(tmp_path, clock, interval_seconds=5.0, meter=meter, generation=2)
+    model = FakeModule()
+    progress.watch(model)
+    progress.update(10)  # the first call writes; no step time yet
+    assert read(progress)["step_seconds"] is None
+    for step, (forward, wait) in enumerate([(0.1, 0.3), (0.2, 0.2), (0.1, 0.5), (0.9, 0.1)], 11):
+        model.forward(clock, forward)
+        clock.now += wait  # backward and the all-reduce: not compute
+        progress.update(step, force=step == 14)
+    report = read(progress)
+    assert report["step_seconds"] == pytest.approx(0.5)  # median of 0.4, 0.4, 0.6, 1.0
+    assert report["compute_seconds"] == pytest.approx(0.15)  # median of 0.1, 0.2, 0.1, 0.9
+    assert report["generation"] == 2
+    assert report["first_step"] == 10
+    assert report["pid"] > 0
+
+
+def test_compute_is_null_when_no_module_is_watched(tmp_path: Path) -> None:
+    from trainwave.runtime.telemetry import ComputeMeter
+
+    clock = FakeClock()
+    progress = make_progress(tmp_path, clock, interval_seconds=0.0, meter=ComputeMeter(clock))
+    progress.update(1)
+    clock.now += 0.5
+    progress.update(2)
+    assert read(progress)["step_seconds"] == 0.5
+    assert read(progress)["compute_seconds"] is None
+
+
+def test_nested_watched_modules_count_once() -> None:
+    from trainwave.runtime.telemetry import ComputeMeter
+
+    clock = FakeClock()
+    meter = ComputeMeter(clock=clock)
+    outer, inner = FakeModule(), FakeModule()
+    meter.watch(outer)
+    meter.watch(inner)
+    for hook in outer.pre:
+        hook()  # type: ignore[operator]
+    inner.forward(clock, 0.25)
+    clock.now += 0.25
+    for hook in outer.post:
+        hook()  # type: ignore[operator]
+    assert meter.total == pytest.approx(0.5)
+
+
+def test_generation_is_torchs_restart_count(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("TORCHELASTIC_RESTART_COUNT", "3")
+    assert make_progress(tmp_path, FakeClock()).generation == 3

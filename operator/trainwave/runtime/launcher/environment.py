@@ -23,6 +23,11 @@ TORCH_TF32_OVERRIDE = "TORCH_ALLOW_TF32_CUBLAS_OVERRIDE"
 NVIDIA_TF32_OVERRIDE = "NVIDIA_TF32_OVERRIDE"
 TF32_MIN_CAPABILITY = (8, 0)  # Ampere
 LAUNCHER_FEATURES = ("tf32", "prefetch", "doctor", "telemetry")
+# ProcessGroupNCCL's watchdog: tear the process down on a failed or timed-out
+# collective, and the heartbeat monitor's limit on a stuck watchdog thread.
+NCCL_ASYNC_ERROR_HANDLING = "TORCH_NCCL_ASYNC_ERROR_HANDLING"
+NCCL_HEARTBEAT_TIMEOUT = "TORCH_NCCL_HEARTBEAT_TIMEOUT_SEC"
+NCCL_ENABLE_MONITORING = "TORCH_NCCL_ENABLE_MONITORING"
 
 
 @dataclass(frozen=True)
@@ -88,6 +93,35 @@ def nccl_debug(settings: Settings, environ: Mapping[str, str], out: Prepared) ->
     return str(settings.report_dir / NCCL_LOG_PATTERN)
 
 
+def collective_watchdog(settings: Settings, environ: Mapping[str, str], out: Prepared) -> str:
+    """With a hang timeout, a collective stuck on a lost peer raises inside the process:
+    2 x the timeout, after the launcher's watchdog (comm/process_group.py sets the same
+    for the group prepare() creates). NCCL only: not verified here (no GPU)."""
+    hang = settings.in_place.hang_timeout_seconds
+    if hang is None:
+        return "off: no hang timeout (spec.runPolicy.hangTimeoutSeconds)"
+    limit = str(int(2 * hang))
+    out.set_default(environ, NCCL_ASYNC_ERROR_HANDLING, "1")
+    out.set_default(environ, NCCL_ENABLE_MONITORING, "1")
+    out.set_default(environ, NCCL_HEARTBEAT_TIMEOUT, limit)
+    return (
+        f"on: {NCCL_ASYNC_ERROR_HANDLING}=1, {NCCL_HEARTBEAT_TIMEOUT}={limit} (NCCL, not "
+        f"verified here); process group timeout {limit} s where prepare() creates the group"
+    )
+
+
+def in_place_state(settings: Settings) -> str:
+    in_place = settings.in_place
+    if not in_place.enabled:
+        return in_place.reason
+    hang = in_place.hang_timeout_seconds
+    watchdog = "no hang watchdog" if hang is None else f"hang watchdog {hang:g} s"
+    return (
+        f"on: torch's elastic agent over c10d, {in_place.max_restarts} restarts per "
+        f"attempt; {watchdog}"
+    )
+
+
 def prepare(
     settings: Settings,
     machine: Machine,
@@ -112,6 +146,8 @@ def prepare(
         if settings.feature("telemetry") == "off"
         else f"on: progress in {settings.report_dir}, served on {contract.STATUS_PATH}"
     )
+    out.states["collective_watchdog"] = collective_watchdog(settings, environ, out)
+    out.states["in_place"] = in_place_state(settings)
     for name in contract.RUNTIME_FEATURES:
         if name not in LAUNCHER_FEATURES:
             out.states[name] = f"{settings.feature(name)}: applied by prepare() in training"

@@ -41,6 +41,12 @@ def test_child_command(command: list[str], nproc: int, expected: list[str]) -> N
     assert child_command(command, nproc) == expected
 
 
+def test_in_place_restarts_run_one_process_under_torchrun_too() -> None:
+    command = ["python", "train.py"]
+    assert child_command(command, 1, in_place=True) == [*RUN, "--no-python", *command]
+    assert child_command(["torchrun", "train.py"], 1, in_place=True) == ["torchrun", "train.py"]
+
+
 QUOTED = {
     "plain": ('"rack-00"', "rack-00"),
     "json-with-quotes": ('"{\\"NCCL_IB_HCA\\":\\"=mlx5_0:1\\"}"', '{"NCCL_IB_HCA":"=mlx5_0:1"}'),

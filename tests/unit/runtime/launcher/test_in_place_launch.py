@@ -1,0 +1,127 @@
+"""The launcher over torch's real elastic agent on this host: in-place restarts and hangs.
+
+Two training processes (one worker, c10d rendezvous on loopback) step in lockstep
+through files, the way a collective holds ranks together; the second one SIGKILLs
+or SIGSTOPs itself in the first generation. The launcher must see one restart with
+the right cause, the gang must resume from its "checkpoint" and finish, and the
+launcher must exit 0. No torch.distributed process group: the agent alone is tested.
+"""
+
+from __future__ import annotations
+
+import json
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from trainwave import contract
+
+pytestmark = pytest.mark.timeout(180)
+REPO = Path(__file__).resolve().parents[4]
+STEPS = 16
+
+TRAIN = """
+import os, signal, sys, time
+from pathlib import Path
+from trainwave.runtime.settings import load_settings
+from trainwave.runtime.telemetry import Progress
+
+work, fault = Path(sys.argv[1]), sys.argv[2]
+rank, generation = int(os.environ["RANK"]), int(os.environ["TORCHELASTIC_RESTART_COUNT"])
+progress = Progress.from_settings(load_settings(os.environ), gpus=list, gpu_status="off")
+checkpoint = work / "checkpoint"
+start = int(checkpoint.read_text()) if checkpoint.exists() else 0
+for step in range(start + 1, STEPS + 1):
+    time.sleep(0.1)
+    (work / f"step-{rank}").write_text(str(step))
+    while True:  # a collective: wait for the other rank to reach this step
+        other = work / f"step-{1 - rank}"
+        if other.exists() and other.read_text() and int(other.read_text()) >= step:
+            break
+        time.sleep(0.02)
+    progress.update(step)
+    if rank == 0 and step % 4 == 0:
+        checkpoint.write_text(str(step))
+    if generation == 0 and rank == 1 and step == 6:
+        os.kill(os.getpid(), signal.SIGKILL if fault == "kill" else signal.SIGSTOP)
+""".replace("STEPS", str(STEPS))
+
+
+def free_port() -> int:
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return int(probe.getsockname()[1])
+
+
+def run_launcher(tmp_path: Path, fault: str, **extra: str) -> tuple[int, list[dict[str, Any]]]:
+    script = tmp_path / "train.py"
+    script.write_text(TRAIN)
+    work = tmp_path / "work"
+    work.mkdir()
+    env = {
+        "PATH": "/usr/bin:/bin",
+        "PYTHONPATH": str(REPO / "operator"),
+        "TRAINWAVE_REPORT_DIR": str(tmp_path / "reports"),
+        "TRAINWAVE_PODINFO_DIR": str(tmp_path / "no-podinfo"),
+        "TRAINWAVE_STATUS_HOST": "127.0.0.1",
+        "TRAINWAVE_STATUS_PORT": "0",
+        "TRAINWAVE_TELEMETRY_INTERVAL_SECONDS": "0",
+        "TRAINWAVE_FEATURE_DOCTOR": "off",
+        contract.ENV_PET_NNODES: "1",
+        contract.ENV_PET_NPROC_PER_NODE: "2",
+        contract.ENV_PET_RDZV_BACKEND: "c10d",
+        contract.ENV_PET_RDZV_ENDPOINT: f"127.0.0.1:{free_port()}",
+        contract.ENV_PET_RDZV_ID: "test-a0",
+        contract.ENV_PET_MAX_RESTARTS: "2",
+        "OMP_NUM_THREADS": "1",
+        **extra,
+    }
+    command = [sys.executable, "-m", contract.RUNTIME_LAUNCHER, "--",
+               sys.executable, str(script), str(work), fault]  # fmt: skip
+    began = time.monotonic()
+    done = subprocess.run(
+        command, env=env, capture_output=True, text=True, timeout=170, check=False
+    )
+    print(f"launcher ran {time.monotonic() - began:.1f} s")
+    lines = [json.loads(line) for line in done.stderr.splitlines() if line.startswith('{"ts"')]
+    if done.returncode != 0:
+        print(done.stderr[-4000:])
+    return done.returncode, lines
+
+
+def launcher_events(lines: list[dict[str, Any]], event: str) -> list[dict[str, Any]]:
+    return [line for line in lines if line.get("event") == event]
+
+
+def test_a_killed_process_restarts_the_gang_in_place_and_resumes(tmp_path: Path) -> None:
+    code, lines = run_launcher(tmp_path, "kill")
+    assert code == 0
+    (settings,) = launcher_events(lines, "settings")
+    assert settings["command"][1:3] == ["-m", "torch.distributed.run"]
+    assert settings["features"]["in_place"].startswith("on: torch's elastic agent")
+    (restart,) = launcher_events(lines, "restart")
+    assert (restart["count"], restart["cause"], restart["step_before"]) == (1, "failure", 6)
+    (resumed,) = launcher_events(lines, "resumed")
+    assert resumed["resumed_from"] == 4  # the newest checkpoint
+    assert 0 < resumed["seconds_from_fault"] < 60
+    assert launcher_events(lines, "exited") == [{**launcher_events(lines, "exited")[0],
+                                                 "exit_code": 0}]  # fmt: skip
+
+
+def test_a_stopped_process_is_killed_by_the_watchdog_and_the_gang_resumes(
+    tmp_path: Path,
+) -> None:
+    code, lines = run_launcher(tmp_path, "stop", TRAINWAVE_HANG_TIMEOUT_SECONDS="3")
+    assert code == 0
+    (hang,) = launcher_events(lines, "hang")
+    assert hang["last_steps"] == {"0": 5, "1": 6} or hang["last_steps"] == {"0": 6, "1": 6}
+    assert "stopped" in hang["states"].values()
+    (restart,) = launcher_events(lines, "restart")
+    assert restart["cause"] == "hang"
+    (resumed,) = launcher_events(lines, "resumed")
+    assert resumed["resumed_from"] == 4
