@@ -142,8 +142,34 @@ PANELS = [
     ),
     panel(
         "Gang restarts, by cause",
-        "New attempts per cause: failure (counted), disruption, preemption, ignored.",
+        "New attempts per cause: failure (counted), disruption, preemption, ignored, hang.",
         [(f"sum by (cause) (increase(trainwave_gang_restarts_total[{RATE}]))", "{{cause}}")],
+        stack=True,
+    ),
+    panel(
+        "Goodput by job",
+        "status.goodput.ratio of each job with the runtime: productive step time over wall "
+        "time since its start (docs/goodput.md).",
+        [
+            (
+                "max by (job_namespace, job_name) (trainwave_job_goodput_ratio)",
+                "{{job_namespace}}/{{job_name}}",
+            )
+        ],
+        unit="percentunit",
+    ),
+    panel(
+        "Hangs, stragglers and in-place restarts",
+        "Gangs found hung, ranks named stragglers, and training processes restarted inside "
+        "their pods by cause (from the runtime's reports).",
+        [
+            (f"sum(increase(trainwave_hangs_total[{RATE}]))", "hangs"),
+            (f"sum(increase(trainwave_stragglers_total[{RATE}]))", "stragglers"),
+            (
+                f"sum by (cause) (increase(trainwave_in_place_restarts_total[{RATE}]))",
+                "in place: {{cause}}",
+            ),
+        ],
         stack=True,
     ),
     panel(

@@ -171,6 +171,7 @@ def exposition() -> str:
     side = CollectorRegistry()
     side.register(metrics.JobsByPhase(lambda: {"Running": 1}))
     side.register(metrics.CacheStats(lambda: {"pods": (1, 0)}))
+    side.register(metrics.JobGoodput(lambda: [("ns", "j", 0.9)]))
     metrics.PLACEMENT.state = metrics.PlacementState(
         waiting=(("ns", "j", "NeverFits", 0.0),), gpus=(DomainGpus("rack", "r", "free", 1),)
     )

@@ -75,3 +75,11 @@ class Reason(StrEnum):
     NOT_GPUDIRECT = "NotGPUDirect"
     DOCTOR_FAILED = "DoctorFailed"
     WAITING_FOR_PROOF = "WaitingForProof"
+
+    # Goodput from the runtime's reports (lifecycle/goodput.py): a hang, its end, and the
+    # gang recreated when the launchers could not repair it; stragglers.
+    HUNG = "Hung"
+    PROGRESS_RESUMED = "ProgressResumed"
+    STRAGGLER = "Straggler"
+    NO_STRAGGLER = "NoStraggler"
+    STRAGGLER_REPLACED = "StragglerReplaced"

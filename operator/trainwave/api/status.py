@@ -50,6 +50,10 @@ class ConditionType(StrEnum):
     # RDMA devices), with another value: theirs is replaced, the message says by what.
     RESOURCES_OVERRIDDEN = "ResourcesOverridden"
     RECONCILE_ERROR = "ReconcileError"  # an unexpected error in the operator; retried with backoff
+    # From the runtime's reports (lifecycle/goodput.py): no rank completed a step for
+    # runPolicy.hangTimeoutSeconds; a rank slower than the gang's median.
+    HUNG = "Hung"
+    STRAGGLER = "Straggler"
 
 
 class Condition(ApiModel):
@@ -106,6 +110,75 @@ class ProgressStatus(ApiModel):
         default=None, description="etaSeconds: estimated seconds to the last step."
     )
     summary: str = Field(default="", description="summary: one line for kubectl get.")
+
+
+class GoodputAttempt(ApiModel):
+    """The current attempt's share of the goodput totals: the launchers count in-place
+    restarts per pod, and a new gang starts them again at zero, so the share is kept
+    to add only what is new."""
+
+    model_config = _LENIENT
+
+    attempt: int = Field(description="attempt: the attempt these counts belong to.")
+    in_place_restarts: int = Field(
+        default=0, description="inPlaceRestarts: in-place restarts of this attempt counted."
+    )
+    causes: dict[str, int] = Field(
+        default_factory=dict, description="causes: of those, how many by cause."
+    )
+    lost_counted_through: int = Field(
+        default=0,
+        description="lostCountedThrough: the in-place restart of this attempt whose lost "
+        "steps were last added to stepsLost.",
+    )
+
+
+class GoodputStatus(ApiModel):
+    model_config = _LENIENT
+
+    ratio: float | None = Field(
+        default=None,
+        description="ratio: productiveSeconds / wallSeconds, 0 to 1: the share of the run "
+        "spent completing steps never completed before.",
+    )
+    productive_seconds: float = Field(
+        default=0.0,
+        description="productiveSeconds: time spent on new steps: each step past the highest "
+        "ever reached counts the gang's median seconds per step; steps redone after a "
+        "restart count nothing.",
+    )
+    wall_seconds: float = Field(
+        default=0.0, description="wallSeconds: seconds since startTime at the last update."
+    )
+    highest_step: int | None = Field(
+        default=None, description="highestStep: the highest step any rank has reported."
+    )
+    in_place_restarts: int = Field(
+        default=0,
+        description="inPlaceRestarts: restarts of the training processes inside the running "
+        "pods (the launchers' elastic agents), over every attempt.",
+    )
+    in_place_restart_causes: dict[str, int] = Field(
+        default_factory=dict,
+        description="inPlaceRestartCauses: in-place restarts by cause: failure (a process "
+        "failed), hang (a launcher found its ranks stalled).",
+    )
+    steps_lost: int = Field(
+        default=0,
+        description="stepsLost: steps done again after restarts: for each in-place restart the "
+        "step before it minus the step resumed from, and for each gang recreation the highest "
+        "step minus the first step the new gang reported (a lower bound).",
+    )
+    last_recovery_seconds: float | None = Field(
+        default=None,
+        description="lastRecoverySeconds: for the last in-place restart, seconds from the "
+        "fault to the first new step (the launcher's clock); after a gang recreation, from "
+        "the new gang's creation to its first step the operator saw.",
+    )
+    summary: str = Field(default="", description="summary: one line for kubectl get -o wide.")
+    counted: GoodputAttempt | None = Field(
+        default=None, description="counted: the current attempt's share of the counts above."
+    )
 
 
 class TrainingJobStatus(ApiModel):
@@ -189,6 +262,11 @@ class TrainingJobStatus(ApiModel):
     )
     isolation: str = Field(
         default="", description="isolation: what keeps this job apart from others on its GPUs."
+    )
+    goodput: GoodputStatus | None = Field(
+        default=None,
+        description="goodput: with the runtime, how much of the run made progress and what "
+        "faults cost.",
     )
 
     def condition(self, kind: ConditionType) -> Condition | None:

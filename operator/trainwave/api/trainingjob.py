@@ -48,6 +48,7 @@ PRINTER_COLUMNS = [
     {"name": "Attempt", "type": "integer", "jsonPath": ".status.attempt", "priority": 1},
     {"name": "Ignored", "type": "integer", "jsonPath": ".status.ignoredRestarts", "priority": 1},
     {"name": "Preempted", "type": "integer", "jsonPath": ".status.preemptions", "priority": 1},
+    {"name": "Goodput", "type": "string", "jsonPath": ".status.goodput.summary", "priority": 1},
     {"name": "Message", "type": "string", "jsonPath": ".status.message", "priority": 1},
 ]
 

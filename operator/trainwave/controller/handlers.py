@@ -178,6 +178,7 @@ async def start(*, settings: kopf.OperatorSettings, memo: Any, **_: Any) -> None
         OPTIONS.metrics_port,
         jobs.phase_counts,
         lambda: {**cache.stats(), **jobs.stats()},
+        jobs.goodput_ratios,
     )
     logger.info("trainwave operator started: %d reconcile workers", OPTIONS.workers)
 

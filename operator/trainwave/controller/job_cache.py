@@ -161,6 +161,17 @@ class JobCache:
             bodies = list(self._bodies.values())
         return Counter(str((b.get("status") or {}).get("phase") or "Pending") for b in bodies)
 
+    def goodput_ratios(self) -> list[tuple[str, str, float]]:
+        """(namespace, name, status.goodput.ratio) of every job that has one: for metrics."""
+        with self._lock:
+            items = list(self._bodies.items())
+        found = []
+        for (namespace, name), body in items:
+            ratio = ((body.get("status") or {}).get("goodput") or {}).get("ratio")
+            if isinstance(ratio, int | float) and not isinstance(ratio, bool):
+                found.append((namespace, name, float(ratio)))
+        return found
+
     def stats(self) -> dict[str, tuple[int, int]]:
         """kind -> (objects held, relists): for metrics and tests."""
         with self._lock:

@@ -6,7 +6,7 @@ counters, so the numbers are right after a restart without any bookkeeping.
 
 import collections
 import time
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
 
 from prometheus_client import REGISTRY, Counter, Gauge, Histogram, start_http_server
@@ -38,12 +38,32 @@ GANG_RESTARTS = Counter(
     "trainwave_gang_restarts_total",
     "Gangs started again as a new attempt, by cause: failure (counted against maxRestarts), "
     "disruption (node lost, eviction: not counted), preemption, ignored (a failure the "
-    "policy ignores).",
+    "policy ignores), hang (still hung a full hangTimeoutSeconds after the Hung condition; "
+    "counted against maxRestarts).",
     ["cause"],
 )
-RESTART_CAUSES = ("failure", "disruption", "preemption", "ignored")
+RESTART_CAUSES = ("failure", "disruption", "preemption", "ignored", "hang")
 for _cause in RESTART_CAUSES:  # every cause scraped from the start, at 0: rate() needs a base
     GANG_RESTARTS.labels(_cause)
+
+# Goodput (lifecycle/goodput.py), from the runtime's reports.
+HANGS = Counter(
+    "trainwave_hangs_total",
+    "Times a running gang was found hung: no rank completed a step for hangTimeoutSeconds.",
+)
+STRAGGLERS = Counter(
+    "trainwave_stragglers_total",
+    "Ranks newly named in a Straggler condition (slower than the gang's median).",
+)
+IN_PLACE_RESTARTS = Counter(
+    "trainwave_in_place_restarts_total",
+    "Restarts of the training processes inside running pods (the launchers' elastic "
+    "agents), by cause: failure (a process failed), hang (a launcher found its ranks stalled).",
+    ["cause"],
+)
+IN_PLACE_CAUSES = ("failure", "hang")
+for _cause in IN_PLACE_CAUSES:
+    IN_PLACE_RESTARTS.labels(_cause)
 
 # One per worker status read. "ok" is a report taken; "unsigned", "forged" and
 # "wrong_identity" are reports refused because they could not be trusted as the
@@ -197,12 +217,34 @@ class CacheStats(Collector):
         yield relists
 
 
+class JobGoodput(Collector):
+    """trainwave_job_goodput_ratio{job_namespace, job_name}: each job's status.goodput.ratio,
+    read from the job index at scrape time (right after a restart, gone with the job)."""
+
+    def __init__(self, ratios: Callable[[], Iterable[tuple[str, str, float]]]):
+        self._ratios = ratios
+
+    def collect(self) -> Iterator[GaugeMetricFamily]:
+        family = GaugeMetricFamily(
+            "trainwave_job_goodput_ratio",
+            "status.goodput.ratio of each job with the runtime: productive step time over "
+            "wall time since its start.",
+            labels=["job_namespace", "job_name"],
+        )
+        for namespace, name, ratio in self._ratios():
+            family.add_metric([namespace, name], ratio)
+        yield family
+
+
 def serve(
     port: int,
     phases: Callable[[], Mapping[str, int]],
     cache: Callable[[], Mapping[str, tuple[int, int]]] | None = None,
+    goodput: Callable[[], Iterable[tuple[str, str, float]]] | None = None,
 ) -> None:
     REGISTRY.register(JobsByPhase(phases))
     if cache is not None:
         REGISTRY.register(CacheStats(cache))
+    if goodput is not None:
+        REGISTRY.register(JobGoodput(goodput))
     start_http_server(port)

@@ -28,6 +28,7 @@ from typing import Any
 
 from trainwave import contract
 from trainwave.api.network import NetworkSpec
+from trainwave.api.reasons import Reason
 from trainwave.api.status import Phase, TrainingJobStatus
 from trainwave.api.trainingjob import (
     InvalidSpec,
@@ -45,6 +46,7 @@ from trainwave.builders.workload import build_workload
 from trainwave.controller import metrics
 from trainwave.controller.admission_guards import AdmissionGuards
 from trainwave.controller.departures import Departures
+from trainwave.controller.goodput_metrics import record_goodput
 from trainwave.controller.kube import Conflict, KubeClient, Refused, Rejected, transient
 from trainwave.controller.placer import Placer, Ticket
 from trainwave.controller.reporting import StatusPoller, Targets
@@ -64,6 +66,7 @@ from trainwave.lifecycle.admission import (
 from trainwave.lifecycle.children import creating_failed
 from trainwave.lifecycle.decide import Decision, JobEvent, decide, decide_invalid
 from trainwave.lifecycle.errors import reconcile_failed, reconciled
+from trainwave.lifecycle.goodput import Memory
 from trainwave.lifecycle.observed import NodeHealth, PodPhase, WorkerPod, observe_pod
 from trainwave.lifecycle.podsecurity import explain_refusal
 from trainwave.lifecycle.workload_actions import WorkloadAction
@@ -159,6 +162,8 @@ class Reconciler:
         self._refusals: dict[JobKey, int] = {}  # children refused in a row, per job
         self._expected: dict[JobKey, Expected] = {}
         self._held: dict[JobKey, Held] = {}
+        # What the goodput decisions remember of each job's reports between polls.
+        self._memories: dict[JobKey, Memory] = {}
         # Services applied and not seen by the watch yet: until when (time.monotonic()) the
         # next decisions count them as there, so they are not applied again meanwhile.
         self._services_applied: dict[JobKey, float] = {}
@@ -359,6 +364,7 @@ class Reconciler:
         self._expected.pop(key, None)
         self._services_applied.pop(key, None)
         self._held.pop(key, None)
+        self._memories.pop(key, None)
         if self._poller:
             self._poller.forget(key)
 
@@ -440,7 +446,7 @@ class Reconciler:
         reports = self._poller.reports(key, attempt) if self._poller else {}
         nodes = self._nodes(pods, attempt)
         waiting = self._placer.waiting(key)
-        return decide(
+        decision = decide(
             resolved,
             pods,
             self._clock(),
@@ -449,7 +455,15 @@ class Reconciler:
             nodes=nodes,
             admission=understood.admission,
             service_exists=self._service_exists(key),
+            memory=self._memories.get(key),
         )
+        # Kept whether or not the status is written: what it counts is only ever what is
+        # new in the reports, so deciding again from it counts nothing twice.
+        if decision.memory is None:
+            self._memories.pop(key, None)
+        else:
+            self._memories[key] = decision.memory
+        return decision
 
     def _service_exists(self, key: JobKey) -> bool:
         """The watch shows the job's Service, or this reconciler applied it less than
@@ -555,7 +569,7 @@ class Reconciler:
             )
         # Each restart moves exactly one of the status counters by cause.
         for cause, before, after in (
-            ("failure", old.restarts, new.restarts),
+            ("hang" if new.reason == Reason.HUNG else "failure", old.restarts, new.restarts),
             ("disruption", old.disruptions, new.disruptions),
             ("ignored", old.ignored_restarts, new.ignored_restarts),
             ("preemption", old.preemptions, new.preemptions),
@@ -564,6 +578,7 @@ class Reconciler:
                 metrics.GANG_RESTARTS.labels(cause).inc(after - before)
         if decision.all_running_after is not None:
             metrics.ALL_RUNNING_SECONDS.observe(decision.all_running_after)
+        record_goodput(old, decision)
 
     async def _create_workers(
         self, meta: ObjectMeta, decision: Decision, resolved: ResolvedJob

@@ -26,9 +26,11 @@ from trainwave.backoff import Backoff
 from trainwave.lifecycle.admission import Admission, finish, gate, suspended
 from trainwave.lifecycle.draft import Decision, Draft, JobEvent, PlacementWait, complete, fail
 from trainwave.lifecycle.failures import Cause, Incident, find_incidents, judge_failure
+from trainwave.lifecycle.goodput import Memory
 from trainwave.lifecycle.observed import NodeHealth, PodPhase, WorkerPod
 from trainwave.lifecycle.overrides import overridden
 from trainwave.lifecycle.placing import await_placement, bind_timed_out, record_placement
+from trainwave.lifecycle.reported import apply_reports
 from trainwave.lifecycle.reports import WorkerReport, progress_status, rdma_verdict
 from trainwave.resolving import ResolvedJob, resolve_job
 
@@ -45,12 +47,14 @@ def decide(
     nodes: Mapping[str, NodeHealth] | None = None,
     admission: Admission | None = None,
     service_exists: bool = False,
+    memory: Memory | None = None,
 ) -> Decision:
     """`resolved` is the job resolved once by the caller; a plain job (tests) is resolved
     here and must then be valid. `nodes`: the health of the workers' nodes, as far as the
     caller knows it (a node missing from it is not judged). `admission`: for a job queued
     in Kueue, its Workload as observed (None: not queued, runs as soon as placed).
-    `service_exists`: whether the job's headless Service is observed."""
+    `service_exists`: whether the job's headless Service is observed. `memory`: what the
+    previous decision remembered of the reports (Decision.memory), for hangs and stragglers."""
     if not isinstance(resolved, ResolvedJob):
         resolved = resolve_job(resolved)
     job = resolved.job
@@ -81,6 +85,13 @@ def decide(
             finish(draft, admission)
     if reports:
         _reported(draft, job, reports)
+    phase = draft.status.phase
+    if phase is not None and not phase.terminal:
+        current = [p for p in mine if p.attempt == draft.status.attempt]
+        draft.memory, repair = apply_reports(draft, job, current, reports or {}, memory)
+        if repair is not None:
+            draft.stop(current)
+            _restart_orfail(draft, job, repair.what, repair.cause)
     return draft.finish()
 
 
@@ -266,6 +277,13 @@ _BUDGETS = {
         "disruption",
         Reason.WORKER_DISRUPTED,
         Reason.MAX_DISRUPTIONS_EXCEEDED,
+    ),
+    Cause.HANG: (
+        "restarts",
+        "max_restarts",
+        "restart",
+        Reason.HUNG,
+        Reason.MAX_RESTARTS_EXCEEDED,
     ),
     Cause.IGNORED: (
         "ignored_restarts",

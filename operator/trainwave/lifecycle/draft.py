@@ -12,6 +12,7 @@ from typing import Literal
 from trainwave.api.status import ConditionType, Phase, TrainingJobStatus
 from trainwave.api.trainingjob import ObjectMeta
 from trainwave.lifecycle.conditions import clear_condition, set_condition
+from trainwave.lifecycle.goodput import Memory
 from trainwave.lifecycle.observed import WorkerPod
 from trainwave.lifecycle.workload_actions import WorkloadAction
 
@@ -58,6 +59,9 @@ class Decision:
     # Every worker of the attempt has an address and the headless Service is not observed:
     # create it (created earlier, its endpoints would be rewritten per worker's address).
     wants_service: bool = False
+    # What the goodput decisions remember of the reports until the next poll
+    # (lifecycle/goodput.py); the controller keeps it and passes it back in.
+    memory: Memory | None = None
 
 
 @dataclass
@@ -76,6 +80,7 @@ class Draft:
     wants_placement: bool = False
     workload: WorkloadAction = WorkloadAction.NONE
     wants_service: bool = False
+    memory: Memory | None = None
 
     def update(self, **changes: object) -> None:
         self.status = self.status.model_copy(update=changes)
@@ -132,6 +137,7 @@ class Draft:
             wants_placement=self.wants_placement,
             workload=self.workload,
             wants_service=self.wants_service,
+            memory=self.memory,
         )
 
 

@@ -45,6 +45,9 @@ class Cause(StrEnum):
     FAILURE = "Failure"  # status.restarts, maxRestarts
     DISRUPTION = "Disruption"  # status.disruptions, maxDisruptions
     IGNORED = "Ignored"  # status.ignoredRestarts, maxIgnoredRestarts, with backoff
+    # Still hung a full hangTimeoutSeconds after the Hung condition (lifecycle/goodput.py):
+    # the job's own processes stall, so it spends status.restarts and maxRestarts.
+    HANG = "Hang"
 
 
 @dataclass(frozen=True)

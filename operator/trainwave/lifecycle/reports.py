@@ -7,18 +7,68 @@ The controller fetches them; this module reads them once into frozen
 `RDMAVerified` condition (from every worker): RDMA counts as verified only
 when NCCL's own log proves GPUDirect RDMA on IB in every worker, so a
 cluster that silently fell back to TCP shows False, with the worker and why.
+
+The goodput keys (`ranks`, `restarts`, `in_place`: the contract of issue 26,
+read by lifecycle/goodput.py) are written by the tenant's processes, so each
+value is taken only when it has the expected type and range; anything else is
+dropped as if absent, never raised. An older runtime sends none of them.
 """
 
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+from math import isfinite
 from typing import Any
 
 from trainwave.api.reasons import Reason
 from trainwave.api.status import ProgressStatus
 
 NCCL_CHECK = "nccl_transport"
+# Bounds on what a report may make the operator hold: ranks per worker, and causes.
+MAX_RANKS_PER_REPORT = 1024
+RANK_STATES = frozenset({"running", "stopped", "exited", "unknown"})
+RESTART_CAUSES = ("failure", "hang", "peer")
+
+
+@dataclass(frozen=True)
+class RankReport:
+    """One global rank's latest progress report, as its worker's launcher relays it."""
+
+    step: int | None  # last completed step
+    time: float | None  # the worker's wall clock when it was written (not ours)
+    step_seconds: float | None  # median wall time per step over the last window
+    compute_seconds: float | None  # median compute time per step: the straggler signal
+    generation: int | None  # TORCHELASTIC_RESTART_COUNT of the writing process
+    state: str = "unknown"  # running | stopped | exited | unknown
+
+
+@dataclass(frozen=True)
+class InPlaceRestart:
+    """The last in-place restart a launcher saw; times are that worker's own clock."""
+
+    cause: str
+    at: float | None
+    step_before: int | None
+    resumed_from: int | None
+    first_step_at: float | None
+
+
+@dataclass(frozen=True)
+class RestartReport:
+    """In-place restarts seen by one launcher in its pod (this attempt only)."""
+
+    count: int
+    causes: Mapping[str, int] = field(default_factory=dict)
+    last: InPlaceRestart | None = None
+
+
+@dataclass(frozen=True)
+class InPlaceSetting:
+    enabled: bool
+    max_restarts: int | None = None
+    hang_timeout_seconds: float | None = None
+    reason: str = ""
 
 
 @dataclass(frozen=True)
@@ -28,6 +78,9 @@ class WorkerReport:
     failed_checks: tuple[str, ...]  # "name: reason" of each FAIL
     nccl: tuple[str, str] | None  # (status, reason) of NCCL's transport check
     progress: Mapping[str, Any] | None
+    ranks: Mapping[int, RankReport] = field(default_factory=dict)  # global rank -> report
+    restarts: RestartReport | None = None
+    in_place: InPlaceSetting | None = None
 
 
 def read_report(document: Mapping[str, Any]) -> WorkerReport | None:
@@ -55,7 +108,92 @@ def read_report(document: Mapping[str, Any]) -> WorkerReport | None:
         failed_checks=failed,
         nccl=nccl,
         progress=progress if isinstance(progress, dict) else None,
+        ranks=read_ranks(document.get("ranks")),
+        restarts=read_restarts(document.get("restarts")),
+        in_place=read_in_place(document.get("in_place")),
     )
+
+
+def read_ranks(found: Any) -> dict[int, RankReport]:
+    """`ranks` of a /status document: {"3": {...}}; keys that are not ranks are skipped."""
+    if not isinstance(found, dict):
+        return {}
+    ranks: dict[int, RankReport] = {}
+    for key, value in list(found.items())[:MAX_RANKS_PER_REPORT]:
+        rank = _rank(key)
+        if rank is None or not isinstance(value, dict):
+            continue
+        state = value.get("state")
+        ranks[rank] = RankReport(
+            step=_count(value.get("step")),
+            time=_seconds(value.get("time")),
+            step_seconds=_seconds(value.get("step_seconds")),
+            compute_seconds=_seconds(value.get("compute_seconds")),
+            generation=_count(value.get("generation")),
+            state=state if isinstance(state, str) and state in RANK_STATES else "unknown",
+        )
+    return ranks
+
+
+def read_restarts(found: Any) -> RestartReport | None:
+    if not isinstance(found, dict) or (count := _count(found.get("count"))) is None:
+        return None
+    causes = found.get("causes")
+    known = {
+        cause: n
+        for cause in RESTART_CAUSES
+        if isinstance(causes, dict) and (n := _count(causes.get(cause))) is not None
+    }
+    last = found.get("last")
+    return RestartReport(
+        count=count,
+        causes=known,
+        last=_last_restart(last) if isinstance(last, dict) else None,
+    )
+
+
+def read_in_place(found: Any) -> InPlaceSetting | None:
+    if not isinstance(found, dict) or not isinstance(found.get("enabled"), bool):
+        return None
+    reason = found.get("reason")
+    return InPlaceSetting(
+        enabled=found["enabled"],
+        max_restarts=_count(found.get("max_restarts")),
+        hang_timeout_seconds=_seconds(found.get("hang_timeout_seconds")),
+        reason=reason[:200] if isinstance(reason, str) else "",
+    )
+
+
+def _last_restart(found: Mapping[str, Any]) -> InPlaceRestart:
+    cause = found.get("cause")
+    return InPlaceRestart(
+        cause=cause if isinstance(cause, str) and cause in RESTART_CAUSES else "unknown",
+        at=_seconds(found.get("at")),
+        step_before=_count(found.get("step_before")),
+        resumed_from=_count(found.get("resumed_from")),
+        first_step_at=_seconds(found.get("first_step_at")),
+    )
+
+
+def _rank(key: Any) -> int | None:
+    if not isinstance(key, str) or not (key.isascii() and key.isdigit()) or len(key) > 7:
+        return None
+    return int(key)
+
+
+def _count(value: Any) -> int | None:
+    """A non-negative int; bools and floats are not counts."""
+    if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+        return None
+    return value
+
+
+def _seconds(value: Any) -> float | None:
+    """A finite non-negative number of seconds (or an epoch time)."""
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        return None
+    value = float(value)
+    return value if isfinite(value) and value >= 0 else None
 
 
 def progress_status(reports: Mapping[int, WorkerReport]) -> ProgressStatus | None:

@@ -1,0 +1,26 @@
+"""Prometheus metrics of goodput, from one status write: hangs, stragglers and in-place
+restarts by cause (lifecycle/goodput.py decides them). Each job's goodput ratio is read
+from the job index at scrape time instead (metrics.JobGoodput)."""
+
+from trainwave.api.reasons import Reason
+from trainwave.api.status import TrainingJobStatus
+from trainwave.controller import metrics
+from trainwave.lifecycle.draft import Decision
+
+
+def record_goodput(old: TrainingJobStatus, decision: Decision) -> None:
+    """Count what this written decision adds: its Events say which hangs and stragglers
+    are new; the status's in-place counts say which restarts are."""
+    for event in decision.events:
+        if event.reason == Reason.HUNG:
+            metrics.HANGS.inc()
+        elif event.reason == Reason.STRAGGLER:
+            metrics.STRAGGLERS.inc()
+    new = decision.status.goodput
+    if new is None:
+        return
+    before = old.goodput.in_place_restart_causes if old.goodput is not None else {}
+    for cause in metrics.IN_PLACE_CAUSES:  # a status written by hand adds no label
+        count = new.in_place_restart_causes.get(cause, 0)
+        if count > before.get(cause, 0):
+            metrics.IN_PLACE_RESTARTS.labels(cause).inc(count - before.get(cause, 0))

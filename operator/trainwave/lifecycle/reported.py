@@ -1,0 +1,145 @@
+"""What the workers' reports make of a running job: Hung, Straggler, status.goodput. Pure.
+
+Applies lifecycle/goodput.py's verdicts to the draft: conditions that change only
+when their verdict does (a status write costs the API server; a verdict that
+stands writes nothing new), an Event on each transition, and a `Repair` for
+decide.py to carry out when the launchers could not fix a hang themselves.
+"""
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from datetime import timedelta
+
+from trainwave.api.reasons import Reason
+from trainwave.api.status import ConditionType, Phase
+from trainwave.api.trainingjob import TrainingJob
+from trainwave.lifecycle.draft import Draft, JobEvent
+from trainwave.lifecycle.failures import Cause
+from trainwave.lifecycle.goodput import (
+    Memory,
+    Straggler,
+    account,
+    judge_hang,
+    observe,
+    stragglers,
+)
+from trainwave.lifecycle.observed import WorkerPod
+from trainwave.lifecycle.reports import WorkerReport
+
+
+@dataclass(frozen=True)
+class Repair:
+    """Recreate the gang: what happened, and the cause it is counted under."""
+
+    cause: Cause
+    what: str
+
+
+def apply_reports(
+    draft: Draft,
+    job: TrainingJob,
+    current: Sequence[WorkerPod],
+    reports: Mapping[int, WorkerReport],
+    memory: Memory | None,
+) -> tuple[Memory | None, Repair | None]:
+    """For a gang in phase Running: the next memory and a repair, if one is due. In any
+    other phase the job's Hung and Straggler conditions are cleared: they were about a
+    gang that no longer runs."""
+    if draft.status.phase != Phase.RUNNING:
+        _clear(draft, ConditionType.HUNG, Reason.PROGRESS_RESUMED, "the gang is not running")
+        _clear(draft, ConditionType.STRAGGLER, Reason.NO_STRAGGLER, "the gang is not running")
+        return None, None
+    run_policy = job.spec.run_policy
+    timeout = run_policy.hang_timeout_seconds
+    hung = draft.status.condition(ConditionType.HUNG)
+    hung_since = hung.last_transition_time if hung is not None and hung.status == "True" else None
+    stalled_since = None
+    if hung_since is not None and timeout is not None:
+        stalled_since = hung_since - timedelta(seconds=timeout)
+    memory = observe(
+        memory,
+        draft.status.attempt,
+        reports,
+        draft.now,
+        run_policy.stragglers,
+        stalled_since=stalled_since,
+    )
+    goodput = account(
+        draft.status.goodput,
+        memory,
+        reports,
+        draft.now,
+        start_time=draft.status.start_time,
+        attempt_start_time=draft.status.attempt_start_time,
+    )
+    if goodput != draft.status.goodput:
+        draft.update(goodput=goodput)
+    _stragglers(draft, current, stragglers(memory, run_policy.stragglers), memory)
+    verdict = judge_hang(memory, timeout, draft.now, hung_since)
+    if verdict is None:
+        _clear(draft, ConditionType.HUNG, Reason.PROGRESS_RESUMED, "hang detection is off")
+        return memory, None
+    if verdict.recheck_after is not None:
+        draft.requeue(verdict.recheck_after)
+    if not verdict.hung:
+        if hung_since is not None:
+            message = f"training progresses again: {verdict.message}"
+            draft.condition(ConditionType.HUNG, False, Reason.PROGRESS_RESUMED, message)
+            draft.events.append(JobEvent("Normal", Reason.PROGRESS_RESUMED, message))
+        return memory, None
+    if hung_since is None:
+        draft.condition(ConditionType.HUNG, True, Reason.HUNG, verdict.message)
+        draft.events.append(JobEvent("Warning", Reason.HUNG, verdict.message))
+    if not verdict.recreate:
+        return memory, None
+    what = (
+        f"the gang is still hung {timeout}s after it was found hung (the launchers did "
+        f"not restart it in place): {verdict.message}"
+    )
+    draft.condition(ConditionType.HUNG, False, Reason.HUNG, f"gang recreated: {verdict.message}")
+    return memory, Repair(Cause.HANG, what)
+
+
+def _stragglers(
+    draft: Draft, current: Sequence[WorkerPod], named: list[Straggler], memory: Memory
+) -> None:
+    if not named:
+        _clear(draft, ConditionType.STRAGGLER, Reason.NO_STRAGGLER, "no rank is slower")
+        return
+    pods = {p.rank: p for p in current}
+    described = [_describe(s, pods.get(s.worker)) for s in named]
+    message = "; ".join(described[:8]) + (f"; and {len(named) - 8} more" if len(named) > 8 else "")
+    before = draft.status.condition(ConditionType.STRAGGLER)
+    if before is None or before.status != "True" or before.message != message:
+        draft.condition(ConditionType.STRAGGLER, True, Reason.STRAGGLER, message)
+        known = _named_in(before.message if before and before.status == "True" else "")
+        for straggler, text in zip(named, described, strict=True):
+            if straggler.rank not in known:
+                draft.events.append(JobEvent("Warning", Reason.STRAGGLER, text))
+
+
+def _describe(straggler: Straggler, pod: WorkerPod | None) -> str:
+    where = f" (pod {pod.name}, node {pod.node or 'unknown'})" if pod is not None else ""
+    what = "compute time" if straggler.signal == "compute" else "time"
+    return (
+        f"rank {straggler.rank}{where} is {straggler.slowdown:.1f}x the gang's median "
+        f"{what} per step"
+    )
+
+
+def _named_in(message: str) -> set[int]:
+    """The ranks a Straggler message names ("rank 3 (pod ...) is ..."), so an Event is
+    posted once per newly named rank even after the operator restarted."""
+    found = set()
+    for part in message.split("; "):
+        words = part.split()
+        if len(words) > 1 and words[0] == "rank" and words[1].isdigit():
+            found.add(int(words[1]))
+    return found
+
+
+def _clear(draft: Draft, kind: ConditionType, reason: str, message: str) -> None:
+    """False, only when it is True now: an unchanged condition writes nothing."""
+    found = draft.status.condition(kind)
+    if found is not None and found.status == "True":
+        draft.condition(kind, False, reason, message)
