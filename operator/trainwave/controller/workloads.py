@@ -159,7 +159,8 @@ def _flavor_record(obj: Mapping[str, Any]) -> Flavor | None:
     )
 
 
-# Writes. Blocking calls, run in the reconciler's threads, gated on the Lease like all writes.
+# Writes. Blocking calls, run in the reconciler's threads, gated on the Lease like all writes,
+# under trainwave's one field manager (the Workload's managedFields name it and the version).
 
 
 def create_workload(kube: KubeClient, body: dict[str, Any], *, version: str) -> None:
@@ -176,6 +177,7 @@ def create_workload(kube: KubeClient, body: dict[str, Any], *, version: str) -> 
                 meta["namespace"],
                 contract.KUEUE_WORKLOADS,
                 body,
+                field_manager=contract.FIELD_MANAGER,
                 _preload_content=False,
             )
         )
@@ -197,6 +199,7 @@ def set_workload_active(
                 contract.KUEUE_WORKLOADS,
                 name,
                 {"spec": {"active": active}},
+                field_manager=contract.FIELD_MANAGER,
                 _preload_content=False,
             )
         )
@@ -227,6 +230,7 @@ def patch_workload_status(
                 contract.KUEUE_WORKLOADS,
                 name,
                 patch,
+                field_manager=contract.FIELD_MANAGER,
                 _preload_content=False,
             )
         )
