@@ -25,14 +25,20 @@ from collections.abc import Iterable, Mapping
 from functools import partial
 from typing import Any
 
-from trainwave.controller.informer import PAGE_SIZE, WATCH_SECONDS, Informer, LockedDict
+from trainwave.controller.informer import (
+    PAGE_SIZE,
+    WATCH_SECONDS,
+    Informer,
+    InformerGroup,
+    LockedDict,
+)
 from trainwave.controller.kube import KubeClient
 from trainwave.controller.namespaced import AnyInformer, informer_in
 
 _POD_RESOURCES = {"pods", "*", "*/*"}
 
 
-class AdmissionGuards:
+class AdmissionGuards(InformerGroup):
     """`namespaces`: the operator's --namespace; LimitRanges and ResourceQuotas matter
     only where its jobs are, so with names they are watched only there (namespaced.py).
     Webhook configurations are cluster-scoped: watched cluster-wide."""
@@ -49,7 +55,7 @@ class AdmissionGuards:
         self._webhooks, self._limits, self._quotas = (LockedDict[str](self._lock) for _ in range(3))
         common: dict[str, Any] = {"page_size": page_size, "watch_seconds": watch_seconds}
         core = kube.core
-        self.informers: tuple[AnyInformer[str], ...] = (
+        self._informers: tuple[AnyInformer[str], ...] = (
             Informer(
                 "mutatingwebhookconfigurations",
                 kube.admission.list_mutating_webhook_configuration,
@@ -77,13 +83,9 @@ class AdmissionGuards:
             ),
         )
 
-    def start(self) -> None:
-        for informer in self.informers:
-            informer.start()
-
-    def stop(self, timeout: float = 5.0) -> None:
-        for informer in self.informers:
-            informer.stop(timeout)
+    @property
+    def informers(self) -> tuple[AnyInformer[str], ...]:
+        return self._informers
 
     def blocker(self, namespace: str) -> str:
         """What keeps a pod created in `namespace` from being placed before it exists;

@@ -19,7 +19,7 @@ from functools import partial
 from typing import Any, Generic, TypeVar
 
 from trainwave.controller.clusterview import ClusterIndex, ClusterView
-from trainwave.controller.informer import PAGE_SIZE, WATCH_SECONDS, Informer
+from trainwave.controller.informer import PAGE_SIZE, WATCH_SECONDS, Informer, InformerGroup
 from trainwave.controller.kube import ACTIVE_PODS, KubeClient
 from trainwave.lifecycle.observed import NodeHealth
 from trainwave.placement.records import (
@@ -56,7 +56,7 @@ class _LockedStore(Generic[R]):
             self._put(key, record)
 
 
-class ClusterCache:
+class ClusterCache(InformerGroup):
     """Nodes and active pods, as records, followed by two watches.
 
     `start()` returns at once; `wait_synced()` says when both first LISTs are in.
@@ -128,24 +128,6 @@ class ClusterCache:
     @property
     def informers(self) -> tuple[Informer[Any], ...]:
         return (self.nodes, self.pods) + ((self.claims,) if self.claims is not None else ())
-
-    def start(self) -> None:
-        """Start both informers (again, after stop: each begins with a LIST that
-        replaces what the store kept)."""
-        for informer in self.informers:
-            informer.start()
-
-    def stop(self, timeout: float = 5.0) -> None:
-        for informer in self.informers:
-            informer.stop(timeout)
-
-    def wait_synced(self, timeout: float | None = None) -> bool:
-        """Whether both stores were filled by a LIST within `timeout` seconds."""
-        return all(informer.wait_synced(timeout) for informer in self.informers)
-
-    def force_relist(self) -> None:
-        for informer in self.informers:
-            informer.force_relist()
 
     def view(self) -> ClusterView:
         with self._lock:

@@ -32,7 +32,7 @@ import contextlib
 import json
 import logging
 import threading
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Generic, Protocol, TypeAlias, TypeVar
 
@@ -175,6 +175,46 @@ def watch_lines(response: Any) -> Iterator[tuple[str, bool]]:
                 yield line.decode(), position < len(lines) - 1
     if pending.strip():
         yield pending.decode(), False
+
+
+class Follower(Protocol):
+    """What an InformerGroup is made of: an Informer, or NamespacedInformers."""
+
+    def start(self) -> None: ...
+
+    def stop(self, timeout: float = 5.0) -> None: ...
+
+    def wait_synced(self, timeout: float | None = None) -> bool: ...
+
+    def force_relist(self) -> None: ...
+
+
+class InformerGroup:
+    """Informers that start, stop, fill and relist together: a cache's (the jobs cache's
+    jobs, pods and Services), or one kind's in each namespace. A subclass names them in
+    `informers`; what is done to all of them is written once, here."""
+
+    @property
+    def informers(self) -> Sequence[Follower]:
+        raise NotImplementedError
+
+    def start(self) -> None:
+        """Start (or restart after stop) each; each begins with a LIST that replaces what
+        its store kept."""
+        for informer in self.informers:
+            informer.start()
+
+    def stop(self, timeout: float = 5.0) -> None:
+        for informer in self.informers:
+            informer.stop(timeout)
+
+    def wait_synced(self, timeout: float | None = None) -> bool:
+        """Whether every store was filled by a LIST (each within `timeout`)."""
+        return all(informer.wait_synced(timeout) for informer in self.informers)
+
+    def force_relist(self) -> None:
+        for informer in self.informers:
+            informer.force_relist()
 
 
 class Informer(Generic[R]):

@@ -36,6 +36,7 @@ from trainwave.controller.informer import (
     Deleted,
     DeletedFinalStateUnknown,
     EventHandlers,
+    InformerGroup,
 )
 from trainwave.controller.kube import KubeClient
 from trainwave.controller.namespaced import AnyInformer, informer_in
@@ -48,7 +49,7 @@ Departure = Callable[[JobKey, WorkerPod], None]
 Body = dict[str, Any]
 
 
-class JobCache:
+class JobCache(InformerGroup):
     """Everything a reconcile reads, each kind followed by its own watch.
 
     `namespaces`: names or shell patterns (`team-*`) of the namespaces whose jobs
@@ -116,22 +117,6 @@ class JobCache:
     @property
     def informers(self) -> tuple[AnyInformer[Any], ...]:
         return self.jobs, self.pods, self.services
-
-    def start(self) -> None:
-        for informer in self.informers:
-            informer.start()
-
-    def stop(self, timeout: float = 5.0) -> None:
-        for informer in self.informers:
-            informer.stop(timeout)
-
-    def wait_synced(self, timeout: float | None = None) -> bool:
-        """Whether all three stores were filled by a LIST (each within `timeout`)."""
-        return all(informer.wait_synced(timeout) for informer in self.informers)
-
-    def force_relist(self) -> None:
-        for informer in self.informers:
-            informer.force_relist()
 
     # What reconciles read.
 

@@ -26,7 +26,14 @@ import threading
 from collections.abc import Callable, Iterable, Mapping
 from typing import Any, Generic, TypeVar
 
-from trainwave.controller.informer import Converter, EventHandlers, Informer, Lister, Store
+from trainwave.controller.informer import (
+    Converter,
+    EventHandlers,
+    Informer,
+    InformerGroup,
+    Lister,
+    Store,
+)
 
 logger = logging.getLogger(__name__)
 
@@ -39,8 +46,9 @@ def is_pattern(namespace: str) -> bool:
     return bool(_PATTERN_CHARACTERS & set(namespace))
 
 
-class NamespacedInformers(Generic[R]):
-    """An informer per namespace, with the Informer's surface callers use."""
+class NamespacedInformers(InformerGroup, Generic[R]):
+    """An informer per namespace, with the Informer's surface callers use (start, stop,
+    wait_synced, force_relist: InformerGroup's, over every namespace's)."""
 
     def __init__(
         self,
@@ -75,22 +83,6 @@ class NamespacedInformers(Generic[R]):
     @property
     def informers(self) -> list[Informer[R]]:
         return list(self.by_namespace.values())
-
-    def start(self) -> None:
-        for informer in self.informers:
-            informer.start()
-
-    def stop(self, timeout: float = 5.0) -> None:
-        for informer in self.informers:
-            informer.stop(timeout)
-
-    def force_relist(self) -> None:
-        for informer in self.informers:
-            informer.force_relist()
-
-    def wait_synced(self, timeout: float | None = None) -> bool:
-        """Whether every namespace was listed (each within `timeout`)."""
-        return all(informer.wait_synced(timeout) for informer in self.informers)
 
     @property
     def synced(self) -> bool:

@@ -26,7 +26,13 @@ from kubernetes.client.exceptions import ApiException
 from trainwave import contract
 from trainwave.api.trainingjob import JobKey
 from trainwave.controller.by_job import ByJob, Store
-from trainwave.controller.informer import PAGE_SIZE, WATCH_SECONDS, Informer, LockedDict
+from trainwave.controller.informer import (
+    PAGE_SIZE,
+    WATCH_SECONDS,
+    Informer,
+    InformerGroup,
+    LockedDict,
+)
 from trainwave.controller.kube import Conflict, KubeClient
 from trainwave.controller.namespaced import AnyInformer, informer_in
 from trainwave.lifecycle.admission import Flavor, Workload, observe_workload
@@ -38,7 +44,7 @@ def _kueue(version: str) -> tuple[str, str]:
     return contract.KUEUE_GROUP, version
 
 
-class WorkloadCache:
+class WorkloadCache(InformerGroup):
     def __init__(
         self,
         kube: KubeClient,
@@ -92,17 +98,6 @@ class WorkloadCache:
     @property
     def informers(self) -> tuple[AnyInformer[Any], ...]:
         return self.workload_informer, self.flavor_informer
-
-    def start(self) -> None:
-        for informer in self.informers:
-            informer.start()
-
-    def stop(self, timeout: float = 5.0) -> None:
-        for informer in self.informers:
-            informer.stop(timeout)
-
-    def wait_synced(self, timeout: float | None = None) -> bool:
-        return all(informer.wait_synced(timeout) for informer in self.informers)
 
     def workload(self, key: JobKey, owner_uid: str) -> Workload | None:
         """The job's own Workload; one left by an earlier job of the same name is not it."""
