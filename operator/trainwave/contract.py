@@ -314,3 +314,10 @@ DRA_CAPACITY_MEMORY: Final = "memory"
 DRA_CLAIM_REQUEST: Final = "gpu"  # the one request in a shared worker's claim
 DRA_POD_CLAIM: Final = "shared-gpu"  # the pod's name for its claim
 CDI_KIND: Final = "trainwave.io/gpu"  # CDI device id: trainwave.io/gpu=<device>
+
+# --- Goodput, operator side (issue 26) ---------------------------------------
+# On a Node where a straggler was named and its gang replaced (runPolicy.stragglers
+# .replace): gangs are not placed there before this RFC 3339 time. An annotation,
+# never a taint: other workloads may still use the node.
+ANNOTATION_STRAGGLER_UNTIL: Final = "trainwave.io/straggler-until"
+STRAGGLER_MARK_SECONDS: Final = 3600

@@ -248,3 +248,36 @@ def _serving(port: int, training: Training, signer: Any) -> Iterator[None]:
         yield
     finally:
         server.stop()
+
+
+def test_a_straggler_replaced_marks_its_node_and_the_new_gang_avoids_it(
+    cluster, namespace, running_operator, tmp_path: Path
+):
+    name, port = "slow", free_port()
+    policy = {"stragglers": {"reports": 2, "replace": True}}
+    pod, signer = start_job(cluster, namespace, name, port, tmp_path, run_policy=policy)
+    node = pod["spec"]["nodeName"]
+    try:
+        with _serving(port, Training(namespace, name), signer):
+            restarted = wait_until(
+                lambda: (s := job(cluster, namespace, name)["status"]).get("disruptions") == 1
+                and s,
+                90, "the gang recreated without the straggler's node",
+            )  # fmt: skip
+        assert restarted["attempt"] == 1
+        assert restarted["restarts"] == 0  # a disruption: the user's maxRestarts is not spent
+        replaced = next(c for c in restarted["conditions"] if c["type"] == "Straggler")
+        assert replaced["reason"] == "StragglerReplaced"
+        assert f"node {node} is marked trainwave.io/straggler-until=" in replaced["message"]
+        annotations = get_json(cluster, "default", "node", node)["metadata"]["annotations"]
+        assert contract.ANNOTATION_STRAGGLER_UNTIL in annotations
+        taints = get_json(cluster, "default", "node", node)["spec"].get("taints") or []
+        assert not [t for t in taints if t["key"].startswith("trainwave.io/")]  # never a taint
+        wait_for_phase(cluster, namespace, name, "Running", timeout=90)
+        [new] = [
+            p for p in worker_pods(cluster, namespace, name)
+            if p["metadata"]["labels"][contract.LABEL_ATTEMPT] == "1"
+        ]  # fmt: skip
+        assert new["spec"]["nodeName"] != node
+    finally:
+        cluster.kubectl("annotate", "node", node, f"{contract.ANNOTATION_STRAGGLER_UNTIL}-")

@@ -163,7 +163,7 @@ EXPECTED_RULES = {
     ("trainwave.io", "trainingjobs/finalizers"): {"update"},
     ("", "pods"): {"list", "watch", "create", "patch", "delete"},
     ("", "services"): {"list", "watch", "create", "patch", "delete"},
-    ("", "nodes"): {"list", "watch"},
+    ("", "nodes"): {"list", "watch", "patch"},  # the straggler-until annotation only
     ("", "limitranges"): {"list", "watch"},
     ("", "resourcequotas"): {"list", "watch"},
     ("admissionregistration.k8s.io", "mutatingwebhookconfigurations"): {"list", "watch"},
@@ -268,7 +268,7 @@ def test_with_watch_namespaces_reads_and_writes_are_granted_there_only() -> None
     cluster_wide = granted(one(manifests, "ClusterRole"))
     assert cluster_wide == {
         ("", "pods"): {"list", "watch"},  # other workloads hold GPUs too: placement reads all
-        ("", "nodes"): {"list", "watch"},
+        ("", "nodes"): {"list", "watch", "patch"},
         ("admissionregistration.k8s.io", "mutatingwebhookconfigurations"): {"list", "watch"},
     }  # no jobs, Services, LimitRanges, ResourceQuotas or Events: the Roles below grant them
     account = one(manifests, "ServiceAccount")["metadata"]["name"]

@@ -210,6 +210,21 @@ class KubeClient:
                 raise Rejected(_status_message(error)) from None
             raise
 
+    def annotate_node(self, name: str, annotations: dict[str, str]) -> None:
+        """A merge patch of the node's annotations; a node already gone is left alone."""
+        patch = {"metadata": {"annotations": annotations}}
+        self._ignore_gone(
+            lambda: _release(
+                self.core.patch_node(
+                    name,
+                    patch,
+                    field_manager=contract.FIELD_MANAGER,
+                    _content_type=MERGE,
+                    _preload_content=False,
+                )
+            )
+        )
+
     def create_gpu_claim(self, claim: dict[str, Any]) -> None:
         """Create a shared worker's ResourceClaim (builders/sharing.py build_gpu_claim).
 

@@ -39,10 +39,11 @@ GANG_RESTARTS = Counter(
     "Gangs started again as a new attempt, by cause: failure (counted against maxRestarts), "
     "disruption (node lost, eviction: not counted), preemption, ignored (a failure the "
     "policy ignores), hang (still hung a full hangTimeoutSeconds after the Hung condition; "
-    "counted against maxRestarts).",
+    "counted against maxRestarts), straggler (replaced with stragglers.replace; counted "
+    "against maxDisruptions).",
     ["cause"],
 )
-RESTART_CAUSES = ("failure", "disruption", "preemption", "ignored", "hang")
+RESTART_CAUSES = ("failure", "disruption", "preemption", "ignored", "hang", "straggler")
 for _cause in RESTART_CAUSES:  # every cause scraped from the start, at 0: rate() needs a base
     GANG_RESTARTS.labels(_cause)
 

@@ -61,6 +61,7 @@ from trainwave.controller.kube import Conflict, KubeClient, Rejected
 from trainwave.hardware.inventory import NodeInventory
 from trainwave.lifecycle.draft import PlacementWait
 from trainwave.placement.gang import GangRequest, Placement
+from trainwave.placement.marks import close_marked, marks_of
 from trainwave.placement.occupancy import gpus_by_domain, shared_fragmentation
 from trainwave.placement.preemption import Preemption, RunningGang
 from trainwave.placement.queueing import PendingJob, QueuePolicy
@@ -127,6 +128,7 @@ class Placer:
         self._retry = retry_seconds
         self._debounce = debounce_seconds
         self._clock = clock
+        self._marks: dict[str, datetime] = {}  # node -> straggler-until, written by us
         self._tickets: dict[JobKey, Ticket] = {}
         self._skips: dict[JobKey, int] = {}
         self._waits: dict[JobKey, PlacementWait] = {}
@@ -361,7 +363,16 @@ class Placer:
         )
         snapshot = view.snapshot(self._levels, topology=reuse, memo=self._infos)
         self._topology = (view.labels_version, snapshot.topology)
-        return snapshot
+        now = self._clock()
+        # Marks this operator wrote and the node watch may not show yet, then the nodes'.
+        self._marks = {node: until for node, until in self._marks.items() if until > now}
+        marks = {**self._marks, **marks_of(view.nodes)}
+        return close_marked(snapshot, marks, now) if marks else snapshot
+
+    def mark_node(self, node: str, until: datetime) -> None:
+        """Keep new gangs off `node` until `until` (a straggler was replaced there), from
+        the next round on, before the node's annotation comes back through the watch."""
+        self._marks[node] = max(until, self._marks.get(node, until))
 
     def _running_gangs(self, view: ClusterView, exclude: Iterable[JobKey]) -> list[RunningGang]:
         """Trainwave gangs holding resources now, as preemption candidates; each job's gang

@@ -570,7 +570,11 @@ class Reconciler:
         # Each restart moves exactly one of the status counters by cause.
         for cause, before, after in (
             ("hang" if new.reason == Reason.HUNG else "failure", old.restarts, new.restarts),
-            ("disruption", old.disruptions, new.disruptions),
+            (
+                "straggler" if new.reason == Reason.STRAGGLER_REPLACED else "disruption",
+                old.disruptions,
+                new.disruptions,
+            ),
             ("ignored", old.ignored_restarts, new.ignored_restarts),
             ("preemption", old.preemptions, new.preemptions),
         ):
@@ -704,6 +708,7 @@ class Reconciler:
         """Carry out `decision`; `job` is the spec parsed once by `_decide` (None: invalid)."""
         kube = self._kube
         self._record_events(body, decision.events)
+        await self._mark_nodes(decision)
         if decision.workload != WorkloadAction.NONE and resolved is not None:
             await self._workload(meta, decision, resolved)
         await asyncio.gather(
@@ -721,6 +726,19 @@ class Reconciler:
                 "%s/%s: ttlSecondsAfterFinished passed; deleting", meta.namespace, meta.name
             )
             await asyncio.to_thread(kube.delete_job, meta.namespace, meta.name, meta.uid)
+
+    async def _mark_nodes(self, decision: Decision) -> None:
+        """Annotate the nodes of replaced stragglers; best effort: the placer keeps the new
+        gang off them in any case, the annotation tells people and other replicas."""
+        for node, until in decision.mark_nodes:
+            self._placer.mark_node(node, until)
+            stamp = until.isoformat().replace("+00:00", "Z")
+            try:
+                await asyncio.to_thread(
+                    self._kube.annotate_node, node, {contract.ANNOTATION_STRAGGLER_UNTIL: stamp}
+                )
+            except Exception as error:  # RBAC of an older chart, the API server away
+                logger.warning("node %s: could not mark it slow until %s: %s", node, stamp, error)
 
 
 def _only_creates(decision: Decision, written: TrainingJobStatus) -> bool:

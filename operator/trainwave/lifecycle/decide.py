@@ -285,6 +285,13 @@ _BUDGETS = {
         Reason.HUNG,
         Reason.MAX_RESTARTS_EXCEEDED,
     ),
+    Cause.STRAGGLER: (
+        "disruptions",
+        "max_disruptions",
+        "disruption",
+        Reason.STRAGGLER_REPLACED,
+        Reason.MAX_DISRUPTIONS_EXCEEDED,
+    ),
     Cause.IGNORED: (
         "ignored_restarts",
         "max_ignored_restarts",

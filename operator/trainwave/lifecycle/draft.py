@@ -62,6 +62,9 @@ class Decision:
     # What the goodput decisions remember of the reports until the next poll
     # (lifecycle/goodput.py); the controller keeps it and passes it back in.
     memory: Memory | None = None
+    # Nodes to annotate trainwave.io/straggler-until (node, until) before the gang that
+    # ran there is recreated elsewhere.
+    mark_nodes: tuple[tuple[str, datetime], ...] = ()
 
 
 @dataclass
@@ -81,6 +84,7 @@ class Draft:
     workload: WorkloadAction = WorkloadAction.NONE
     wants_service: bool = False
     memory: Memory | None = None
+    mark_nodes: list[tuple[str, datetime]] = field(default_factory=list)
 
     def update(self, **changes: object) -> None:
         self.status = self.status.model_copy(update=changes)
@@ -138,6 +142,7 @@ class Draft:
             workload=self.workload,
             wants_service=self.wants_service,
             memory=self.memory,
+            mark_nodes=tuple(self.mark_nodes),
         )
 
 

@@ -48,6 +48,9 @@ class Cause(StrEnum):
     # Still hung a full hangTimeoutSeconds after the Hung condition (lifecycle/goodput.py):
     # the job's own processes stall, so it spends status.restarts and maxRestarts.
     HANG = "Hang"
+    # A straggler replaced (runPolicy.stragglers.replace): the node's fault, not the job's,
+    # so it spends status.disruptions and maxDisruptions.
+    STRAGGLER = "Straggler"
 
 
 @dataclass(frozen=True)

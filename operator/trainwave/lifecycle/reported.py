@@ -10,6 +10,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from datetime import timedelta
 
+from trainwave import contract
 from trainwave.api.reasons import Reason
 from trainwave.api.status import ConditionType, Phase
 from trainwave.api.trainingjob import TrainingJob
@@ -74,7 +75,12 @@ def apply_reports(
     )
     if goodput != draft.status.goodput:
         draft.update(goodput=goodput)
-    _stragglers(draft, current, stragglers(memory, run_policy.stragglers), memory)
+    named = stragglers(memory, run_policy.stragglers)
+    _stragglers(draft, current, named)
+    if named and run_policy.stragglers.replace:
+        repair = _replace_straggler(draft, job, current, named)
+        if repair is not None:
+            return memory, repair
     verdict = judge_hang(memory, timeout, draft.now, hung_since)
     if verdict is None:
         _clear(draft, ConditionType.HUNG, Reason.PROGRESS_RESUMED, "hang detection is off")
@@ -100,9 +106,35 @@ def apply_reports(
     return memory, Repair(Cause.HANG, what)
 
 
-def _stragglers(
-    draft: Draft, current: Sequence[WorkerPod], named: list[Straggler], memory: Memory
-) -> None:
+def _replace_straggler(
+    draft: Draft, job: TrainingJob, current: Sequence[WorkerPod], named: list[Straggler]
+) -> Repair | None:
+    """Mark the slowest straggler's node and recreate the gang (the placer keeps new gangs
+    off a marked node until the mark expires). Replacing one worker alone (issue 26 item 2)
+    is not done yet: the whole gang is recreated, counted as a disruption. With
+    maxDisruptions spent the straggler is only reported: a job never fails for being slow."""
+    pods = {p.rank: p for p in current}
+    found = next(
+        ((s, pods[s.worker]) for s in named if s.worker in pods and pods[s.worker].node), None
+    )
+    if found is None:
+        return None
+    straggler, pod = found
+    policy = job.spec.run_policy.failure_policy
+    if draft.status.disruptions >= policy.max_disruptions:
+        return None
+    until = draft.now + timedelta(seconds=contract.STRAGGLER_MARK_SECONDS)
+    draft.mark_nodes.append((pod.node, until))
+    what = (
+        f"{_describe(straggler, pod)}; node {pod.node} is marked "
+        f"{contract.ANNOTATION_STRAGGLER_UNTIL}={until.isoformat().replace('+00:00', 'Z')} "
+        "and the gang is placed without it"
+    )
+    draft.condition(ConditionType.STRAGGLER, False, Reason.STRAGGLER_REPLACED, what)
+    return Repair(Cause.STRAGGLER, what)
+
+
+def _stragglers(draft: Draft, current: Sequence[WorkerPod], named: list[Straggler]) -> None:
     if not named:
         _clear(draft, ConditionType.STRAGGLER, Reason.NO_STRAGGLER, "no rank is slower")
         return

@@ -59,6 +59,8 @@ class NodeRecord:
     shared: tuple[SharedGpu, ...] = ()  # offered for sharing (the agent's inventory)
     inventory: NodeInventory | None = None  # the agent's annotation, read
     inventory_problem: str = ""  # why the annotation could not be read
+    # trainwave.io/straggler-until: no gang is placed here before then (placement/marks.py).
+    straggler_until: datetime | None = None
 
     @property
     def whole_gpus(self) -> int:
@@ -122,6 +124,9 @@ def node_record(node: Mapping[str, Any]) -> NodeRecord:
         shared=_shared_gpus(inventory),
         inventory=inventory,
         inventory_problem=problem,
+        straggler_until=_time(
+            (metadata.get("annotations") or {}).get(contract.ANNOTATION_STRAGGLER_UNTIL)
+        ),
     )
 
 
@@ -303,3 +308,14 @@ def _shared_gpus(inventory: NodeInventory | None) -> tuple[SharedGpu, ...]:
     if inventory is None:
         return ()
     return tuple(SharedGpu(gpu.uuid, gpu.index, gpu.memory_mib) for gpu in inventory.shared_gpus)
+
+
+def _time(value: Any) -> datetime | None:
+    """An RFC 3339 time with a zone, or None: an annotation anyone may have written."""
+    if not isinstance(value, str):
+        return None
+    try:
+        found = datetime.fromisoformat(value.replace("Z", "+00:00"))
+    except ValueError:
+        return None
+    return found if found.tzinfo is not None else None

@@ -317,4 +317,8 @@ def most_free(nodes: Iterable[SharedNode]) -> str:
 
 
 def _closed_reason(node: NodeInfo) -> tuple[Rejection, ...]:
-    return () if node.schedulable else (Rejection("Held", "held for an earlier gang"),)
+    if node.schedulable:
+        return ()
+    if node.closed_why:
+        return (Rejection("Marked", node.closed_why),)
+    return (Rejection("Held", "held for an earlier gang"),)

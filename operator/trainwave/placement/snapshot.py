@@ -101,6 +101,7 @@ class NodeInfo:
     shared: tuple[SharedGpu, ...] = ()  # GPUs offered for sharing, with the MiB pinned on each
     # Pods there that topology spread constraints count, by (namespace, labels).
     labelled: Mapping[Labelled, int] = field(default_factory=lambda: _NO_LABELLED)
+    closed_why: str = ""  # why it is not schedulable, when not held for an earlier gang
 
     @property
     def free(self) -> int:
@@ -293,7 +294,11 @@ class ClusterSnapshot:
 
 
 def _closed(node: NodeInfo) -> tuple[Rejection, ...]:
-    return () if node.schedulable else (Rejection("Held", "held for an earlier gang"),)
+    if node.schedulable:
+        return ()
+    if node.closed_why:
+        return (Rejection("Marked", node.closed_why),)
+    return (Rejection("Held", "held for an earlier gang"),)
 
 
 def _add_pods(node: NodeInfo, needs: PodNeeds, count: int) -> NodeInfo:
