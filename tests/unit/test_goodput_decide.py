@@ -266,3 +266,22 @@ def test_malformed_restarts_and_in_place_never_raise(restarts: Any, in_place: An
     if found.in_place is not None:
         assert found.in_place.max_restarts is None
         assert found.in_place.reason == ""
+
+
+def test_an_operator_that_has_not_read_the_workers_yet_changes_nothing() -> None:
+    # After an operator restart the first reconcile may come before the first poll.
+    hung_job = job(conditions=(hung_condition(ago(30)),))
+    found = decide(hung_job, running(), NOW, reports={}, memory=None)
+    hung = found.status.condition(ConditionType.HUNG)
+    assert hung is not None
+    assert hung.status == "True"
+    assert found.events == ()
+
+
+def test_unsetting_hang_timeout_seconds_clears_the_condition() -> None:
+    memory = stale_memory((120, 120), ago(200))
+    unset = job(timeout=None, conditions=(hung_condition(ago(30)),))
+    found = decided(unset, {0: report(0, 120), 1: report(1, 120)}, memory=memory)
+    hung = found.status.condition(ConditionType.HUNG)
+    assert hung is not None
+    assert (hung.status, hung.message) == ("False", "hangTimeoutSeconds is unset")

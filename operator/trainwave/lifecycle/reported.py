@@ -45,11 +45,14 @@ def apply_reports(
 ) -> tuple[Memory | None, Repair | None]:
     """For a gang in phase Running: the next memory and a repair, if one is due. In any
     other phase the job's Hung and Straggler conditions are cleared: they were about a
-    gang that no longer runs."""
+    gang that no longer runs. With no rank reported at all (no runtime, or an operator
+    that restarted and has not read the workers yet) nothing is judged or changed."""
     if draft.status.phase != Phase.RUNNING:
         _clear(draft, ConditionType.HUNG, Reason.PROGRESS_RESUMED, "the gang is not running")
         _clear(draft, ConditionType.STRAGGLER, Reason.NO_STRAGGLER, "the gang is not running")
         return None, None
+    if not any(report.ranks for report in reports.values()):
+        return memory, None
     run_policy = job.spec.run_policy
     timeout = run_policy.hang_timeout_seconds
     hung = draft.status.condition(ConditionType.HUNG)
@@ -83,7 +86,8 @@ def apply_reports(
             return memory, repair
     verdict = judge_hang(memory, timeout, draft.now, hung_since)
     if verdict is None:
-        _clear(draft, ConditionType.HUNG, Reason.PROGRESS_RESUMED, "hang detection is off")
+        why = "hangTimeoutSeconds is unset" if timeout is None else "no rank has reported a step"
+        _clear(draft, ConditionType.HUNG, Reason.PROGRESS_RESUMED, why)
         return memory, None
     if verdict.recheck_after is not None:
         draft.requeue(verdict.recheck_after)
