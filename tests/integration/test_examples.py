@@ -19,6 +19,7 @@ OUTCOMES = {
     "shared-gpu-finetune.yaml": ("Succeeded", "Succeeded", 0),
     "restart-then-fail.yaml": ("Failed", "MaxRestartsExceeded", 2),
     "suspended.yaml": ("Suspended", "Suspended", 0),
+    "goodput-2x8.yaml": ("Succeeded", "Succeeded", 0),
 }
 
 
