@@ -3,18 +3,19 @@ restarts by cause (lifecycle/goodput.py decides them). Each job's goodput ratio 
 from the job index at scrape time instead (metrics.JobGoodput)."""
 
 from trainwave.api.reasons import Reason
-from trainwave.api.status import TrainingJobStatus
+from trainwave.api.status import ConditionType, TrainingJobStatus
 from trainwave.controller import metrics
 from trainwave.lifecycle.draft import Decision
 
 
 def record_goodput(old: TrainingJobStatus, decision: Decision) -> None:
-    """Count what this written decision adds: its Events say which hangs and stragglers
-    are new; the status's in-place counts say which restarts are."""
+    """Count what this written decision adds: a Hung condition turning True is a hang (the
+    gang recreated for it later posts a phase Event of the same reason, not a new hang);
+    each Straggler Event names one new rank; the in-place counts say which restarts are."""
+    if _hung(decision.status) and not _hung(old):
+        metrics.HANGS.inc()
     for event in decision.events:
-        if event.reason == Reason.HUNG:
-            metrics.HANGS.inc()
-        elif event.reason == Reason.STRAGGLER:
+        if event.reason == Reason.STRAGGLER:
             metrics.STRAGGLERS.inc()
     new = decision.status.goodput
     if new is None:
@@ -24,3 +25,8 @@ def record_goodput(old: TrainingJobStatus, decision: Decision) -> None:
         count = new.in_place_restart_causes.get(cause, 0)
         if count > before.get(cause, 0):
             metrics.IN_PLACE_RESTARTS.labels(cause).inc(count - before.get(cause, 0))
+
+
+def _hung(status: TrainingJobStatus) -> bool:
+    found = status.condition(ConditionType.HUNG)
+    return found is not None and found.status == "True"
