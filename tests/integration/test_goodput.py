@@ -142,6 +142,12 @@ def test_hung_straggler_and_goodput_from_the_runtimes_reports(
             lambda e: e.get("reason") == "Straggler" and e["regarding"]["name"] == name,
             "the Straggler Event",
         )  # fmt: skip
+        events_about(
+            cluster, namespace,
+            lambda e: e.get("reason") == "RestartedInPlace" and e["regarding"]["name"] == name
+            and "(cause failure): 1 of 3 in-place restarts" in e.get("note", ""),
+            "the RestartedInPlace Event",
+        )  # fmt: skip
         goodput = job(cluster, namespace, name)["status"]["goodput"]
         assert goodput["highestStep"] > 100
         assert goodput["inPlaceRestarts"] == 1

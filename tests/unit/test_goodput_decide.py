@@ -285,3 +285,29 @@ def test_unsetting_hang_timeout_seconds_clears_the_condition() -> None:
     hung = found.status.condition(ConditionType.HUNG)
     assert hung is not None
     assert (hung.status, hung.message) == ("False", "hangTimeoutSeconds is unset")
+
+
+def test_an_in_place_restart_is_news_once() -> None:
+    restarts = {"count": 1, "causes": {"failure": 1, "hang": 0, "peer": 0},
+                "last": {"cause": "failure", "at": 5.0, "step_before": 120, "resumed_from": 100,
+                         "first_step_at": 9.0}}  # fmt: skip
+    reports = {}
+    for rank in (0, 1):
+        found = read_report({
+            "node_rank": rank, "restarts": restarts,
+            "ranks": {str(rank): {"step": 101, "time": 9.0, "step_seconds": 0.5}},
+        })  # fmt: skip
+        assert found is not None
+        reports[rank] = found
+    running_job = job(timeout=None, runtime={}, command=["python", "train.py"])
+    first = decided(running_job, reports)
+    [news] = [e for e in first.events if e.reason == Reason.RESTARTED_IN_PLACE]
+    assert news.type == "Warning"
+    assert news.message == (
+        "training processes restarted inside the running pods (cause failure): 1 of 3 "
+        "in-place restarts of this gang used; 20 steps lost so far"
+    )
+    again = decided(
+        running_job.model_copy(update={"status": first.status}), reports, memory=first.memory
+    )
+    assert not [e for e in again.events if e.reason == Reason.RESTARTED_IN_PLACE]

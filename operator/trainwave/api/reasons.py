@@ -83,3 +83,4 @@ class Reason(StrEnum):
     STRAGGLER = "Straggler"
     NO_STRAGGLER = "NoStraggler"
     STRAGGLER_REPLACED = "StragglerReplaced"
+    RESTARTED_IN_PLACE = "RestartedInPlace"  # an Event: the launchers restarted the processes

@@ -12,7 +12,7 @@ from datetime import timedelta
 
 from trainwave import contract
 from trainwave.api.reasons import Reason
-from trainwave.api.status import ConditionType, Phase
+from trainwave.api.status import ConditionType, GoodputStatus, Phase
 from trainwave.api.trainingjob import TrainingJob
 from trainwave.lifecycle.draft import Draft, JobEvent
 from trainwave.lifecycle.failures import Cause
@@ -77,6 +77,7 @@ def apply_reports(
         attempt_start_time=draft.status.attempt_start_time,
     )
     if goodput != draft.status.goodput:
+        _in_place_news(draft, job, draft.status.goodput, goodput)
         draft.update(goodput=goodput)
     named = stragglers(memory, run_policy.stragglers)
     _stragglers(draft, current, named)
@@ -108,6 +109,32 @@ def apply_reports(
     )
     draft.condition(ConditionType.HUNG, False, Reason.HUNG, f"gang recreated: {verdict.message}")
     return memory, Repair(Cause.HANG, what)
+
+
+def _in_place_news(
+    draft: Draft, job: TrainingJob, before: GoodputStatus | None, after: GoodputStatus | None
+) -> None:
+    """A Warning Event for in-place restarts newly counted: the gang kept its pods, so no
+    phase changes and this is the only news of the fault."""
+    if after is None or after.counted is None:
+        return
+    old_total = before.in_place_restarts if before is not None else 0
+    if after.in_place_restarts <= old_total:
+        return
+    old_causes = before.in_place_restart_causes if before is not None else {}
+    causes = [
+        cause
+        for cause, count in sorted(after.in_place_restart_causes.items())
+        if count > old_causes.get(cause, 0)
+    ]
+    runtime = job.spec.runtime
+    limit = f" of {runtime.in_place_restarts}" if runtime is not None else ""
+    message = (
+        f"training processes restarted inside the running pods "
+        f"(cause {', '.join(causes) or 'unknown'}): {after.counted.in_place_restarts}{limit} "
+        f"in-place restarts of this gang used; {after.steps_lost} steps lost so far"
+    )
+    draft.events.append(JobEvent("Warning", Reason.RESTARTED_IN_PLACE, message))
 
 
 def _replace_straggler(
