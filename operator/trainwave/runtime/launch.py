@@ -30,7 +30,7 @@ from trainwave import contract, signatures
 from trainwave.runtime import reports
 from trainwave.runtime.data.loader_defaults import cuda_present, resolve_loader_defaults
 from trainwave.runtime.doctor import DoctorReport, Host, Status, run_doctor
-from trainwave.runtime.launcher import environment, podinfo
+from trainwave.runtime.launcher import environment, podinfo, preflight
 from trainwave.runtime.launcher.restarts import Monitor
 from trainwave.runtime.launcher.status import StatusServer
 from trainwave.runtime.settings import Settings, SettingsError, load_settings
@@ -82,6 +82,7 @@ class Launcher:
         self.child: subprocess.Popen[bytes] | None = None
         self.started = time.time()
         self.monitor = Monitor(settings.in_place, settings.report_dir, log_line)
+        self.preflight: dict[str, Any] | None = None  # runPolicy.preflight's test, once run
 
     def run_doctor(self, child_env: Mapping[str, str]) -> None:
         if self.settings.feature("doctor") == "off":
@@ -121,7 +122,11 @@ class Launcher:
             "progress": reports.latest_progress(self.settings.report_dir),
             **self.monitor.status(),  # "ranks", "restarts"
             "in_place": self.settings.in_place.as_dict(),
+            "preflight": self.preflight,
         }
+
+    def publish(self, preflight: dict[str, Any]) -> None:
+        self.preflight = preflight
 
     def supervise(self, command: Sequence[str], env: Mapping[str, str]) -> int:
         self.child = subprocess.Popen(list(command), env=dict(env))
@@ -187,6 +192,12 @@ def main(argv: Sequence[str] | None = None, environ: Mapping[str, str] | None = 
         if settings.feature("doctor") == "on" and doctor and doctor.verdict is Status.FAIL:
             log_line("doctor-failed", report=doctor.as_dict())
             return EXIT_DOCTOR
+        config = preflight.config_from(child_env)
+        if config is not None:  # runPolicy.preflight: the gang's links, before training
+            found = preflight.run_preflight(
+                config, child_env, settings.report_dir, settings.identity.attempt, launcher.publish
+            )
+            log_line("preflight", **found)
         code = launcher.supervise(command, child_env)
         log_line("exited", exit_code=code)
         return code
