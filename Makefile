@@ -113,6 +113,10 @@ bench: venv tools ## benchmarks, each on its own local cluster (see README, Perf
 	$(PY) tests/benchmarks/bench_constraints.py
 	$(PY) tests/benchmarks/bench_scale.py
 
+.PHONY: bench-saturation
+bench-saturation: venv tools ## a full cluster fed a seeded stream of gangs: hand-off lag, utilisation while gangs wait, waits by size (64 nodes, ~4 min; BENCH_SATURATION=large for 1,024)
+	$(PY) tests/benchmarks/bench_saturation.py
+
 .PHONY: bench-crd-cost
 bench-crd-cost: venv tools ## diagnostic: kube-apiserver CPU per TrainingJob status patch, by CRD schema variant (~5 min)
 	$(PY) tests/benchmarks/crd_write_cost.py

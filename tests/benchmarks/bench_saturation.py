@@ -1,0 +1,441 @@
+"""Benchmark: a cluster kept full by a seeded stream of gangs; how fast freed GPUs are reused.
+
+Runs on its own local cluster (state directory bench-saturation-cluster) with the chart
+installed and the operator running as its ServiceAccount. The stream (saturation_stream.py)
+opens with a burst deeper than the cluster and keeps arriving faster than gangs finish;
+every worker ends `run_seconds` after it starts (kwok). The benchmark's own watch on the
+namespace's pods timestamps each worker's release (pinned and ungated), binding, Running
+and end as it sees them (sub-second, unlike the API's 1 s timestamps), and
+saturation_analysis.py turns those into hand-off lag (with its stages), GPU utilisation
+while gangs wait against two bounds, makespan against two bounds, and waits by gang size.
+
+Environment: BENCH_SATURATION (small: 64 nodes, a few minutes; uniform: the issue's 8-node gangs
+at 1/16 the scale, about 2 minutes; large: the 1,024-node
+topology), BENCH_SEED (2027), BENCH_TAG (appended to the results' name, e.g. "before"),
+BENCH_KEEP_CLUSTER (0; 1 leaves the cluster up for a quick re-run). Writes
+tests/benchmarks/results/saturation-<config>[-<tag>].{json,md}.
+"""
+
+from __future__ import annotations
+
+import http.client
+import json
+import os
+import platform
+import ssl
+import sys
+import threading
+import time
+from dataclasses import asdict, replace
+from pathlib import Path
+from typing import Any
+from urllib.parse import urlsplit
+
+REPO = Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(REPO / "tests"))
+
+from benchmarks.bench_scale import LoadSampler, parse_metrics  # noqa: E402
+from benchmarks.operator_cluster import operator_cluster  # noqa: E402
+from benchmarks.provenance import git_commit, write_results  # noqa: E402
+from benchmarks.saturation_analysis import (  # noqa: E402
+    GangSpan,
+    PodSpan,
+    makespan,
+    summarize_gangs,
+    utilisation,
+    waits_by_size,
+)
+from benchmarks.saturation_stream import (  # noqa: E402
+    CONFIGS,
+    NODE_GPUS,
+    SatJob,
+    make_stream,
+    training_job,
+)
+from cluster.api import ApiClient  # noqa: E402
+from cluster.components import Layout  # noqa: E402
+from cluster.controlplane import Cluster  # noqa: E402
+from trainwave import contract  # noqa: E402
+
+CONFIG = CONFIGS[os.environ.get("BENCH_SATURATION", "small")]
+if "BENCH_SEED" in os.environ:
+    CONFIG = replace(CONFIG, seed=int(os.environ["BENCH_SEED"]))
+TAG = os.environ.get("BENCH_TAG", "")
+KEEP_CLUSTER = os.environ.get("BENCH_KEEP_CLUSTER", "0") == "1"
+TOPOLOGY = REPO / "tests" / "cluster" / "topologies" / f"{CONFIG.topology}.yaml"
+NAMESPACE = "bench-saturation"
+STATE_NAME = "bench-saturation-cluster"
+RESULTS = (
+    REPO
+    / "tests"
+    / "benchmarks"
+    / "results"
+    / (f"saturation-{CONFIG.name}" + (f"-{TAG}" if TAG else ""))
+)
+DRAIN_TIMEOUT = 1800.0
+GOALS = {"handoff_p99_seconds": 2.0, "handoff_not_held_p99_seconds": 2.0, "of_packable_bound": 0.95}
+
+
+def main() -> int:
+    started = time.monotonic()
+    load = LoadSampler()
+    load.start()
+    stream = make_stream(CONFIG)
+    with operator_cluster(TOPOLOGY, STATE_NAME, NAMESPACE, keep_cluster=KEEP_CLUSTER) as bench:
+        client = ApiClient(bench.cluster.server, Layout(bench.cluster.state_dir).pki, timeout=60)
+        print(f"cluster ready in {time.monotonic() - started:.0f}s", flush=True)
+        metrics_before = parse_metrics(bench.operator.metrics())
+        watcher = PodWatch(bench.cluster)
+        watcher.start()
+        holds = HoldWatch(bench.cluster, watcher.t0)
+        holds.start()
+        load.enter("stream")
+        arrivals = submit(client, stream, watcher.t0)
+        finished = wait_drained(watcher, stream)
+        load.enter("after")
+        metrics_after = parse_metrics(bench.operator.metrics())
+        watcher.stop()
+        holds.stop()
+    gangs = gang_spans(stream, arrivals, watcher.pods)
+    result = summarize(
+        stream,
+        gangs=gangs,
+        finished=finished,
+        watcher=watcher,
+        held=holds.held,
+        load=load,
+        before=metrics_before,
+        after=metrics_after,
+    )
+    result["conditions"]["run_seconds"] = round(time.monotonic() - started, 1)
+    write_results(RESULTS, result, report(result))
+    print(report(result))
+    return 0
+
+
+class Watch(threading.Thread):
+    """One watch on a collection of the namespace; `_record` sees each event with the time
+    it arrived (seconds after `t0`, this process's clock)."""
+
+    def __init__(self, cluster: Cluster, path: str, t0: float | None = None) -> None:
+        super().__init__(daemon=True)
+        pki = Layout(cluster.state_dir).pki
+        url = urlsplit(cluster.server)
+        self._host, self._port = url.hostname or "127.0.0.1", url.port or 6443
+        self._context = ssl.create_default_context(cafile=str(pki.ca_cert))
+        self._context.load_cert_chain(str(pki.admin_cert), str(pki.admin_key))
+        self._stopping = threading.Event()
+        self._ready = threading.Event()
+        self._path = path
+        self.t0 = t0 if t0 is not None else time.time()
+        self.errors: list[str] = []
+        self.restarts = 0
+
+    def start(self) -> None:
+        super().start()
+        if not self._ready.wait(60):
+            raise TimeoutError("pod watch did not start")
+
+    def stop(self) -> None:
+        self._stopping.set()
+
+    def _request(self, path: str) -> http.client.HTTPResponse:
+        connection = http.client.HTTPSConnection(
+            self._host, self._port, context=self._context, timeout=600
+        )
+        connection.request("GET", path, headers={"Accept": "application/json"})
+        return connection.getresponse()
+
+    def run(self) -> None:
+        base = self._path
+        listed = json.loads(self._request(base).read())
+        version = listed["metadata"]["resourceVersion"]
+        self._ready.set()
+        while not self._stopping.is_set():
+            try:
+                response = self._request(
+                    f"{base}?watch=1&resourceVersion={version}&timeoutSeconds=300"
+                )
+                while not self._stopping.is_set():
+                    line = response.readline()
+                    if not line:
+                        break
+                    event = json.loads(line)
+                    if event["type"] == "ERROR":
+                        self.errors.append(str(event["object"].get("message")))
+                        return
+                    version = event["object"]["metadata"]["resourceVersion"]
+                    self._record(event["type"], event["object"], time.time() - self.t0)
+            except (OSError, http.client.HTTPException, ValueError) as error:
+                self.restarts += 1
+                self.errors.append(repr(error))
+                time.sleep(0.2)
+
+    def _record(self, kind: str, body: dict[str, Any], now: float) -> None:
+        raise NotImplementedError
+
+
+class PodWatch(Watch):
+    """Per pod, when each stage was first seen."""
+
+    def __init__(self, cluster: Cluster) -> None:
+        super().__init__(cluster, f"/api/v1/namespaces/{NAMESPACE}/pods")
+        self.pods: dict[str, dict[str, Any]] = {}
+
+    def _record(self, kind: str, pod: dict[str, Any], now: float) -> None:
+        meta, spec, status = pod["metadata"], pod.get("spec", {}), pod.get("status", {})
+        seen = self.pods.setdefault(
+            meta["name"],
+            {"job": meta.get("labels", {}).get(contract.LABEL_JOB_NAME, ""), "created": now},
+        )
+        if not spec.get("schedulingGates"):
+            seen.setdefault("released", now)
+        if spec.get("nodeName"):
+            seen.setdefault("bound", now)
+            seen["node"] = spec["nodeName"]
+        phase = status.get("phase")
+        if phase == "Running":
+            seen.setdefault("running", now)
+        if phase in ("Succeeded", "Failed") or kind == "DELETED":
+            seen.setdefault("ended", now)
+            seen.setdefault("phase", phase if kind != "DELETED" else "Deleted")
+
+
+class HoldWatch(Watch):
+    """Per job, when its status said the queue held it by policy: room kept for an earlier
+    gang (bounded backfill) or a wait for one domain of its preferred level. Status writes
+    follow the placer's decision within the pod-event batch (1 s), so these times are late
+    by up to about that much."""
+
+    HOLDS = ("HeldForEarlierJob", "WaitingForPreferredLevel")
+
+    def __init__(self, cluster: Cluster, t0: float) -> None:
+        super().__init__(
+            cluster, f"/apis/{contract.API_VERSION}/namespaces/{NAMESPACE}/trainingjobs", t0
+        )
+        self.held: dict[str, list[tuple[float, str]]] = {}
+
+    def _record(self, kind: str, job: dict[str, Any], now: float) -> None:
+        reason = next(
+            (c.get("reason", "") for c in job.get("status", {}).get("conditions", [])
+             if c.get("type") == "Scheduled"),
+            "",
+        )  # fmt: skip
+        seen = self.held.setdefault(job["metadata"]["name"], [])
+        if not seen or seen[-1][1] != reason:
+            seen.append((now, reason))  # every change: a hold is known until it ends
+
+
+def submit(client: ApiClient, stream: list[SatJob], t0: float) -> dict[str, float]:
+    """Create each job at its arrival time; its arrival is when the create was sent."""
+    path = f"/apis/{contract.API_VERSION}/namespaces/{NAMESPACE}/trainingjobs"
+    arrivals = {}
+    for job in stream:
+        delay = t0 + job.arrival - time.time()
+        if delay > 0:
+            time.sleep(delay)
+        arrivals[job.name] = time.time() - t0
+        client.request("POST", path, training_job(job, NAMESPACE))
+    print(f"submitted {len(stream)} jobs in {time.time() - t0:.0f}s", flush=True)
+    return arrivals
+
+
+def wait_drained(watcher: PodWatch, stream: list[SatJob]) -> bool:
+    """Until every worker of every job has ended (or the timeout)."""
+    total = sum(job.workers for job in stream)
+    deadline = time.time() + DRAIN_TIMEOUT
+    while time.time() < deadline:
+        pods = list(watcher.pods.values())
+        ended = sum(1 for p in pods if "ended" in p)
+        if ended >= total:
+            return True
+        time.sleep(1.0)
+    return False
+
+
+def gang_spans(
+    stream: list[SatJob], arrivals: dict[str, float], pods: dict[str, dict[str, Any]]
+) -> list[GangSpan]:
+    by_job: dict[str, list[PodSpan]] = {}
+    for seen in pods.values():
+        if "node" not in seen:
+            continue
+        span = PodSpan(
+            seen["job"], seen["node"], NODE_GPUS, seen.get("released"), seen.get("bound"),
+            seen.get("running"), seen.get("ended"),
+        )  # fmt: skip
+        by_job.setdefault(seen["job"], []).append(span)
+    return [
+        GangSpan(
+            job.name,
+            job.workers,
+            job.gpus,
+            arrivals[job.name],
+            job.run_seconds,
+            tuple(by_job.get(job.name, ())),
+        )
+        for job in stream
+        if job.name in arrivals
+    ]
+
+
+def summarize(
+    stream: list[SatJob],
+    *,
+    gangs: list[GangSpan],
+    finished: bool,
+    watcher: PodWatch,
+    held: dict[str, list[tuple[float, str]]],
+    load: LoadSampler,
+    before: dict[str, float],
+    after: dict[str, float],
+) -> dict[str, Any]:
+    capacity = CONFIG.nodes * NODE_GPUS
+    handoff = summarize_gangs(gangs, NODE_GPUS, held)
+    use = utilisation(gangs, capacity)
+    span = makespan(gangs, capacity, CONFIG.nodes)
+    waits = waits_by_size(gangs)
+    largest = waits.get(f"{max(j.workers for j in stream)} nodes", {})
+    failed = sum(1 for p in watcher.pods.values() if p.get("phase") not in (None, "Succeeded"))
+    figures = {
+        "handoff_p99_seconds": handoff["handoff_lag_seconds"].get("p99"),
+        "handoff_not_held_p99_seconds": handoff["handoff_lag_not_held_seconds"].get("p99"),
+        "of_packable_bound": use["of_packable_bound"],
+    }
+    goals = {
+        name: {
+            "goal": ("<= " if name.endswith("seconds") else ">= ") + str(GOALS[name]),
+            "measured": value,
+            "met": value is not None
+            and (value <= GOALS[name] if name.endswith("seconds") else value >= GOALS[name]),
+        }
+        for name, value in figures.items()
+    }
+
+    def delta(name: str) -> float:
+        return round(after.get(name, 0.0) - before.get(name, 0.0), 3)
+
+    rounds = delta("trainwave_placement_round_duration_seconds_count")
+    return {
+        "config": asdict(CONFIG),
+        "goals": goals,
+        "all_finished": finished,
+        "pods_not_succeeded": failed,
+        "handoff": handoff,
+        "utilisation": use,
+        "makespan": span,
+        "wait_seconds_by_gang_size": waits,
+        "largest_gangs_wait_p95_seconds": largest.get("p95"),
+        "operator": {
+            "placement_rounds": rounds,
+            "mean_round_ms": round(
+                1000 * delta("trainwave_placement_round_duration_seconds_sum") / rounds, 1
+            )
+            if rounds
+            else None,
+            "gangs_placed": delta("trainwave_gangs_placed_total"),
+            "gangs_placed_at_creation": delta("trainwave_gangs_placed_at_creation_total"),
+            "reconciles": delta("trainwave_reconcile_duration_seconds_count"),
+        },
+        "held_by_policy": held,
+        "watch": {
+            "restarts": watcher.restarts,
+            "errors": watcher.errors[:5],
+            "t0_epoch": watcher.t0,
+        },
+        "pods": watcher.pods,
+        "stream": [asdict(job) for job in stream],
+        "conditions": {
+            "date": time.strftime("%Y-%m-%d %H:%M %Z"),
+            "commit": git_commit(),
+            "topology": f"{TOPOLOGY.relative_to(REPO)}: {CONFIG.nodes} nodes x {NODE_GPUS} GPUs",
+            "stream": f"{CONFIG.jobs} TrainingJobs (seed {CONFIG.seed}), {CONFIG.burst} at "
+            f"second 0, the rest at {CONFIG.overload}x the cluster's node-seconds per second; "
+            f"(workers x 8 GPUs, weight): {list(CONFIG.sizes)}; each worker runs one of "
+            f"{list(CONFIG.runs)} s",
+            "timing": "the benchmark's own pod watch (time seen, sub-second)",
+            "control_plane": "kube-apiserver/scheduler/controller-manager v1.34.4, etcd 3.5.1, "
+            "kwok v0.8.0 (a bound pod Running at once; a worker ends run-for after startTime, "
+            "which has 1 s resolution)",
+            "operator": "1 process, default flags, as the chart's ServiceAccount",
+            "machine": f"{os.cpu_count()} cores, {platform.machine()}, Python "
+            f"{platform.python_version()}; shared with other engineers' tests",
+            "load_average_1m": {
+                "before": load.samples[0][1] if load.samples else None,
+                "stream": load.during("stream"),
+            },
+        },
+    }
+
+
+def report(result: dict[str, Any]) -> str:
+    c, h, u, m = result["conditions"], result["handoff"], result["utilisation"], result["makespan"]
+    goals = "\n".join(
+        f"| {name} | {g['goal']} | {g['measured']} | {'met' if g['met'] else 'MISSED'} |"
+        for name, g in result["goals"].items()
+    )
+    stages = "\n".join(
+        f"| {stage} | {fmt(q)} |" for stage, q in h["handoff_stages_seconds"].items()
+    )
+    waits = "\n".join(
+        f"| {size} | {fmt(q)} | {q.get('never_started', 0)} |"
+        for size, q in result["wait_seconds_by_gang_size"].items()
+    )
+    op = result["operator"]
+    held_text = (
+        "; ".join(
+            f"{reason}: {fmt(q)}" for reason, q in h["handoff_lag_held_by_policy_seconds"].items()
+        )
+        or "none"
+    )
+    conditions = "\n".join(f"- {k}: {v}" for k, v in c.items())
+    return f"""# Saturation benchmark ({result["config"]["name"]}): {c["topology"]}
+
+| figure | goal | measured | |
+|---|---|---|---|
+{goals}
+
+All jobs finished: {result["all_finished"]}; pods that did not succeed: {result["pods_not_succeeded"]}.
+
+Hand-off lag (a gang that waited for room: last worker Running minus the moment its room
+appeared): {fmt(h["handoff_lag_seconds"])} s. Of those, gangs the queue did not hold by policy
+after their room appeared: {fmt(h["handoff_lag_not_held_seconds"])} s; held (the room kept for an earlier
+gang, or waiting for one domain of the preferred level, by reason): {held_text} s. Gangs that found room at once, arrival -> all
+Running: {fmt(h["found_room_at_once_start_seconds"])} s.
+
+| stage of the hand-off | seconds |
+|---|---|
+{stages}
+
+Slowest hand-offs (gang, room appeared, started, lag; seconds after the stream began):
+{h["slowest_handoffs"]}
+
+GPU utilisation while gangs wait ({u["seconds_with_gangs_waiting"]} s): {u["utilisation_while_waiting"]}
+of all GPUs; {u["of_fluid_bound"]} of the fluid bound, {u["of_packable_bound"]} of the packable
+bound (whole waiting gangs that fit the free GPUs).
+
+Makespan: {m["measured_seconds"]} s; fluid bound {m["fluid_bound_seconds"]} s
+({m["over_fluid"]}x), zero-lag greedy packing {m["zero_lag_greedy_seconds"]} s ({m["over_zero_lag_greedy"]}x).
+
+| gang size | wait (arrival -> all Running), s | never started |
+|---|---|---|
+{waits}
+
+Operator: {op["placement_rounds"]} placement rounds (mean {op["mean_round_ms"]} ms), {op["gangs_placed"]} gangs
+placed ({op["gangs_placed_at_creation"]} at creation), {op["reconciles"]} reconciles.
+
+Conditions:
+{conditions}
+
+Reproduce: `make bench-saturation` (or `BENCH_SATURATION={result["config"]["name"]} python tests/benchmarks/bench_saturation.py`).
+"""
+
+
+def fmt(q: dict[str, float]) -> str:
+    if not q.get("count"):
+        return "none"
+    return f"p50 {q['p50']} / p95 {q['p95']} / p99 {q['p99']} / max {q['max']} (n={q['count']})"
+
+
+if __name__ == "__main__":
+    sys.exit(main())
