@@ -34,11 +34,13 @@ def operator_cluster(
     audit_users: Sequence[str] = (),
     keep_cluster: bool = False,
     operator_args: tuple[str, ...] = (),
+    start_timeout: float = 60,
 ) -> Iterator[BenchCluster]:
     """Start (or reuse) the cluster in `state_name`, install the chart, recreate `namespace`,
     start the operator; stop all of it afterwards (the cluster stays up with `keep_cluster`,
     for a quick re-run). The operator may be stopped early. `audit_users`: see
-    ensure_cluster."""
+    ensure_cluster. `start_timeout`: seconds for the operator to turn healthy (a traced
+    one starts slowly)."""
     state = cache_dir() / state_name
     cluster = ensure_cluster(topology, state_dir=state, audit_users=audit_users)
     try:
@@ -51,8 +53,9 @@ def operator_cluster(
             log_path=workdir / "operator.log",
             extra_args=operator_args,
         )
-        operator.start()
         try:
+            # Inside the try: an operator that never turned healthy is stopped too.
+            operator.start(timeout=start_timeout)
             yield BenchCluster(cluster, operator, workdir)
         finally:
             operator.stop()
