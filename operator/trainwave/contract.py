@@ -87,6 +87,10 @@ ENV_JOB_NAMESPACE: Final = "TRAINWAVE_JOB_NAMESPACE"
 ENV_ATTEMPT: Final = "TRAINWAVE_ATTEMPT"
 # spec.runPolicy.hangTimeoutSeconds, for the launcher's hang watchdog (in-place only).
 ENV_HANG_TIMEOUT_SECONDS: Final = "TRAINWAVE_HANG_TIMEOUT_SECONDS"
+# spec.runPolicy.preflight, for the launcher's bandwidth test before the first step
+# (runtime/preflight.py); unset = no test.
+ENV_PREFLIGHT_SIZE_MIB: Final = "TRAINWAVE_PREFLIGHT_SIZE_MIB"
+ENV_PREFLIGHT_TIMEOUT_SECONDS: Final = "TRAINWAVE_PREFLIGHT_TIMEOUT_SECONDS"
 
 # Users may not set these: the operator owns them, and a user value would
 # silently break rendezvous for the whole gang.
@@ -113,6 +117,8 @@ RESERVED_ENV: Final = (
     ENV_JOB_NAMESPACE,
     ENV_ATTEMPT,
     ENV_HANG_TIMEOUT_SECONDS,
+    ENV_PREFLIGHT_SIZE_MIB,
+    ENV_PREFLIGHT_TIMEOUT_SECONDS,
 )
 
 GPU_RESOURCE: Final = "nvidia.com/gpu"

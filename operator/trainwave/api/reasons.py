@@ -83,4 +83,9 @@ class Reason(StrEnum):
     STRAGGLER = "Straggler"
     NO_STRAGGLER = "NoStraggler"
     STRAGGLER_REPLACED = "StragglerReplaced"
+    # runPolicy.preflight (lifecycle/preflight.py): the gang's links before training.
+    PREFLIGHT_PASSED = "PreflightPassed"
+    PREFLIGHT_FAILED = "PreflightFailed"  # a node below the floor; the gang re-placed without it
+    PREFLIGHT_ERROR = "PreflightError"  # a launcher's test failed or timed out: no verdict
+    PREFLIGHT_FAILURES_EXCEEDED = "PreflightFailuresExceeded"  # trains where it is
     RESTARTED_IN_PLACE = "RestartedInPlace"  # an Event: the launchers restarted the processes

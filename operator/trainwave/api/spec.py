@@ -28,6 +28,10 @@ MAX_BACKOFF_SECONDS = 300
 DEFAULT_NODE_NOT_READY = 60
 DEFAULT_STRAGGLER_SLOWDOWN = 1.5
 DEFAULT_STRAGGLER_REPORTS = 5
+DEFAULT_PREFLIGHT_FRACTION = 0.5
+DEFAULT_PREFLIGHT_SIZE_MIB = 64
+DEFAULT_PREFLIGHT_TIMEOUT = 120
+DEFAULT_PREFLIGHT_MAX_FAILURES = 3
 # Condition types and reasons are CamelCase words (a qualified name for types).
 CONDITION_WORD_PATTERN = r"^([a-z0-9.-]+/)?[A-Za-z][A-Za-z0-9_.-]*$"
 Reason = Annotated[
@@ -278,6 +282,52 @@ class Stragglers(ApiModel):
     )
 
 
+class Preflight(ApiModel):
+    enabled: bool = Field(
+        default=False,
+        description="enabled: true makes the launchers of every new gang measure the gang's "
+        "links (an all-reduce over the job's backend, then a send/receive with the next worker) "
+        "before the first step; a worker below the floor is named in the Preflight condition, "
+        "its node marked and the gang placed without it. Default false.",
+    )
+    min_bus_gbps: float | None = Field(
+        default=None,
+        gt=0,
+        le=100_000,
+        description="minBusGbps: the absolute floor in Gbit/s for a rank's bus bandwidth "
+        "(nccl-tests' busbw). Unset: only the relative floor applies.",
+    )
+    min_fraction_of_median: float = Field(
+        default=DEFAULT_PREFLIGHT_FRACTION,
+        gt=0,
+        le=1,
+        description="minFractionOfMedian: a worker whose bandwidth is below this fraction of "
+        f"the median of the other workers' fails. Default {DEFAULT_PREFLIGHT_FRACTION}.",
+    )
+    size_mib: int = Field(
+        default=DEFAULT_PREFLIGHT_SIZE_MIB,
+        ge=1,
+        le=4096,
+        description="sizeMiB: the buffer each measured collective moves, in MiB. Default "
+        f"{DEFAULT_PREFLIGHT_SIZE_MIB}.",
+    )
+    timeout_seconds: int = Field(
+        default=DEFAULT_PREFLIGHT_TIMEOUT,
+        ge=10,
+        le=3600,
+        description="timeoutSeconds: the launcher gives up on the test after this long and "
+        f"starts training, reporting the error. Default {DEFAULT_PREFLIGHT_TIMEOUT}.",
+    )
+    max_failures: int = Field(
+        default=DEFAULT_PREFLIGHT_MAX_FAILURES,
+        ge=1,
+        le=100,
+        description="maxFailures: failed tests in a row after which the gang is no longer "
+        "re-placed and trains where it is, the Preflight condition saying so. Default "
+        f"{DEFAULT_PREFLIGHT_MAX_FAILURES}.",
+    )
+
+
 class RunPolicy(ApiModel):
     failure_policy: FailurePolicy = Field(
         default_factory=FailurePolicy,
@@ -319,6 +369,12 @@ class RunPolicy(ApiModel):
         default_factory=Stragglers,
         description="stragglers: with the runtime, how a rank slower than the gang is named "
         "(the Straggler condition) and whether it is replaced.",
+        json_schema_extra={"default": {}},
+    )
+    preflight: Preflight = Field(
+        default_factory=Preflight,
+        description="preflight: with the runtime, a bandwidth test of the gang's links "
+        "before each attempt's first step (off by default).",
         json_schema_extra={"default": {}},
     )
 

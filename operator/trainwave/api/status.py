@@ -54,6 +54,8 @@ class ConditionType(StrEnum):
     # runPolicy.hangTimeoutSeconds; a rank slower than the gang's median.
     HUNG = "Hung"
     STRAGGLER = "Straggler"
+    # runPolicy.preflight: the gang's links measured before the first step (lifecycle/preflight.py).
+    PREFLIGHT = "Preflight"
 
 
 class Condition(ApiModel):
@@ -181,6 +183,27 @@ class GoodputStatus(ApiModel):
     )
 
 
+class PreflightStatus(ApiModel):
+    """The last judged bandwidth test; kept in the status so that failures in a row are
+    counted across attempts and an operator restart does not judge a test twice."""
+
+    model_config = _LENIENT
+
+    attempt: int = Field(description="attempt: the gang whose test this is.")
+    passed: bool = Field(description="passed: every worker was at or above the floor.")
+    failures: int = Field(
+        default=0,
+        description="failures: tests failed in a row up to this one (0 after a pass).",
+    )
+    slowest_gbps: float | None = Field(
+        default=None, description="slowestGbps: the lowest rank's bandwidth, Gbit/s."
+    )
+    median_gbps: float | None = Field(
+        default=None, description="medianGbps: the median of the ranks' bandwidth, Gbit/s."
+    )
+    summary: str = Field(default="", description="summary: the verdict, for people.")
+
+
 class TrainingJobStatus(ApiModel):
     model_config = _LENIENT
 
@@ -267,6 +290,10 @@ class TrainingJobStatus(ApiModel):
         default=None,
         description="goodput: with the runtime, how much of the run made progress and what "
         "faults cost.",
+    )
+    preflight: PreflightStatus | None = Field(
+        default=None,
+        description="preflight: with runPolicy.preflight, the last gang's bandwidth test.",
     )
 
     def condition(self, kind: ConditionType) -> Condition | None:

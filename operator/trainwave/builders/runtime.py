@@ -98,7 +98,19 @@ def set_runtime(pod: dict[str, Any], worker: Worker) -> None:
     if in_place and worker.rank == 0:  # the c10d store lives in rank 0's agent
         ports.append({"name": contract.RDZV_PORT_NAME, "containerPort": rendezvous_port(worker)})
     container["ports"] = ports
-    _add_env(container, {**runtime_env(runtime), **in_place})
+    _add_env(container, {**runtime_env(runtime), **in_place, **preflight_env(worker)})
+
+
+def preflight_env(worker: Worker) -> dict[str, str]:
+    """runPolicy.preflight for the launcher (runtime/preflight.py); the thresholds stay
+    with the operator, which judges the reports."""
+    preflight = worker.job.spec.run_policy.preflight
+    if not preflight.enabled:
+        return {}
+    return {
+        contract.ENV_PREFLIGHT_SIZE_MIB: str(preflight.size_mib),
+        contract.ENV_PREFLIGHT_TIMEOUT_SECONDS: str(preflight.timeout_seconds),
+    }
 
 
 def runtime_env(runtime: RuntimeSpec) -> dict[str, str]:

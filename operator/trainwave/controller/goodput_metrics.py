@@ -1,6 +1,7 @@
-"""Prometheus metrics of goodput, from one status write: hangs, stragglers and in-place
-restarts by cause (lifecycle/goodput.py decides them). Each job's goodput ratio is read
-from the job index at scrape time instead (metrics.JobGoodput)."""
+"""Prometheus metrics of goodput, from one status write: hangs, stragglers, in-place
+restarts by cause (lifecycle/goodput.py decides them) and preflight tests by result
+(lifecycle/preflight.py). Each job's goodput ratio is read from the job index at scrape
+time instead (metrics.JobGoodput)."""
 
 from trainwave.api.reasons import Reason
 from trainwave.api.status import ConditionType, TrainingJobStatus
@@ -17,6 +18,12 @@ def record_goodput(old: TrainingJobStatus, decision: Decision) -> None:
     for event in decision.events:
         if event.reason == Reason.STRAGGLER:
             metrics.STRAGGLERS.inc()
+    found = decision.status.preflight
+    if found is not None and (old.preflight is None or old.preflight.attempt != found.attempt):
+        condition = decision.status.condition(ConditionType.PREFLIGHT)
+        errors = condition is not None and condition.reason == Reason.PREFLIGHT_ERROR
+        result = "passed" if found.passed else "error" if errors else "failed"
+        metrics.PREFLIGHT_TESTS.labels(result).inc()
     new = decision.status.goodput
     if new is None:
         return

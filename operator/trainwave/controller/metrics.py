@@ -40,10 +40,19 @@ GANG_RESTARTS = Counter(
     "disruption (node lost, eviction: not counted), preemption, ignored (a failure the "
     "policy ignores), hang (still hung a full hangTimeoutSeconds after the Hung condition; "
     "counted against maxRestarts), straggler (replaced with stragglers.replace; counted "
+    "against maxDisruptions), preflight (a node below runPolicy.preflight's floor; counted "
     "against maxDisruptions).",
     ["cause"],
 )
-RESTART_CAUSES = ("failure", "disruption", "preemption", "ignored", "hang", "straggler")
+RESTART_CAUSES = (
+    "failure",
+    "disruption",
+    "preemption",
+    "ignored",
+    "hang",
+    "straggler",
+    "preflight",
+)
 for _cause in RESTART_CAUSES:  # every cause scraped from the start, at 0: rate() needs a base
     GANG_RESTARTS.labels(_cause)
 
@@ -63,6 +72,15 @@ IN_PLACE_RESTARTS = Counter(
     ["cause"],
 )
 IN_PLACE_CAUSES = ("failure", "hang")
+PREFLIGHT_TESTS = Counter(
+    "trainwave_preflight_tests_total",
+    "Gang bandwidth tests judged (runPolicy.preflight), by result: passed, failed (a node "
+    "below the floor), error (a launcher's test gave no figures).",
+    ["result"],
+)
+PREFLIGHT_RESULTS = ("passed", "failed", "error")
+for _result in PREFLIGHT_RESULTS:
+    PREFLIGHT_TESTS.labels(_result)
 for _cause in IN_PLACE_CAUSES:
     IN_PLACE_RESTARTS.labels(_cause)
 

@@ -571,7 +571,7 @@ class Reconciler:
         for cause, before, after in (
             ("hang" if new.reason == Reason.HUNG else "failure", old.restarts, new.restarts),
             (
-                "straggler" if new.reason == Reason.STRAGGLER_REPLACED else "disruption",
+                _DISRUPTION_CAUSES.get(new.reason, "disruption"),
                 old.disruptions,
                 new.disruptions,
             ),
@@ -739,6 +739,10 @@ class Reconciler:
                 )
             except Exception as error:  # RBAC of an older chart, the API server away
                 logger.warning("node %s: could not mark it slow until %s: %s", node, stamp, error)
+
+
+# The disruptions that goodput decisions cause, by the reason they restart the gang with.
+_DISRUPTION_CAUSES = {Reason.STRAGGLER_REPLACED: "straggler", Reason.PREFLIGHT_FAILED: "preflight"}
 
 
 def _only_creates(decision: Decision, written: TrainingJobStatus) -> bool:

@@ -30,6 +30,7 @@ from trainwave.lifecycle.goodput import Memory
 from trainwave.lifecycle.observed import NodeHealth, PodPhase, WorkerPod
 from trainwave.lifecycle.overrides import overridden
 from trainwave.lifecycle.placing import await_placement, bind_timed_out, record_placement
+from trainwave.lifecycle.preflight import apply_preflight
 from trainwave.lifecycle.reported import apply_reports
 from trainwave.lifecycle.reports import WorkerReport, progress_status, rdma_verdict
 from trainwave.resolving import ResolvedJob, resolve_job
@@ -89,6 +90,8 @@ def decide(
     if phase is not None and not phase.terminal:
         current = [p for p in mine if p.attempt == draft.status.attempt]
         draft.memory, repair = apply_reports(draft, job, current, reports or {}, memory)
+        if repair is None:
+            repair = apply_preflight(draft, job, current, reports or {})
         if repair is not None:
             draft.stop(current)
             _restart_orfail(draft, job, repair.what, repair.cause)
@@ -290,6 +293,13 @@ _BUDGETS = {
         "max_disruptions",
         "disruption",
         Reason.STRAGGLER_REPLACED,
+        Reason.MAX_DISRUPTIONS_EXCEEDED,
+    ),
+    Cause.PREFLIGHT: (
+        "disruptions",
+        "max_disruptions",
+        "disruption",
+        Reason.PREFLIGHT_FAILED,
         Reason.MAX_DISRUPTIONS_EXCEEDED,
     ),
     Cause.IGNORED: (

@@ -51,6 +51,8 @@ class Cause(StrEnum):
     # A straggler replaced (runPolicy.stragglers.replace): the node's fault, not the job's,
     # so it spends status.disruptions and maxDisruptions.
     STRAGGLER = "Straggler"
+    # A node below runPolicy.preflight's floor: re-placed like a straggler, as a disruption.
+    PREFLIGHT = "Preflight"
 
 
 @dataclass(frozen=True)

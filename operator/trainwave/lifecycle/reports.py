@@ -8,10 +8,10 @@ The controller fetches them; this module reads them once into frozen
 when NCCL's own log proves GPUDirect RDMA on IB in every worker, so a
 cluster that silently fell back to TCP shows False, with the worker and why.
 
-The goodput keys (`ranks`, `restarts`, `in_place`: the contract of issue 26,
-read by lifecycle/goodput.py) are written by the tenant's processes, so each
-value is taken only when it has the expected type and range; anything else is
-dropped as if absent, never raised. An older runtime sends none of them.
+The goodput keys (`ranks`, `restarts`, `in_place`, `preflight`: the contract of
+issue 26, read by lifecycle/goodput.py and lifecycle/preflight.py) are written by
+the tenant's processes, so each value is taken only when it has the expected type
+and range; anything else is dropped as if absent, never raised. An older runtime sends none of them.
 """
 
 from __future__ import annotations
@@ -72,6 +72,47 @@ class InPlaceSetting:
 
 
 @dataclass(frozen=True)
+class RankBandwidth:
+    """One rank's figures from runPolicy.preflight's test, Gbit/s."""
+
+    bus_gbps: float | None
+    sendrecv_gbps: float | None
+
+
+@dataclass(frozen=True)
+class PreflightReport:
+    """One launcher's test, as read from its /status document (tenant-written: every
+    value is checked, anything malformed is dropped)."""
+
+    attempt: int | None
+    done: bool
+    ranks: Mapping[int, RankBandwidth] = field(default_factory=dict)
+    error: str | None = None
+
+
+def read_preflight(found: Any) -> PreflightReport | None:
+    if not isinstance(found, dict) or not isinstance(found.get("done"), bool):
+        return None
+    attempt = found.get("attempt")
+    error = found.get("error")
+    ranks: dict[int, RankBandwidth] = {}
+    raw = found.get("ranks")
+    for key, value in list(raw.items() if isinstance(raw, dict) else [])[:MAX_RANKS_PER_REPORT]:
+        rank = _rank(key)
+        if rank is not None and isinstance(value, dict):
+            # Gbit/s: a finite non-negative number, like seconds.
+            ranks[rank] = RankBandwidth(
+                _seconds(value.get("bus_gbps")), _seconds(value.get("sendrecv_gbps"))
+            )
+    return PreflightReport(
+        attempt=attempt if isinstance(attempt, int) and not isinstance(attempt, bool) else None,
+        done=found["done"],
+        ranks=ranks,
+        error=error[:300] if isinstance(error, str) and error else None,
+    )
+
+
+@dataclass(frozen=True)
 class WorkerReport:
     node_rank: int
     verdict: str | None  # the doctor's PASS / WARN / FAIL; None before it ran
@@ -81,6 +122,7 @@ class WorkerReport:
     ranks: Mapping[int, RankReport] = field(default_factory=dict)  # global rank -> report
     restarts: RestartReport | None = None
     in_place: InPlaceSetting | None = None
+    preflight: PreflightReport | None = None  # runPolicy.preflight's test (lifecycle/preflight.py)
 
 
 def read_report(document: Mapping[str, Any]) -> WorkerReport | None:
@@ -111,6 +153,7 @@ def read_report(document: Mapping[str, Any]) -> WorkerReport | None:
         ranks=read_ranks(document.get("ranks")),
         restarts=read_restarts(document.get("restarts")),
         in_place=read_in_place(document.get("in_place")),
+        preflight=read_preflight(document.get("preflight")),
     )
 
 

@@ -28,6 +28,7 @@ import os
 import statistics
 import sys
 import time
+from collections.abc import Callable
 from datetime import timedelta
 from pathlib import Path
 from typing import Any
@@ -67,15 +68,13 @@ def measure(size_mib: int, timeout_seconds: float) -> dict[str, Any]:
     import torch.distributed as dist
 
     cuda = torch.cuda.is_available()
-    backend = "nccl" if cuda else "gloo"
     local_rank = int(os.environ.get(contract.ENV_LOCAL_RANK, "0"))
     device = torch.device("cuda", local_rank) if cuda else torch.device("cpu")
     if cuda:
         torch.cuda.set_device(device)
-    dist.init_process_group(backend, timeout=timedelta(seconds=timeout_seconds))
+    dist.init_process_group("nccl" if cuda else "gloo", timeout=timedelta(seconds=timeout_seconds))
     try:
         rank, world = dist.get_rank(), dist.get_world_size()
-        local_world = int(os.environ.get(contract.ENV_LOCAL_WORLD_SIZE, "1"))
         size = size_mib * 1024 * 1024
         buffer = torch.ones(size // 4, dtype=torch.float32, device=device)
 
@@ -83,7 +82,7 @@ def measure(size_mib: int, timeout_seconds: float) -> dict[str, Any]:
             if cuda:
                 torch.cuda.synchronize(device)
 
-        def timed(run: Any) -> float:
+        def timed(run: Callable[[], object]) -> float:
             dist.barrier()
             sync()
             start = time.perf_counter()
@@ -91,44 +90,59 @@ def measure(size_mib: int, timeout_seconds: float) -> dict[str, Any]:
             sync()
             return time.perf_counter() - start
 
-        def allreduce() -> None:
-            dist.all_reduce(buffer)
-
-        timed(allreduce)  # warm-up: connections, allocator
-        bus = allreduce_bus_gbps(
-            size, statistics.median(timed(allreduce) for _ in range(ITERATIONS)), world
+        timed(lambda: dist.all_reduce(buffer))  # warm-up: connections, allocator
+        seconds = statistics.median(
+            timed(lambda: dist.all_reduce(buffer)) for _ in range(ITERATIONS)
         )
         result: dict[str, Any] = {
             "rank": rank,
             "world_size": world,
-            "backend": backend,
+            "backend": "nccl" if cuda else "gloo",
             "size_mib": size_mib,
-            "bus_gbps": round(bus, 3),
+            "bus_gbps": round(allreduce_bus_gbps(size, seconds, world), 3),
         }
+        local_world = int(os.environ.get(contract.ENV_LOCAL_WORLD_SIZE, "1"))
         peers = ring_peers(rank, world, local_world)
         if peers is not None:
-            inbox = torch.empty_like(buffer)
-            received: list[float] = []
-
-            def shift() -> None:
-                start = time.perf_counter()
-                sending = dist.isend(buffer, peers[0])
-                receiving = dist.irecv(inbox, peers[1])
-                receiving.wait()
-                sync()
-                received.append(time.perf_counter() - start)
-                sending.wait()
-
-            timed(shift)
-            received.clear()
-            for _ in range(ITERATIONS):
-                timed(shift)
-            result["sendrecv_gbps"] = round(sendrecv_gbps(size, statistics.median(received)), 3)
+            received = _ring_shift(buffer, peers, timed, sync)
+            result["sendrecv_gbps"] = round(sendrecv_gbps(size, received), 3)
             result["sendrecv_from"] = peers[1]
         dist.barrier()
         return result
     finally:
         dist.destroy_process_group()
+
+
+def _ring_shift(
+    buffer: Any,
+    peers: tuple[int, int],
+    timed: Callable[[Callable[[], object]], float],
+    sync: Callable[[], None],
+) -> float:
+    """Median seconds until this rank's receive from `peers[1]` completed, while it sends
+    to `peers[0]` (after one warm-up)."""
+    import torch
+    import torch.distributed as dist
+
+    inbox = torch.empty_like(buffer)
+    received: list[float] = []
+
+    def shift() -> None:
+        start = time.perf_counter()
+        sending = dist.isend(buffer, peers[0])
+        receiving = dist.irecv(inbox, peers[1])
+        assert sending is not None  # None only for a rank outside the group
+        assert receiving is not None
+        receiving.wait()
+        sync()
+        received.append(time.perf_counter() - start)
+        sending.wait()
+
+    timed(shift)
+    received.clear()
+    for _ in range(ITERATIONS):
+        timed(shift)
+    return statistics.median(received)
 
 
 def main() -> int:

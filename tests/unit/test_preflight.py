@@ -1,0 +1,262 @@
+"""runPolicy.preflight: the verdict (which worker, which floor), what the job does with it
+(condition, Event, node mark, re-placement, the bound on failures in a row), the reader of
+the tenant-written /status key, and the runtime's arithmetic and rendezvous variables."""
+
+from __future__ import annotations
+
+from datetime import timedelta
+from typing import Any
+
+import pytest
+from factories import NOW, ago, make_body, make_pod
+
+from trainwave import contract
+from trainwave.api.reasons import Reason
+from trainwave.api.spec import Preflight
+from trainwave.api.status import ConditionType, Phase
+from trainwave.api.trainingjob import parse_trainingjob
+from trainwave.lifecycle.decide import Decision, decide
+from trainwave.lifecycle.preflight import judge
+from trainwave.lifecycle.reports import PreflightReport, read_preflight, read_report
+from trainwave.runtime import preflight as measuring
+from trainwave.runtime.launcher import preflight as launching
+
+pytestmark = pytest.mark.timeout(20)
+
+
+def reports_of(
+    worker_ranks: dict[int, dict[int, float]],
+    *,
+    key: str = "sendrecv_gbps",
+    attempt: int = 0,
+    error: str | None = None,
+) -> dict[int, PreflightReport | None]:
+    """{worker: {rank: Gbit/s}} -> the reports the operator reads."""
+    found = {}
+    for worker, ranks in worker_ranks.items():
+        document = {
+            "attempt": attempt,
+            "done": True,
+            "error": error,
+            "ranks": {str(r): {"bus_gbps": 3.0, key: v} for r, v in ranks.items()},
+        }
+        found[worker] = read_preflight(document)
+    return found  # fmt: skip
+
+
+@pytest.mark.parametrize(
+    ("ranks", "policy", "slow"),
+    [
+        ({0: {0: 10, 1: 10}, 1: {2: 10, 3: 9}}, {}, []),
+        ({0: {0: 10, 1: 10}, 1: {2: 1, 3: 1.2}}, {}, [(1, 2)]),
+        # one slow process is not a slow node: the worker's figure is its ranks' median
+        ({0: {0: 10, 1: 10, 2: 10}, 1: {3: 10, 4: 10, 5: 1}}, {}, []),
+        ({0: {0: 10}, 1: {1: 9}, 2: {2: 3}}, {"minFractionOfMedian": 0.5}, [(2, 2)]),
+        ({0: {0: 10}, 1: {1: 9}}, {"minBusGbps": 9.5}, [(1, 1)]),
+        ({0: {0: 10}, 1: {1: 9}}, {"minBusGbps": 20}, [(1, 1), (0, 0)]),
+    ],
+    ids=["even", "slow-worker-of-two", "one-slow-process", "of-three", "floor", "both-floor"],
+)
+def test_which_worker_fails(
+    ranks: dict[int, dict[int, float]], policy: dict[str, Any], slow: list[tuple[int, int]]
+) -> None:
+    verdict = judge(reports_of(ranks), len(ranks), 0, Preflight.model_validate(policy))
+    assert verdict is not None
+    assert [(s.worker, s.rank) for s in verdict.slow] == slow
+    assert verdict.passed is (not slow)
+
+
+def test_with_two_workers_the_slow_one_is_judged_against_the_other_not_the_gang() -> None:
+    # The gang's median (5.5) would put 1 Gbit/s at 0.18 and 10 at 1.8: both named or
+    # neither with other floors; against the other worker only the slow one falls below.
+    verdict = judge(reports_of({0: {0: 10}, 1: {1: 1}}), 2, 0, Preflight())
+    assert verdict is not None
+    (slow,) = verdict.slow
+    assert (slow.worker, slow.gbps, slow.floor) == (1, 1.0, 5.0)
+    assert "0.5 x the other workers' median 10 Gbit/s" in slow.why
+
+
+def test_all_reduce_figures_when_a_rank_has_no_send_receive() -> None:
+    verdict = judge(
+        reports_of({0: {0: 10, 1: 10}}, key="bus_gbps"), 1, 0, Preflight(min_bus_gbps=20)
+    )
+    assert verdict is not None
+    assert verdict.measure == "bus_gbps"
+    assert [s.worker for s in verdict.slow] == [0]
+
+
+@pytest.mark.parametrize(
+    ("reports", "attempt"),
+    [
+        ({0: None}, 0),
+        ({0: PreflightReport(attempt=0, done=False), 1: PreflightReport(attempt=0, done=False)},
+         0),
+        ({0: PreflightReport(attempt=None, done=True), 1: PreflightReport(attempt=0, done=True)},
+         0),
+        (reports_of({0: {0: 1}, 1: {1: 9}}), 1),
+    ],
+    ids=["worker-missing", "running", "no-attempt", "other-attempt"],
+)  # fmt: skip
+def test_no_verdict_until_every_worker_of_this_attempt_finished(
+    reports: dict[int, PreflightReport | None], attempt: int
+) -> None:
+    assert judge(reports, 2, attempt, Preflight()) is None
+
+
+def test_a_launcher_error_gives_no_figures_and_no_verdict_on_nodes() -> None:
+    reports = reports_of({0: {0: 10}, 1: {}}, error=None)
+    reports[1] = read_preflight({"attempt": 0, "done": True, "error": "timed out", "ranks": {}})
+    verdict = judge(reports, 2, 0, Preflight())
+    assert verdict is not None
+    assert (verdict.passed, verdict.slow, verdict.errors) == (False, (), ("worker 1: timed out",))
+
+
+@pytest.mark.parametrize(
+    "document",
+    [None, [], {"done": "yes"}, {"done": True, "attempt": True, "ranks": {"x": {}, "1": 5}},
+     {"done": True, "attempt": 0, "ranks": {"1": {"bus_gbps": "fast", "sendrecv_gbps": -1}}},
+     {"done": True, "attempt": 0, "ranks": {"1": {"bus_gbps": float("inf")}}}],
+    ids=["none", "list", "done-not-bool", "bad-keys", "bad-values", "infinite"],
+)  # fmt: skip
+def test_the_reader_drops_what_is_malformed(document: Any) -> None:
+    found = read_preflight(document)
+    if found is not None:
+        assert all(bw.bus_gbps is None and bw.sendrecv_gbps is None for bw in found.ranks.values())
+        assert found.attempt in (None, 0)
+
+
+def decide_with(
+    worker_ranks: dict[int, dict[int, float]],
+    *,
+    preflight: dict[str, Any] | None = None,
+    status: dict[str, Any] | None = None,
+    max_disruptions: int = 5,
+) -> Decision:
+    body = make_body(
+        phase="Running",
+        start_time=ago(100),
+        failure_policy={"maxDisruptions": max_disruptions},
+        status_extra={**(status or {}), "conditions": [
+            {"type": "Running", "status": "True", "reason": "AllWorkersRunning"}]},
+    )  # fmt: skip
+    body["spec"]["runPolicy"]["preflight"] = {"enabled": True, **(preflight or {})}
+    job = parse_trainingjob(body)
+    pods = [make_pod(0, placed_node="node-a"), make_pod(1, placed_node="node-b")]
+    reports = {}
+    for worker, found in reports_of(worker_ranks).items():
+        reports[worker] = read_report(
+            {
+                "node_rank": worker,
+                "preflight": {
+                    "attempt": 0,
+                    "done": True,
+                    "error": None,
+                    "ranks": {
+                        str(r): {"sendrecv_gbps": v} for r, v in worker_ranks[worker].items()
+                    },
+                },
+            }
+        )
+        assert reports[worker] is not None
+        assert found is not None
+    return decide(job, pods, NOW, reports=reports)  # fmt: skip
+
+
+def test_a_slow_node_is_named_marked_and_the_gang_replaced_as_a_disruption() -> None:
+    found = decide_with({0: {0: 10, 1: 11}, 1: {2: 2, 3: 2.5}})
+    assert found.mark_nodes == (("node-b", NOW + timedelta(seconds=3600)),)
+    assert (found.status.phase, found.status.reason) == (Phase.RESTARTING, Reason.PREFLIGHT_FAILED)
+    assert (found.status.disruptions, found.status.restarts, found.status.attempt) == (1, 0, 1)
+    assert len(found.delete_pods) == 2
+    condition = found.status.condition(ConditionType.PREFLIGHT)
+    assert condition is not None
+    assert (condition.status, condition.reason) == ("False", Reason.PREFLIGHT_FAILED)
+    assert "worker 1 (pod demo-a0-worker-1, node node-b), rank 2: 2.25 Gbit/s, below 5.25" in (
+        condition.message
+    )
+    assert f"{contract.ANNOTATION_STRAGGLER_UNTIL}=2026-01-01T13:00:00Z" in condition.message
+    assert found.status.preflight is not None
+    assert (found.status.preflight.attempt, found.status.preflight.failures) == (0, 1)
+    assert Reason.PREFLIGHT_FAILED in [e.reason for e in found.events]
+
+
+def test_a_pass_is_a_true_condition_and_an_event_judged_once() -> None:
+    found = decide_with({0: {0: 10, 1: 11}, 1: {2: 9, 3: 10}})
+    condition = found.status.condition(ConditionType.PREFLIGHT)
+    assert condition is not None
+    assert (condition.status, condition.reason) == (
+        "True",
+        Reason.PREFLIGHT_PASSED,
+    )
+    assert "sendrecv_gbps, slowest rank 2 9 Gbit/s, median 10 Gbit/s" in condition.message
+    assert found.status.phase == Phase.RUNNING
+    assert not found.mark_nodes
+    again = decide_with(
+        {0: {0: 10, 1: 11}, 1: {2: 1, 3: 1}},
+        status={"preflight": found.status.preflight.model_dump(by_alias=True)},  # type: ignore[union-attr]
+    )
+    assert again.status.phase == Phase.RUNNING
+    assert not again.mark_nodes
+
+
+@pytest.mark.parametrize(
+    ("options", "why"),
+    [
+        ({"status": {"preflight": {"attempt": -1, "passed": False, "failures": 2}}},
+         "3 tests failed in a row (maxFailures 3)"),
+        ({"status": {"disruptions": 2}, "max_disruptions": 2}, "maxDisruptions (2) is spent"),
+    ],
+    ids=["max-failures", "disruptions-spent"],
+)  # fmt: skip
+def test_bounded_the_gang_then_trains_where_it_is_and_says_why(
+    options: dict[str, Any], why: str
+) -> None:
+    found = decide_with({0: {0: 10}, 1: {1: 1}}, **options)
+    assert found.status.phase == Phase.RUNNING
+    assert not found.mark_nodes
+    assert not found.delete_pods
+    condition = found.status.condition(ConditionType.PREFLIGHT)
+    assert condition is not None
+    assert condition.reason == Reason.PREFLIGHT_FAILURES_EXCEEDED
+    assert f"{why}: the gang trains where it is" in condition.message
+
+
+def test_off_by_default_nothing_is_judged() -> None:
+    body = make_body(phase="Running", start_time=ago(100))
+    job = parse_trainingjob(body)
+    assert job.spec.run_policy.preflight.enabled is False
+    report = read_report({"node_rank": 0, "preflight": {"attempt": 0, "done": True,
+                          "ranks": {"0": {"sendrecv_gbps": 0.001}}}})  # fmt: skip
+    found = decide(job, [make_pod(0), make_pod(1)], NOW, reports={0: report})  # type: ignore[dict-item]
+    assert found.status.preflight is None
+    assert not found.mark_nodes
+
+
+def test_nccl_tests_bus_bandwidth() -> None:
+    # 1 GiB in 1 s over 4 ranks: algbw 8.59 Gbit/s, busbw x 2*3/4.
+    size = 1024**3
+    assert measuring.allreduce_bus_gbps(size, 1.0, 4) == pytest.approx(8.589934592 * 1.5)
+    assert measuring.allreduce_bus_gbps(size, 1.0, 1) == pytest.approx(8.589934592)
+    assert measuring.sendrecv_gbps(size, 2.0) == pytest.approx(4.294967296)
+    assert measuring.ring_peers(1, 4, 2) == (3, 3)
+    assert measuring.ring_peers(0, 6, 2) == (2, 4)
+    assert measuring.ring_peers(0, 2, 2) is None
+
+
+def test_the_test_has_its_own_static_rendezvous_and_port() -> None:
+    environ = {
+        contract.ENV_PET_MASTER_ADDR: "demo-worker-0.demo",
+        contract.ENV_PET_MASTER_PORT: "29500",
+        contract.ENV_PET_RDZV_BACKEND: "c10d",
+        contract.ENV_PET_RDZV_ENDPOINT: "demo-worker-0.demo:29501",
+        contract.ENV_PET_MAX_RESTARTS: "3",
+        contract.ENV_STATUS_PORT: "29502",
+        contract.ENV_PREFLIGHT_SIZE_MIB: "16",
+    }
+    env = launching.preflight_env(environ)
+    assert contract.ENV_PET_RDZV_BACKEND not in env
+    assert contract.ENV_PET_RDZV_ENDPOINT not in env
+    assert env[contract.ENV_PET_MASTER_PORT] == "29503"  # 29501, 29502 are taken
+    assert env[contract.ENV_PET_MAX_RESTARTS] == "0"
+    assert launching.config_from(environ) == launching.PreflightConfig(16, 120.0)
+    assert launching.config_from({}) is None
