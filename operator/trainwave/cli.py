@@ -476,9 +476,17 @@ def run_size(options: argparse.Namespace) -> int:
 
 
 def run_operator(options: argparse.Namespace) -> int:
+    from trainwave.controller.allocator import limit_arenas
+
+    limit_arenas()  # before any thread starts: allocator.py says why
     import kopf
 
     from trainwave.controller import handlers
+
+    if os.environ.get("TRAINWAVE_TRACEMALLOC"):  # a diagnostic, off by default: heap_report.py
+        from trainwave.controller.heap_report import install_from_env
+
+        install_from_env()  # after the imports: tracing them takes minutes
 
     logging.basicConfig(
         level=options.log_level.upper(),

@@ -28,7 +28,7 @@ import kopf
 
 from trainwave import contract
 from trainwave.api.trainingjob import JobKey
-from trainwave.controller import metrics
+from trainwave.controller import allocator, metrics
 from trainwave.controller.admission_guards import AdmissionGuards
 from trainwave.controller.cluster_cache import ClusterCache
 from trainwave.controller.departures import Departures
@@ -172,6 +172,8 @@ async def start(*, settings: kopf.OperatorSettings, memo: Any, **_: Any) -> None
     for name, informers in stores:
         if not await asyncio.to_thread(informers.wait_synced, 60):
             logger.warning("%s cache not synced after 60 s; its informers keep trying", name)
+    # The first LISTs decoded every node and pod page by page; what they freed goes back.
+    await asyncio.to_thread(allocator.trim)
     _PLACER["gangs"] = placer
     memo.lead = asyncio.create_task(_lead(queue, placer, poller, jobs))
     metrics.serve(

@@ -178,7 +178,12 @@ class JobCache(InformerGroup):
         namespace = (obj.get("metadata") or {}).get("namespace", "")
         if not self._watched(namespace):
             return None
-        return {key: obj[key] for key in ("metadata", "spec", "status") if key in obj}
+        body = {key: obj[key] for key in ("metadata", "spec", "status") if key in obj}
+        if "metadata" in body:
+            # managedFields were nearly half of a body's objects and nothing reads them:
+            # dropped on arrival, as client-go informers do with a SetTransform function.
+            body["metadata"] = {k: v for k, v in body["metadata"].items() if k != "managedFields"}
+        return body
 
     def _pod_record(self, obj: Mapping[str, Any]) -> tuple[JobKey, WorkerPod] | None:
         key = _owner_key(obj)

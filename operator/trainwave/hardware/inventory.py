@@ -11,6 +11,7 @@ later as a KeyError deep in a placement round.
 from __future__ import annotations
 
 import json
+import sys
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any, Literal, TypeVar, get_args
@@ -25,7 +26,7 @@ class InventoryError(ValueError):
     """An inventory annotation that does not hold what the agent writes."""
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)
 class GpuInfo:
     index: int
     uuid: str
@@ -36,7 +37,7 @@ class GpuInfo:
     pci_path: str | None = None  # under /sys/devices; known to the agent, not published
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)
 class NicInfo:
     """One port of one RDMA device (`mlx5_0` port 1)."""
 
@@ -63,7 +64,7 @@ class NicInfo:
         return tuple(index for index, kind in self.gid_types if kind == "RoCE v2")
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)
 class GpuNicDistance:
     """The nearest active NIC of one GPU; `nic` (an HCA:port) is None when none is in reach."""
 
@@ -76,7 +77,7 @@ class GpuNicDistance:
         return self.distance is not None and self.distance <= GDR_MAX_DISTANCE
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)
 class GdrReadiness:
     """Whether a GPU memory registration path for RDMA exists on the node."""
 
@@ -89,7 +90,7 @@ class GdrReadiness:
 NO_GDR = GdrReadiness(False, None, False, "not reported")
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)
 class NodeInventory:
     gpus: tuple[GpuInfo, ...]
     nvlink_islands: tuple[tuple[int, ...], ...]  # GPU indices; only GPUs with a link
@@ -226,9 +227,9 @@ def _gpu(item: _Reader) -> GpuInfo:
     return GpuInfo(
         index=item.integer("index"),
         uuid=item.text("uuid"),
-        product=item.optional_text("product") or "",
+        product=sys.intern(item.optional_text("product") or ""),
         memory_mib=item.integer("memoryMiB"),
-        pci_bus_id=item.optional_text("pciBusId") or "",
+        pci_bus_id=sys.intern(item.optional_text("pciBusId") or ""),
         numa_node=item.optional_integer("numaNode"),
     )
 
@@ -242,17 +243,21 @@ def _nic(item: _Reader) -> NicInfo:
     if layer not in LINK_LAYERS:
         raise InventoryError(f"{item.where}linkLayer: {layer!r}, expected one of {LINK_LAYERS}")
     gids = item.mapping("gidTypes")
-    return NicInfo(
-        name=name,
-        port=int(port),
-        state=item.text("state"),
-        link_layer=layer,
-        rate_gbps=item.number("rateGbps"),
-        pci_path=item.optional_text("pciPath"),
-        numa_node=item.optional_integer("numaNode"),
-        gid_types=tuple(
-            sorted((_index(key, reader.where), reader.whole_text()) for key, reader in gids.items())
-        ),
+    return _shared(
+        NicInfo(
+            name=name,
+            port=int(port),
+            state=item.text("state"),
+            link_layer=layer,
+            rate_gbps=item.number("rateGbps"),
+            pci_path=item.optional_text("pciPath"),
+            numa_node=item.optional_integer("numaNode"),
+            gid_types=tuple(
+                sorted(
+                    (_index(key, reader.where), reader.whole_text()) for key, reader in gids.items()
+                )
+            ),
+        )
     )
 
 
@@ -262,11 +267,31 @@ def _nearest(key: str, item: _Reader) -> GpuNicDistance:
         raise InventoryError(
             f"{item.where}distance: {raw!r}, expected one of {list(Distance.__members__)}"
         )
-    return GpuNicDistance(
-        gpu_index=_index(key, item.where),
-        nic=item.optional_text("hca"),
-        distance=Distance[raw] if raw is not None else None,
+    return _shared(
+        GpuNicDistance(
+            gpu_index=_index(key, item.where),
+            nic=item.optional_text("hca"),
+            distance=Distance[raw] if raw is not None else None,
+        )
     )
+
+
+V = TypeVar("V")
+_SHARED: dict[Any, Any] = {}
+_SHARED_MAX = 4096  # distinct values kept; more than any fleet has NIC layouts
+
+
+def _shared(value: V) -> V:
+    """One instance per distinct value: the operator reads every node's inventory, and
+    nodes of one model have equal NICs and GPU-NIC distances (only GPU UUIDs differ), so
+    a 1,024-node fleet keeps a few dozen of these, not tens of thousands. Frozen values
+    only; a race between threads at worst keeps two equal copies."""
+    found = _SHARED.get(value)
+    if found is None:
+        if len(_SHARED) >= _SHARED_MAX:
+            _SHARED.clear()
+        _SHARED[value] = found = value
+    return found
 
 
 def _index(key: str, where: str) -> int:

@@ -9,6 +9,7 @@ a fresh listing. Pods that hold nothing on any node and are not trainwave worker
 
 from __future__ import annotations
 
+import sys
 from collections.abc import Mapping
 from dataclasses import dataclass
 from datetime import datetime
@@ -115,7 +116,7 @@ def node_record(node: Mapping[str, Any]) -> NodeRecord:
     inventory, problem = read_inventory(node)
     return NodeRecord(
         name=metadata["name"],
-        labels=MappingProxyType(dict(metadata.get("labels") or {})),
+        labels=MappingProxyType(_interned(metadata.get("labels"))),
         allocatable=MappingProxyType(allocatable),
         taints=taints_of(spec.get("taints")),
         cordoned=bool(spec.get("unschedulable")),
@@ -128,6 +129,13 @@ def node_record(node: Mapping[str, Any]) -> NodeRecord:
             (metadata.get("annotations") or {}).get(contract.ANNOTATION_STRAGGLER_UNTIL)
         ),
     )
+
+
+def _interned(labels: Mapping[str, Any] | None) -> dict[str, str]:
+    """Labels with each key and value interned: every node and worker repeats the same
+    keys and most values (a rack's name on its 16 nodes, a job's on its workers), and
+    each watch event decodes fresh copies of them. One copy each is kept."""
+    return {sys.intern(str(k)): sys.intern(str(v)) for k, v in (labels or {}).items()}
 
 
 def _ready(status: Mapping[str, Any]) -> bool:
@@ -190,9 +198,7 @@ def pod_record(pod: Mapping[str, Any]) -> PodRecord | None:
         gated=gated,
         needs=needs,
         release_basis=_release_basis(metadata, spec) if needs is not None else None,
-        labels=tuple(sorted((str(k), str(v)) for k, v in labels.items()))
-        if holds and not deleting
-        else (),
+        labels=tuple(sorted(_interned(labels).items())) if holds and not deleting else (),
     )
 
 
