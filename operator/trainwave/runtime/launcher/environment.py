@@ -110,6 +110,19 @@ def collective_watchdog(settings: Settings, environ: Mapping[str, str], out: Pre
     )
 
 
+# torchrun's c10d handler shares one TCPStore, on node 0's agent, with every generation of
+# training processes, unprefixed: a restarted generation's process group can read the
+# previous generation's addresses and fail with "Connection refused" (pytorch/pytorch#135712,
+# seen here on the real node). Not sharing it gives each rendezvous round a store of its
+# own (torch/distributed/elastic/rendezvous/dynamic_rendezvous.py, next_rendezvous).
+SHARE_RDZV_STORE_OFF = "TORCH_DISABLE_SHARE_RDZV_TCP_STORE"
+
+
+def in_place_store(settings: Settings, environ: Mapping[str, str], out: Prepared) -> None:
+    if settings.in_place.enabled:
+        out.set_default(environ, SHARE_RDZV_STORE_OFF, "1")
+
+
 def in_place_state(settings: Settings) -> str:
     in_place = settings.in_place
     if not in_place.enabled:
@@ -147,6 +160,7 @@ def prepare(
         else f"on: progress in {settings.report_dir}, served on {contract.STATUS_PATH}"
     )
     out.states["collective_watchdog"] = collective_watchdog(settings, environ, out)
+    in_place_store(settings, environ, out)
     out.states["in_place"] = in_place_state(settings)
     for name in contract.RUNTIME_FEATURES:
         if name not in LAUNCHER_FEATURES:
