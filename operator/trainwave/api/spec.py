@@ -306,6 +306,7 @@ class Preflight(ApiModel):
     )
     size_mib: int = Field(
         default=DEFAULT_PREFLIGHT_SIZE_MIB,
+        alias="sizeMiB",  # the unit's own spelling, not the generator's "sizeMib"
         ge=1,
         le=4096,
         description="sizeMiB: the buffer each measured collective moves, in MiB. Default "

@@ -190,7 +190,7 @@ def apply_preflight(
     )
     draft.update(preflight=_status(status.attempt, verdict, failures, what))
     draft.condition(ConditionType.PREFLIGHT, False, Reason.PREFLIGHT_FAILED, what)
-    draft.events.append(JobEvent("Warning", Reason.PREFLIGHT_FAILED, what))
+    # The restart's own Event (phase Restarting, reason PreflightFailed) carries `what`.
     return Repair(Cause.PREFLIGHT, what)
 
 
