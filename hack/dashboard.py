@@ -160,11 +160,16 @@ PANELS = [
     ),
     panel(
         "Hangs, stragglers and in-place restarts",
-        "Gangs found hung, ranks named stragglers, and training processes restarted inside "
-        "their pods by cause (from the runtime's reports).",
+        "Gangs found hung, ranks named stragglers, gang bandwidth tests failed (preflight), "
+        "and training processes restarted inside their pods by cause (from the runtime's "
+        "reports).",
         [
             (f"sum(increase(trainwave_hangs_total[{RATE}]))", "hangs"),
             (f"sum(increase(trainwave_stragglers_total[{RATE}]))", "stragglers"),
+            (
+                f'sum(increase(trainwave_preflight_tests_total{{result="failed"}}[{RATE}]))',
+                "preflight failed",
+            ),
             (
                 f"sum by (cause) (increase(trainwave_in_place_restarts_total[{RATE}]))",
                 "in place: {{cause}}",
