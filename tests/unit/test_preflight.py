@@ -4,7 +4,9 @@ the tenant-written /status key, and the runtime's arithmetic and rendezvous vari
 
 from __future__ import annotations
 
+import sys
 from datetime import timedelta
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -260,3 +262,38 @@ def test_the_test_has_its_own_static_rendezvous_and_port() -> None:
     assert env[contract.ENV_PET_MAX_RESTARTS] == "0"
     assert launching.config_from(environ) == launching.PreflightConfig(16, 120.0)
     assert launching.config_from({}) is None
+
+
+@pytest.mark.parametrize(
+    ("code", "error"),
+    [
+        ("import time; time.sleep(30)", "the test did not finish within 1s"),
+        ("raise SystemExit(3)", "the test exited with code 3"),
+        ("pass", None),
+    ],
+    ids=["timeout", "failed", "passed"],
+)
+def test_the_launcher_reports_the_test_and_never_raises(
+    code: str, error: str | None, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    (tmp_path / "preflight-rank-0.json").write_text('{"rank": 0, "bus_gbps": 9}')  # stale
+    command = [sys.executable, "-c", code]
+    monkeypatch.setattr(launching, "preflight_command", lambda: command)
+    if error is None:  # a test that wrote its figures
+        line = "; ".join([
+            "import json, pathlib", f"p = pathlib.Path({str(tmp_path)!r})",
+            "(p / 'preflight-rank-2.json').write_text(json.dumps({'rank': 2, 'bus_gbps': 3.5,"
+            " 'sendrecv_gbps': 9.25, 'other': 1}))",
+        ])  # fmt: skip
+        command[-1] = line
+    seen: list[dict[str, Any]] = []
+    config = launching.PreflightConfig(size_mib=1, timeout_seconds=1.0)
+    found = launching.run_preflight(config, {}, tmp_path, 2, seen.append)
+    assert seen[0]["done"] is False
+    assert seen[-1] == found
+    assert found["done"] is True
+    assert found["attempt"] == 2
+    assert (found["error"] or "").startswith(error or "")
+    assert (found["error"] is None) is (error is None)
+    expected = {"2": {"bus_gbps": 3.5, "sendrecv_gbps": 9.25}} if error is None else {}
+    assert found["ranks"] == expected  # the stale file of an earlier container is gone
