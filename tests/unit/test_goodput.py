@@ -67,6 +67,35 @@ def test_a_new_generation_at_the_same_step_is_progress() -> None:
     assert restarted.ranks[0].seen_at == NOW
 
 
+def test_an_in_place_restart_counted_by_the_launcher_restarts_the_clock() -> None:
+    # The launcher counts the restart at once; the new processes report their first step
+    # only after imports, rendezvous and the checkpoint: the job is not hung meanwhile,
+    # and a gang found hung gets a full timeout again to reach that step.
+    restarts = {"restarts": {"count": 1, "causes": {"hang": 1}}}
+    first = seen({0: worker(0, {0: rank(10)}), 1: worker(1, {1: rank(10)})}, at=ago(200))
+    restarted = seen(
+        {0: worker(0, {0: rank(10)}, **restarts), 1: worker(1, {1: rank(10)})},
+        at=ago(10),
+        memory=first,
+    )
+    assert restarted.ranks[0].seen_at == ago(10)
+    assert restarted.ranks[1].seen_at == ago(200)
+    verdict = judge_hang(restarted, 60, NOW, ago(50))
+    assert verdict is not None
+    assert not verdict.hung
+    assert verdict.message == "rank 0's processes restarted in place"
+    # Nothing new for a full timeout after the restart: hung again.
+    later = seen(
+        {0: worker(0, {0: rank(10)}, **restarts), 1: worker(1, {1: rank(10)})},
+        at=NOW,
+        memory=restarted,
+    )
+    assert later.ranks[0].seen_at == ago(10)
+    again = judge_hang(later, 5, NOW, None)
+    assert again is not None
+    assert again.hung
+
+
 @pytest.mark.parametrize(
     ("timeout", "reports"),
     [(None, gang(10, 10)), (60, gang(None, None)), (60, {})],

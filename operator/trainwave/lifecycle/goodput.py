@@ -45,6 +45,10 @@ class RankSeen:
     fresh: bool = False  # a report not seen by the previous observation
     slow: int = 0  # consecutive fresh reports at or above the slowdown
     slowdown: float | None = None  # of the latest report, against the others' median
+    # In-place restarts its launcher has counted: a new one is movement too, since the
+    # new processes take a while (imports, rendezvous, the checkpoint) to report a step.
+    worker_restarts: int = 0
+    restarted: bool = False  # the latest movement was a restart, not a step
 
 
 @dataclass(frozen=True)
@@ -71,24 +75,34 @@ def observe(
         for report in reports.values()
         for rank, rank_report in report.ranks.items()
     }
+    restarts = {
+        report.node_rank: report.restarts.count if report.restarts else 0
+        for report in reports.values()
+    }
     signals = _signals({rank: rank_report for rank, (_, rank_report) in found.items()})
     ranks: dict[int, RankSeen] = {}
     for rank, (worker, report) in sorted(found.items()):
         before = previous.get(rank)
         slowdown = _slowdown(rank, signals)
+        worker_restarts = restarts.get(worker, 0)
+        restarted = False
         if before is None:
             seen_at = stalled_since if stalled_since is not None else now
             fresh, slow = True, 0
         else:
-            moved = (report.step, report.generation) != (
+            stepped = (report.step, report.generation) != (
                 before.report.step,
                 before.report.generation,
             )
-            seen_at = now if moved else before.seen_at
+            restarted = not stepped and worker_restarts > before.worker_restarts
+            seen_at = now if stepped or restarted else before.seen_at
+            restarted = restarted or (before.restarted and not stepped)
             fresh, slow = report != before.report, before.slow
         if fresh and slowdown is not None:
             slow = slow + 1 if slowdown >= policy.slowdown else 0
-        ranks[rank] = RankSeen(worker, report, seen_at, fresh, slow, slowdown)
+        ranks[rank] = RankSeen(
+            worker, report, seen_at, fresh, slow, slowdown, worker_restarts, restarted
+        )
     return Memory(attempt, ranks)
 
 
@@ -114,11 +128,12 @@ def judge_hang(
     quiet = (now - last_move).total_seconds()
     if quiet < timeout:
         moved = max(ranks, key=lambda r: (ranks[r].seen_at, -r))
-        return HangVerdict(
-            False,
-            f"rank {moved} completed step {ranks[moved].report.step}",
-            recheck_after=timeout - quiet,
+        news = (
+            f"rank {moved}'s processes restarted in place"
+            if ranks[moved].restarted
+            else f"rank {moved} completed step {ranks[moved].report.step}"
         )
+        return HangVerdict(False, news, recheck_after=timeout - quiet)
     message = _stalled(ranks, quiet, timeout)
     if hung_since is None:
         return HangVerdict(True, message, recheck_after=float(timeout))
