@@ -19,7 +19,7 @@ from trainwave.api.status import ConditionType, Phase
 from trainwave.api.trainingjob import parse_trainingjob
 from trainwave.lifecycle.decide import Decision, decide
 from trainwave.lifecycle.preflight import judge
-from trainwave.lifecycle.reports import PreflightReport, read_preflight, read_report
+from trainwave.lifecycle.reports import PreflightReport, WorkerReport, read_preflight, read_report
 from trainwave.runtime import preflight as measuring
 from trainwave.runtime.launcher import preflight as launching
 
@@ -144,9 +144,9 @@ def decide_with(
     body["spec"]["runPolicy"]["preflight"] = {"enabled": True, **(preflight or {})}
     job = parse_trainingjob(body)
     pods = [make_pod(0, placed_node="node-a"), make_pod(1, placed_node="node-b")]
-    reports = {}
+    reports: dict[int, WorkerReport] = {}
     for worker, found in reports_of(worker_ranks).items():
-        reports[worker] = read_report(
+        read = read_report(
             {
                 "node_rank": worker,
                 "preflight": {
@@ -159,8 +159,9 @@ def decide_with(
                 },
             }
         )
-        assert reports[worker] is not None
+        assert read is not None
         assert found is not None
+        reports[worker] = read
     return decide(job, pods, NOW, reports=reports)  # fmt: skip
 
 

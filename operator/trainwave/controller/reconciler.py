@@ -742,7 +742,10 @@ class Reconciler:
 
 
 # The disruptions that goodput decisions cause, by the reason they restart the gang with.
-_DISRUPTION_CAUSES = {Reason.STRAGGLER_REPLACED: "straggler", Reason.PREFLIGHT_FAILED: "preflight"}
+_DISRUPTION_CAUSES: dict[str, str] = {
+    Reason.STRAGGLER_REPLACED: "straggler",
+    Reason.PREFLIGHT_FAILED: "preflight",
+}
 
 
 def _only_creates(decision: Decision, written: TrainingJobStatus) -> bool:
