@@ -65,6 +65,9 @@ class Training:
         ranks = {
             str(rank): {"step": step, "time": now, "step_seconds": 0.5,
                         "compute_seconds": compute, "generation": 1,
+                        # The runtime's last reports (one a telemetry interval): the
+                        # operator judges stragglers on these, at its first poll.
+                        "compute_history": [compute] * 3,
                         "state": "running" if self.moving else "stopped" if rank else "running"}
             for rank, compute in ((0, 0.1), (1, 0.2))
         }  # fmt: skip
@@ -126,8 +129,8 @@ def test_hung_straggler_and_goodput_from_the_runtimes_reports(
     training = Training(namespace, name)
 
     with _serving(port, training, signer):
-        # Moving: status.goodput fills, and rank 1 (2x the compute time) is named after
-        # two fresh reports.
+        # Moving: status.goodput fills, and rank 1 (2x the compute time in each of its
+        # last reports) is named at the first poll.
         straggler = wait_until(
             lambda: (c := condition(cluster, namespace, name, "Straggler")) and
             c["status"] == "True" and c,

@@ -11,7 +11,12 @@ so deciding twice on the same reports changes nothing:
   (the launchers could not restart the processes in place) -> recreate the gang;
 - `stragglers`: a rank whose compute time per step is at least `slowdown` times the
   median of the OTHER ranks (with 2 ranks the gang's median would sit between the
-  two and hide a 2x rank) in `reports` consecutive fresh reports is named;
+  two and hide a 2x rank) in each of its last `reports` reports is named. The
+  runtime reports every telemetry interval (seconds) and the operator polls every
+  status interval (15 s by default), so each rank's report carries the
+  compute_seconds of its last reports (`compute_history`) and the decision is
+  taken on those: a rank is named at the first poll after `reports` slow reports.
+  A runtime without the history falls back to counting consecutive fresh polls;
 - `account`: status.goodput, cumulative over attempts and idempotent (see
   GoodputAttempt in api/status.py).
 
@@ -169,14 +174,43 @@ class Straggler:
 
 
 def stragglers(memory: Memory, policy: Stragglers) -> list[Straggler]:
-    """Ranks slow in `policy.reports` consecutive fresh reports, slowest first."""
-    signal = "compute" if _uses_compute(memory.ranks.values()) else "step"
-    named = [
-        Straggler(rank, seen.worker, seen.slowdown, signal)
+    """Ranks slow in each of their last `policy.reports` reports, slowest first. Judged
+    on the ranks' compute_history where the rank and another one carry enough of it
+    (`_history_slowdown`), else on the consecutive fresh polls `observe` counted."""
+    recent = {
+        rank: seen.report.compute_history[-policy.reports :]
         for rank, seen in memory.ranks.items()
-        if seen.slow >= policy.reports and seen.slowdown is not None
-    ]
+        if len(seen.report.compute_history) >= policy.reports
+    }
+    counted = "compute" if _uses_compute(memory.ranks.values()) else "step"
+    named = []
+    for rank, seen in memory.ranks.items():
+        judged = _history_slowdown(rank, recent)
+        if judged is not None:
+            lowest, typical = judged
+            if lowest >= policy.slowdown:
+                named.append(Straggler(rank, seen.worker, typical, "compute"))
+        elif seen.slow >= policy.reports and seen.slowdown is not None:
+            named.append(Straggler(rank, seen.worker, seen.slowdown, counted))
     return sorted(named, key=lambda s: (-s.slowdown, s.rank))
+
+
+def _history_slowdown(
+    rank: int, recent: Mapping[int, Sequence[float]]
+) -> tuple[float, float] | None:
+    """(lowest, median) of the rank's recent compute times over the median of the other
+    ranks' (each other rank counted once, by the median of its own recent values, so
+    one noisy rank moves the yardstick no more than one quiet one); None without the
+    rank's history or any other rank's. Named only when even the lowest is slow: a
+    noisy rank, slow in some reports and not in others, is not a straggler."""
+    own = recent.get(rank)
+    others = [median(values) for other, values in recent.items() if other != rank]
+    if not own or not others:
+        return None
+    typical = median(others)
+    if typical <= 0:
+        return None
+    return min(own) / typical, median(own) / typical
 
 
 def _uses_compute(ranks: Iterable[RankSeen]) -> bool:

@@ -29,6 +29,7 @@ NCCL_CHECK = "nccl_transport"
 MAX_RANKS_PER_REPORT = 1024
 RANK_STATES = frozenset({"running", "stopped", "exited", "unknown"})
 RESTART_CAUSES = ("failure", "hang", "peer")
+MAX_HISTORY = 20  # compute_history values taken per rank (runtime/telemetry.py)
 
 
 @dataclass(frozen=True)
@@ -41,6 +42,9 @@ class RankReport:
     compute_seconds: float | None  # median compute time per step: the straggler signal
     generation: int | None  # TORCHELASTIC_RESTART_COUNT of the writing process
     state: str = "unknown"  # running | stopped | exited | unknown
+    # compute_seconds of the rank's last reports, oldest first (at most MAX_HISTORY): the
+    # runtime reports more often than the operator polls, so stragglers are judged on these.
+    compute_history: tuple[float, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -174,8 +178,20 @@ def read_ranks(found: Any) -> dict[int, RankReport]:
             compute_seconds=_seconds(value.get("compute_seconds")),
             generation=_count(value.get("generation")),
             state=state if isinstance(state, str) and state in RANK_STATES else "unknown",
+            compute_history=_history(value.get("compute_history")),
         )
     return ranks
+
+
+def _history(found: Any) -> tuple[float, ...]:
+    """compute_history: a list of up to MAX_HISTORY positive finite numbers. A longer list
+    is not a report of ours, and neither is one with any other value: both read as none."""
+    if not isinstance(found, list) or len(found) > MAX_HISTORY:
+        return ()
+    values = [_seconds(item) for item in found]
+    if any(value is None or value <= 0 for value in values):
+        return ()
+    return tuple(value for value in values if value is not None)
 
 
 def read_restarts(found: Any) -> RestartReport | None:

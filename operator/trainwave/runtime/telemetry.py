@@ -23,6 +23,7 @@ from __future__ import annotations
 import os
 import statistics
 import time
+from collections import deque
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -32,6 +33,9 @@ from trainwave.runtime.reports import progress_path, write_json_atomic
 from trainwave.runtime.settings import Settings
 
 Clock = Callable[[], float]
+# Reports whose compute_seconds each report repeats (`compute_history`); the reader
+# (lifecycle/reports.py) takes no more.
+COMPUTE_HISTORY = 20
 
 
 @dataclass(frozen=True)
@@ -151,6 +155,9 @@ class Progress:
         self._last: tuple[int, float, float] | None = None  # (step, time, compute total)
         self._step_seconds: list[float] = []  # per step, since the last write
         self._compute_seconds: list[float] = []
+        # The compute_seconds of the last reports, oldest first: the operator polls less
+        # often than a rank reports, and judges a straggler from these (lifecycle/goodput.py).
+        self._compute_history: deque[float] = deque(maxlen=COMPUTE_HISTORY)
 
     @classmethod
     def from_settings(cls, settings: Settings, **overrides: Any) -> Progress | None:
@@ -177,7 +184,11 @@ class Progress:
         self._measure(step, now)
         if not force and self._last_write is not None and now - self._last_write < self.interval:
             return False
-        write_json_atomic(self.path, self._report(step, now, loss))
+        report = self._report(step, now, loss)
+        if report["compute_seconds"]:  # positive only: the reader drops a history with a 0
+            self._compute_history.append(report["compute_seconds"])
+        report["compute_history"] = list(self._compute_history)
+        write_json_atomic(self.path, report)
         self._last_write = now
         self._window = (now, self._samples)
         self._step_seconds.clear()

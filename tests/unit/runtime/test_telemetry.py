@@ -143,7 +143,26 @@ def test_step_and_compute_seconds_are_medians_over_the_window(tmp_path: Path) ->
     assert report["compute_seconds"] == pytest.approx(0.15)  # median of 0.1, 0.2, 0.1, 0.9
     assert report["generation"] == 2
     assert report["first_step"] == 10
+    assert report["compute_history"] == [pytest.approx(0.15)]  # the first write had none
     assert report["pid"] > 0
+
+
+def test_compute_history_keeps_the_last_reports_oldest_first(tmp_path: Path) -> None:
+    from trainwave.runtime.telemetry import COMPUTE_HISTORY, ComputeMeter
+
+    clock = FakeClock()
+    meter = ComputeMeter(clock=clock)
+    progress = make_progress(tmp_path, clock, interval_seconds=0.0, meter=meter)
+    model = FakeModule()
+    progress.watch(model)
+    progress.update(0)
+    forwards = [0.01 * (n + 1) for n in range(COMPUTE_HISTORY + 5)]
+    for step, forward in enumerate(forwards, 1):
+        model.forward(clock, forward)
+        progress.update(step)
+    history = read(progress)["compute_history"]
+    assert history == pytest.approx(forwards[-COMPUTE_HISTORY:])
+    assert read(progress)["compute_seconds"] == pytest.approx(forwards[-1])
 
 
 def test_compute_is_null_when_no_module_is_watched(tmp_path: Path) -> None:

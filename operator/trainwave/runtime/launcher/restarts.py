@@ -42,6 +42,7 @@ from trainwave.runtime.settings import InPlace
 FAILURE, HANG, PEER = "failure", "hang", "peer"
 CAUSES = (FAILURE, HANG, PEER)
 Reports = Mapping[int, Mapping[str, Any]]  # progress report by global rank (tenant-written)
+HISTORY = 20  # compute_history values relayed per rank (runtime/telemetry.py COMPUTE_HISTORY)
 
 
 def classify(generation_before: int, generation_after: int, watchdog_killed: bool) -> str:
@@ -63,6 +64,13 @@ def _number(value: Any) -> float | None:
 
 def _integer(value: Any) -> int | None:
     return value if isinstance(value, int) and not isinstance(value, bool) else None
+
+
+def _history(value: Any) -> list[float]:
+    """A report's compute_history relayed as numbers only, its newest HISTORY values."""
+    if not isinstance(value, list):
+        return []
+    return [n for item in value[-HISTORY:] if (n := _number(item)) is not None]
 
 
 def of_generation(reports: Reports, pids: frozenset[int]) -> list[Mapping[str, Any]]:
@@ -168,6 +176,7 @@ def rank_entries(reports: Reports, state_of: Callable[[int], str]) -> dict[str, 
             "time": _number(report.get("time")),
             "step_seconds": _number(report.get("step_seconds")),
             "compute_seconds": _number(report.get("compute_seconds")),
+            "compute_history": _history(report.get("compute_history")),
             "generation": _integer(report.get("generation")),
             "state": processes.UNKNOWN if pid is None else state_of(pid),
         }

@@ -171,7 +171,11 @@ def test_reports_from_tenant_code_with_bad_values_do_not_break_the_tracker() -> 
     assert not restarts.hang_due(bad, 1e9, 20.0)
     entries = rank_entries({0: {"pid": "x", "step": True, "step_seconds": "slow"}}, lambda p: "?")
     assert entries == {"0": {"step": None, "time": None, "step_seconds": None,
-                             "compute_seconds": None, "generation": None, "state": "unknown"}}  # fmt: skip
+                             "compute_seconds": None, "compute_history": [],
+                             "generation": None, "state": "unknown"}}  # fmt: skip
+    history = [0.1, "x", None, 0.2] + [0.3] * 30
+    relayed = rank_entries({0: {"pid": 11, "compute_history": history}}, lambda p: "running")
+    assert relayed["0"]["compute_history"] == [0.3] * 20  # numbers only, the newest 20
 
 
 # --- the status document and the monitor, on a fake /proc --------------------------------
@@ -186,7 +190,7 @@ def test_status_holds_each_ranks_report_and_process_state(tmp_path: Path) -> Non
         write_json_atomic(
             progress_path(reports, rank),
             {**report(pid, 7, 50.0), "step_seconds": 0.4, "compute_seconds": 0.1,
-             "generation": 0},
+             "compute_history": [0.12, 0.1], "generation": 0},
         )  # fmt: skip
     logged: list[tuple[str, dict[str, Any]]] = []
     killed: list[tuple[int, int]] = []
@@ -202,7 +206,8 @@ def test_status_holds_each_ranks_report_and_process_state(tmp_path: Path) -> Non
     monitor.poll(10)
     document = monitor.status()
     assert document["ranks"]["2"] == {"step": 7, "time": 50.0, "step_seconds": 0.4,
-                                      "compute_seconds": 0.1, "generation": 0,
+                                      "compute_seconds": 0.1,
+                                      "compute_history": [0.12, 0.1], "generation": 0,
                                       "state": "running"}  # fmt: skip
     assert document["ranks"]["3"]["state"] == "stopped"
     assert document["restarts"] == {"count": 0, "causes": {"failure": 0, "hang": 0, "peer": 0},
