@@ -69,21 +69,7 @@ def main(argv: list[str] | None = None) -> int:
         "so kube-scheduler accounts every GPU's memory (needs the agent's --gpu-slices and "
         "the DRAConsumableCapacity feature gate)",
     )
-    operator.add_argument(
-        "--status-networks",
-        default="",
-        metavar="CIDRS",
-        help="comma-separated CIDRs of pod IPs whose runtime status the operator may read "
-        "(default: any)",
-    )
-    operator.add_argument(
-        "--status-key-secret",
-        default="",
-        metavar="NAMESPACE/NAME",
-        help="the Secret holding the master key each job's status key is derived from; "
-        "created on first start (default: $POD_NAMESPACE or trainwave-system, "
-        f"/{contract.DEFAULT_STATUS_KEY_SECRET})",
-    )
+    add_status_flags(operator)
     operator.add_argument(
         "--kueue",
         action="store_true",
@@ -178,6 +164,34 @@ def main(argv: list[str] | None = None) -> int:
     if options.command == "logs":
         return run_logs(options)
     return run_operator(options)
+
+
+def add_status_flags(operator: argparse.ArgumentParser) -> None:
+    """How the operator reads the workers' runtime status (controller/reporting.py)."""
+    operator.add_argument(
+        "--status-networks",
+        default="",
+        metavar="CIDRS",
+        help="comma-separated CIDRs of pod IPs whose runtime status the operator may read "
+        "(default: any)",
+    )
+    operator.add_argument(
+        "--status-interval-seconds",
+        type=_status_interval,
+        default=15.0,
+        metavar="SECONDS",
+        help="seconds between two reads of each running worker's runtime status (one HTTP "
+        "GET per worker per interval; at least 1, default 15). Hangs and stragglers are "
+        "seen up to one interval late",
+    )
+    operator.add_argument(
+        "--status-key-secret",
+        default="",
+        metavar="NAMESPACE/NAME",
+        help="the Secret holding the master key each job's status key is derived from; "
+        "created on first start (default: $POD_NAMESPACE or trainwave-system, "
+        f"/{contract.DEFAULT_STATUS_KEY_SECRET})",
+    )
 
 
 def add_leader_election_flags(operator: argparse.ArgumentParser) -> None:
@@ -366,6 +380,16 @@ def _positive_seconds(text: str) -> float:
     return value
 
 
+def _status_interval(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        value = 0.0
+    if not value >= 1:  # also refuses NaN
+        raise argparse.ArgumentTypeError(f"{text!r}: expected a number of seconds, at least 1")
+    return value
+
+
 def _shared_gpus(text: str) -> object:
     from trainwave.agent.sharing import SharingError, parse_selection
 
@@ -512,6 +536,7 @@ def run_operator(options: argparse.Namespace) -> int:
     except ValueError as error:
         print(f"trainwave operator: {error}", file=sys.stderr)
         return 2
+    handlers.OPTIONS.status_interval_seconds = options.status_interval_seconds
     handlers.OPTIONS.namespaces = tuple(options.namespace or ())
     handlers.OPTIONS.kueue = options.kueue
     secret = options.status_key_secret or (

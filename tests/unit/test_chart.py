@@ -347,6 +347,7 @@ DEFAULT_ARGS = [
     "--topology-levels", "trainwave.io/spine,trainwave.io/rack,kubernetes.io/hostname",
     "--runtime-image", "trainwave/runtime:0.1.0",
     "--status-key-secret", f"{NAMESPACE}/{RELEASE}-trainwave-status-key",
+    "--status-interval-seconds", "15",
 ]  # fmt: skip
 # The agent's arbiter is on by default: shared workers mount its sockets.
 ARBITER_ARGS = ["--arbiter-dir", "/run/trainwave/arbiter"]
@@ -384,6 +385,11 @@ LEADER_ARGS = [
             [*DEFAULT_ARGS[:9], "--runtime-image", "mirror.example/trainwave/runtime:0.1.0",
              *DEFAULT_ARGS[11:]],
             id="runtime-image",
+        ),
+        pytest.param(
+            ("--set", "runtime.statusIntervalSeconds=2"),
+            [*DEFAULT_ARGS[:-1], "2"],
+            id="status-interval",
         ),
     ],
 )  # fmt: skip
@@ -665,6 +671,9 @@ def test_service_monitor_needs_the_service() -> None:
         pytest.param(("--set", "image.tag=2"), "want string", id="numeric-tag"),
         pytest.param(("--set", "logLevel=verbose"), "must be one of", id="not-in-enum"),
         pytest.param(("--set", "health.port=70000"), "maximum", id="out-of-range"),
+        pytest.param(
+            ("--set", "runtime.statusIntervalSeconds=0"), "minimum", id="status-interval-zero"
+        ),
         pytest.param(("--set", "podAnnotations.a=1"), "want string", id="annotation-not-string"),
         pytest.param(
             ("--set-json", 'watchNamespaces=["team-*"]'),

@@ -326,3 +326,15 @@ def test_reads_do_not_use_the_executor_the_api_calls_share() -> None:
     with runtime_server(status_document(who), KEY_A, who) as port:
         asyncio.run(scenario())
     assert woken == [("team-a", "llm")]
+
+
+@pytest.mark.parametrize("value", ["0.5", "0", "nan", "often"])
+def test_the_status_interval_flag_refuses_less_than_a_second(
+    value: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from trainwave import cli
+
+    with pytest.raises(SystemExit) as exit_:
+        cli.main(["operator", "--status-interval-seconds", value])
+    assert exit_.value.code == 2
+    assert f"{value!r}: expected a number of seconds, at least 1" in capsys.readouterr().err

@@ -57,6 +57,7 @@ class Options:
     arbiter_dir: str | None = None  # the node-local arbiter's socket directory, if it runs
     gpu_claims: bool = False  # shared workers get a DRA ResourceClaim for their GPU
     status_networks: tuple[Network, ...] = ANY_NETWORK
+    status_interval_seconds: float = 15.0  # between two reads of a worker's /status
     namespaces: tuple[str, ...] = ()  # names or patterns; empty: every namespace
     status_key_secret: tuple[str, str] = ("trainwave-system", contract.DEFAULT_STATUS_KEY_SECRET)
     leadership: LeaderElector | None = None  # None: act alone (no leader election)
@@ -133,7 +134,9 @@ async def start(*, settings: kopf.OperatorSettings, memo: Any, **_: Any) -> None
             _wake(key)
 
     cache.on_node_health(lambda nodes: loop.call_soon_threadsafe(wake_jobs_on, nodes))
-    poller = StatusPoller(_wake, networks=OPTIONS.status_networks)
+    poller = StatusPoller(
+        _wake, networks=OPTIONS.status_networks, interval=OPTIONS.status_interval_seconds
+    )
     recorder = EventRecorder(kube.post_event, namespaces=OPTIONS.namespaces)
     recorder.start()
     memo.recorder = recorder
