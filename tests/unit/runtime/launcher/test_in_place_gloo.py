@@ -44,6 +44,7 @@ for step in range(start + 1, STEPS + 1):
     assert value.item() == dist.get_world_size()
     with (work / f"rank{rank}.log").open("a") as log:
         log.write(f"{step} {generation}\\n")
+    time.sleep(0.3)  # each generation lives several of the launcher's 0.5 s looks at /proc
     if rank == 0 and step % 3 == 0:
         checkpoint.write_text(str(step))
     if rank == 1 and step == 4 + 3 * generation and generation < 2:
@@ -114,8 +115,10 @@ def test_two_in_place_restarts_build_a_fresh_process_group_each_time(tmp_path: P
         if line
     }
     assert generations == {"0", "1", "2"}
-    # c10d gives group ranks in its own order: whichever launcher holds global rank 1 saw
-    # two failures, the other followed twice as a peer.
-    causes = sorted([r["cause"] for r in restarts(error)] for error in errors)
-    assert causes == [["failure", "failure"], ["peer", "peer"]]
+    # Both launchers restarted twice. The one whose process held global rank 1 (c10d may
+    # give it to either worker in each round) saw a failure; the other a "peer" restart,
+    # or a failure of its own when its process died first on the broken collective.
+    per_launcher = [[str(r["cause"]) for r in restarts(error)] for error in errors]
+    assert [len(causes) for causes in per_launcher] == [2, 2], per_launcher
+    assert sum(causes.count("failure") for causes in per_launcher) >= 2, per_launcher
     assert os.environ.get("TORCH_DISABLE_SHARE_RDZV_TCP_STORE") is None  # the launcher's own
