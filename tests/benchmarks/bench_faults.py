@@ -66,7 +66,7 @@ CHECKPOINT_EVERY = 20
 HANG_TIMEOUT = 20  # the smallest hangTimeoutSeconds allows is 10
 SLOW_SECONDS = 40
 WARMUP_STEPS = 30  # healthy steps before the first fault and after each recovery
-STEPS = 400  # enough for the schedule; the job ends when it reaches them
+STEPS = 1500  # enough for the schedule at ~0.1 s a step; the job ends when it reaches them
 SITE_PACKAGES = Path(sys.prefix) / "lib" / "python3.11" / "site-packages"
 
 
@@ -145,7 +145,12 @@ def wait_for(
 
 
 def healthy_steps_after(steps_dir: Path, since: float, count: int) -> Callable[[], bool]:
-    return lambda: sum(r.t > since for r in rank0_steps(steps_dir)) >= count
+    def enough() -> bool:
+        records = rank0_steps(steps_dir)
+        done = bool(records) and records[-1].step >= STEPS
+        return done or sum(r.t > since for r in records) >= count
+
+    return enough
 
 
 def run_mode(cluster: Cluster, mode: str, faults: list[tuple[str, int]]) -> dict[str, Any]:
