@@ -6,7 +6,7 @@ bucket (tc tbf: this kernel has no netem). Each worker runs the launcher's own p
 (runtime/launcher/preflight.py: torch.distributed.run, 2 processes, gloo) exactly as in a
 pod, and the operator's pure verdict (lifecycle/preflight.py) over the two /status
 documents must name worker 1. The real-node e2e cannot show the same (one real node;
-tests/integration/test_preflight.py shows the re-placement on kwok nodes).
+tests/integration/test_preflight_replacement.py shows the re-placement on kwok nodes).
 """
 
 from __future__ import annotations

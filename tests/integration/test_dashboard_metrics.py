@@ -39,7 +39,7 @@ def test_every_panel_and_alert_reads_what_the_operator_serves(cluster, namespace
     text = wait_until(waiting, 60, "the unplaceable gang in the waiting gauges")
     queries = chart_queries(rendered())
     assert len(queries) > 20
-    # A job's goodput ratio needs the runtime's reports: test_goodput.py checks its panel.
+    # A job's goodput ratio needs the runtime's reports: test_goodput_channel.py checks its panel.
     queries = [(where, expr) for where, expr in queries if RUNTIME_ONLY not in expr]
     found = [f"{where}: {p}" for where, expr in queries for p in problems(expr, text)]
     assert not found, "\n".join(found)

@@ -1,6 +1,6 @@
 """runPolicy.preflight on the real control plane, from signed runtime reports.
 
-As in test_goodput.py, the worker runs with hostNetwork on a kwok node and the test
+As in test_goodput_channel.py, the worker runs with hostNetwork on a kwok node and the test
 serves its /status with the runtime's own StatusServer and signer. The first gang's
 launcher reports a bandwidth test whose ranks are below `minBusGbps`: the operator
 must name the worker's node and ranks, mark the node, and re-place the gang on another
@@ -18,7 +18,7 @@ from typing import Any
 import pytest
 
 from cluster.deploy import free_port
-from integration.test_goodput import condition, start_job
+from integration.test_goodput_channel import condition, start_job
 from integration.trainwave_fixtures import (
     env_of,
     events_about,
