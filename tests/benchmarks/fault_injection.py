@@ -142,15 +142,7 @@ class StatusWatch:
 
     def first_change_after(self, since: float) -> float | None:
         """When the status first showed a repair or a hang after `since`."""
-        before = next((v for t, v in reversed(self._changes) if t <= since), None)
-        for t, view in self._changes:
-            if t <= since or before is None:
-                continue
-            if any(view[key] != before[key] for key in ("attempt", "restarts", "in_place")):
-                return t
-            if view["conditions"].get("Hung", ("", ""))[0] == "True":
-                return t
-        return None
+        return first_change_after(self._changes, since)
 
     def wait_condition(self, kind: str, text: str, since: float, timeout: float) -> float | None:
         """When condition `kind` first showed True with `text` in its message after `since`."""
@@ -177,3 +169,20 @@ def _view(status: dict[str, Any]) -> dict[str, Any]:
             if c.get("type") in ("Hung", "Straggler", "Running")
         },
     }
+
+
+def first_change_after(changes: list[tuple[float, dict[str, Any]]], since: float) -> float | None:
+    """The first time after `since` a count of repairs went up (attempt, restarts, in-place
+    restarts) or the Hung condition turned True. Counts that first appear (None -> 0) are
+    not news."""
+    before = next((v for t, v in reversed(changes) if t <= since), None)
+    if before is None:
+        return None
+    for t, view in changes:
+        if t <= since:
+            continue
+        if any((view[k] or 0) > (before[k] or 0) for k in ("attempt", "restarts", "in_place")):
+            return t
+        if view["conditions"].get("Hung", ("", ""))[0] == "True":
+            return t
+    return None

@@ -74,3 +74,18 @@ def test_a_torn_last_line_is_skipped(tmp_path: Path) -> None:
     log.write_text(json.dumps(good) + "\n" + '{"step": 2, "t": 3')
     assert read_steps(log) == [StepRecord(1, 2.5, 0, 3)]
     assert read_steps(tmp_path / "missing.jsonl") == []
+
+
+def test_detection_is_a_count_going_up_or_hung_turning_true() -> None:
+    from benchmarks.fault_injection import first_change_after
+
+    def view(attempt=0, restarts=0, in_place=None, hung=None):
+        conditions = {} if hung is None else {"Hung": (hung, "")}
+        return {"attempt": attempt, "restarts": restarts, "in_place": in_place,
+                "conditions": conditions}  # fmt: skip
+
+    changes = [(0.0, view()), (5.0, view(in_place=0)), (9.0, view(hung="False")),
+               (20.0, view(in_place=0, hung="True")), (30.0, view(attempt=1, restarts=1))]  # fmt: skip
+    assert first_change_after(changes, 1.0) == 20.0  # None -> 0 and Hung False are not news
+    assert first_change_after(changes, 25.0) == 30.0
+    assert first_change_after(changes, -1.0) is None  # nothing known before the fault
