@@ -16,6 +16,8 @@ restarts by cause and runs the hang watchdog (launcher/restarts.py).
 
 from __future__ import annotations
 
+import dataclasses
+import importlib.util
 import json
 import os
 import signal
@@ -51,6 +53,24 @@ def child_command(command: Sequence[str], nproc_per_node: int, in_place: bool = 
         return [*run, *command]
     # torchrun starts non-script commands (`python -u train.py`, `bash x.sh`) as is.
     return [*run, "--no-python", *command]
+
+
+NO_TORCH = (
+    "off: torch is not importable by this interpreter, so the command runs as is, without "
+    "torch's elastic agent (a failure recreates the gang)"
+)
+
+
+def in_place_where_possible(
+    settings: Settings, torch_present: Callable[[], bool] | None = None
+) -> Settings:
+    """In-place restarts need torch's elastic agent in the worker's own image: a worker that
+    runs no torch (a data job, a shell script) keeps running its command directly."""
+    present = torch_present or (lambda: importlib.util.find_spec("torch") is not None)
+    if not settings.in_place.enabled or present():
+        return settings
+    off = dataclasses.replace(settings.in_place, enabled=False, reason=NO_TORCH)
+    return dataclasses.replace(settings, in_place=off)
 
 
 def machine_facts() -> environment.Machine:
@@ -162,7 +182,7 @@ def main(argv: Sequence[str] | None = None, environ: Mapping[str, str] | None = 
         return EXIT_USAGE if not args else 0
     environ = dict(os.environ if environ is None else environ)
     try:
-        settings = load_settings(environ)
+        settings = in_place_where_possible(load_settings(environ))
         podinfo_dir = settings.podinfo_dir or Path(contract.PODINFO_MOUNT_PATH)
         worker_env = podinfo.worker_env(podinfo.read_annotations(podinfo_dir))
     except (SettingsError, podinfo.PodInfoError) as error:

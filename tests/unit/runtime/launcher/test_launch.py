@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import signal
@@ -250,3 +251,20 @@ def test_more_than_one_process_per_node_runs_under_torchrun(tmp_path: Path) -> N
     assert done.returncode == 0, done.stderr[-3000:]
     assert sorted(p.name for p in tmp_path.glob("rank*")) == ["rank0", "rank1"]
     assert (tmp_path / "rank1").read_text() == "2"
+
+
+def test_in_place_restarts_step_aside_where_torch_is_missing() -> None:
+    # A worker image without torch (the e2e tier's restricted job runs `python -c`):
+    # the command runs as is instead of failing under torch.distributed.run.
+    from trainwave.runtime.launch import NO_TORCH, in_place_where_possible
+    from trainwave.runtime.settings import InPlace
+
+    settings = load_settings({})
+    on = dataclasses.replace(settings, in_place=InPlace(enabled=True, max_restarts=3))
+    kept = in_place_where_possible(on, lambda: True)
+    assert kept.in_place.enabled
+    off = in_place_where_possible(on, lambda: False)
+    assert not off.in_place.enabled
+    assert off.in_place.reason == NO_TORCH
+    command = ["python", "-c", "print(1)"]
+    assert child_command(command, 1, in_place=off.in_place.enabled) == command
