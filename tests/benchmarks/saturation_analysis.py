@@ -11,6 +11,13 @@ ended) and every gang's arrival, all in seconds after the stream started. Output
   arrival), as the issue compares them. The lag is split into its stages: room -> the
   operator released the gang (pinned and ungated) -> kube-scheduler bound every worker ->
   kwok reported every worker Running.
+  Hand-off lag, room not reserved (added with issue 27's fairness work; the column above is
+  kept as it was): a gang the queue held because its room was reserved for an earlier,
+  protected gang (HeldForEarlierJob) had no room of its own until that gang was placed.
+  Its room counts from the later of the moment it appeared and the release of the last
+  gang it was held for (that gang's first worker released: the round that placed it ended
+  the hold). The idle GPUs of such a hold are not lost from the report: they are the gap
+  between utilisation and the packable bound.
 - GPU utilisation while gangs wait (any arrived gang not started): GPUs with a Running
   worker over the cluster's GPUs, and against two bounds on what any placer could have
   kept busy at each moment with the gangs that waited then: "fluid" (every waiting GPU
@@ -104,16 +111,24 @@ def summarize_gangs(
     gangs: Sequence[GangSpan],
     node_gpus: int,
     held: Mapping[str, Sequence[tuple[float, str]]] | None = None,
+    holders: Mapping[str, Iterable[str]] | None = None,
 ) -> dict[str, object]:
     """`held`: per gang, (time, reason) its status showed a hold by queue policy; a
     hand-off of a gang held after its room appeared counts apart (the room was kept
-    for another gang, or the gang chose to wait for its preferred level)."""
+    for another gang, or the gang chose to wait for its preferred level). `holders`: per
+    gang, the gangs its HeldForEarlierJob reasons named (for the room-not-reserved lag)."""
     held = held or {}
+    holders = holders or {}
     by_node: dict[str, list[PodSpan]] = defaultdict(list)
+    released: dict[str, float] = {}
     for gang in gangs:
         for pod in gang.pods:
             by_node[pod.node].append(pod)
+        times = [t for t in (p.held_from for p in gang.pods) if t is not None]
+        if times:
+            released[gang.name] = min(times)
     handoff: list[float] = []
+    unreserved: list[float] = []
     unheld: list[float] = []
     policy: dict[str, list[float]] = defaultdict(list)
     at_once: list[float] = []
@@ -126,6 +141,10 @@ def summarize_gangs(
         room = room_appeared(gang, by_node, node_gpus)
         if room > gang.arrival:
             handoff.append(start - room)
+            ends = [
+                released[h] for h in holders.get(gang.name, ()) if released.get(h, INF) <= start
+            ]
+            unreserved.append(start - max([room, *ends]))
             reasons = holds_between(held.get(gang.name, ()), room, start)
             if reasons:
                 for reason in reasons:
@@ -143,6 +162,7 @@ def summarize_gangs(
             at_once.append(start - gang.arrival)
     return {
         "handoff_lag_seconds": quantiles(handoff),
+        "handoff_lag_room_not_reserved_seconds": quantiles(unreserved),
         "handoff_lag_not_held_seconds": quantiles(unheld),
         "handoff_lag_held_by_policy_seconds": {r: quantiles(v) for r, v in policy.items()},
         "handoff_stages_seconds": {

@@ -137,3 +137,18 @@ def test_makespan_and_waits_by_size() -> None:
     assert span["fluid_bound_seconds"] == 20.0
     waits = waits_by_size([first, second])
     assert waits["1 nodes"]["max"] == 11.0
+
+
+def test_room_reserved_for_an_earlier_gang_counts_from_that_gangs_release() -> None:
+    """b's node freed at 10, but it was held for `big` until big was released at 14.8."""
+    first = gang("a", 0.0, pod("a", "n1", 1.0, 10.0))
+    big = gang("big", 1.0, pod("big", "n2", 15.0, None))
+    second = gang("b", 2.0, pod("b", "n1", 16.0, None))
+    held = {"b": [(3.0, "NotEnoughResources"), (11.0, "HeldForEarlierJob"), (15.5, "Placing")]}
+    summary = summarize_gangs([first, big, second], 8, held, {"b": ["big"]})
+    assert summary["handoff_lag_seconds"]["max"] == 6.0  # 16 - 10, as before
+    assert summary["handoff_lag_room_not_reserved_seconds"]["max"] == 1.2  # 16 - 14.8
+    # A holder placed after the gang started (it was overtaken) does not move its room.
+    late = gang("big", 1.0, pod("big", "n2", 30.0, None))
+    again = summarize_gangs([first, late, second], 8, held, {"b": ["big"]})
+    assert again["handoff_lag_room_not_reserved_seconds"]["max"] == 6.0
