@@ -106,6 +106,26 @@ def test_a_gang_waits_for_one_rack_before_spreading_and_takes_it_when_it_frees(
         assert "1 rack" in body["status"]["placement"]["summary"]
 
 
+def test_a_gang_waiting_for_one_rack_spreads_at_once_when_a_gang_queues_behind_it(
+    cluster, namespace, running_operator
+):
+    """Rule 8b: in a saturated cluster the wait would idle the room the queue waits for."""
+    with node_pool(cluster, rack_sizes=(2, 2)) as pool:
+        fragment_both_racks(cluster, namespace, pool)
+        wait = {"preferredLevelWaitSeconds": 300}
+        apply(cluster, namespace, pool_job("patient", pool, workers=2, gpus=8, placement=wait))
+        wait_until(
+            lambda: scheduled(cluster, namespace, "patient").get("reason")
+            == "WaitingForPreferredLevel",
+            30, "the gang to wait for one rack",
+        )  # fmt: skip
+        apply(cluster, namespace, pool_job("behind", pool, workers=2, gpus=8, placement=wait))
+        body = wait_for_phase(cluster, namespace, "patient", "Running", timeout=60)
+        summary = body["status"]["placement"]["summary"]
+        assert "2 racks" in summary, summary
+        assert all(gated(p) for p in worker_pods(cluster, namespace, "behind"))
+
+
 def test_time_spent_waiting_for_any_room_does_not_use_up_the_wait_for_one_rack(
     cluster, namespace, running_operator
 ):

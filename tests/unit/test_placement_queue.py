@@ -236,3 +236,50 @@ def test_rule_8_never_delays_a_gang_that_waiting_cannot_help(
 ) -> None:
     gang = replace(job("g", workers, preferred_level="rack"), may_spread=False)
     assert outcome(schedule(make_cluster(*racks), [gang])) == {"g": "admit"}
+
+
+def test_rule_8b_a_gang_with_gangs_waiting_behind_it_spreads_at_once() -> None:
+    """In a saturated cluster the wait for one rack would idle the room the queue waits for."""
+    snapshot = make_cluster([8, 8, 0, 0], [8, 8, 8, 0])  # 2 and 3 nodes free
+    first = replace(job("first", 4, preferred_level="rack", arrival=1), may_spread=False)
+    second = replace(job("second", 4, preferred_level="rack", arrival=2), may_spread=False)
+    result = schedule(snapshot, [first, second])
+    assert outcome(result) == {"first": "admit", "second": Blocker.NOT_ENOUGH_GPUS}
+    assert result.admitted[0].placement.preferred_met is False
+    # Alone, with nobody behind it, the same gang waits for one rack (rule 8).
+    assert outcome(schedule(snapshot, [first])) == {"first": "WaitingForPreferredLevel"}
+
+
+def test_rule_8b_a_gang_that_never_fits_behind_it_does_not_count_as_waiting() -> None:
+    snapshot = make_cluster([8, 8, 0, 0], [8, 8, 8, 0])
+    first = replace(job("first", 4, preferred_level="rack", arrival=1), may_spread=False)
+    huge = job("huge", 40, arrival=2)
+    result = schedule(snapshot, [first, huge])
+    assert outcome(result) == {"first": "WaitingForPreferredLevel", "huge": NEVER_FITS}
+
+
+def test_rule_8b_the_last_of_several_rack_waiters_keeps_its_wait_while_room_lasts() -> None:
+    """Only gangs with someone waiting behind them are waived; the round is decided again."""
+    snapshot = make_cluster([8, 8, 0, 0], [8, 8, 8, 0], [8, 8, 8, 0])  # 2, 3 and 3 free
+    gangs = [
+        replace(job(key, 4, preferred_level="rack", arrival=i), may_spread=False)
+        for i, key in enumerate(("a", "b"))
+    ]
+    result = schedule(snapshot, gangs)
+    # a spreads (b waits behind it); b then finds 4 of the 8 free nodes, but none in one
+    # rack, and nobody waits behind it: it keeps its wait for one rack.
+    assert outcome(result) == {"a": "admit", "b": "WaitingForPreferredLevel"}
+
+
+def test_rule_8a_a_protected_gang_starts_spread_once_its_room_is_complete() -> None:
+    snapshot = make_cluster([8, 8, 0, 0], [8, 8, 8, 0])
+    protected = replace(
+        job("big", 4, preferred_level="rack", arrival=1, skipped=4), may_spread=False
+    )
+    result = schedule(snapshot, [protected], QueuePolicy(max_skips=4))
+    assert outcome(result) == {"big": "admit"}
+    assert result.admitted[0].placement.preferred_met is False
+    not_yet = replace(protected, skipped=3)
+    assert outcome(schedule(snapshot, [not_yet], QueuePolicy(max_skips=4))) == {
+        "big": "WaitingForPreferredLevel"
+    }

@@ -39,3 +39,13 @@ def test_gangs_no_longer_waiting_are_forgotten() -> None:
     assert not clock.may_spread("a", 0, 1, now=10)
     assert clock.may_spread("b", 0, 1, now=10)
     assert not clock.may_spread("c", 2, 1, now=10)
+
+
+def test_the_placer_knows_when_a_wait_ends_so_it_can_run_a_round_then() -> None:
+    clock = SpreadClock()
+    assert clock.ends_at("a", 0, 10) is None  # not held yet
+    clock.held("a", 0, now=100)
+    clock.held("a", 0, now=104)
+    assert clock.ends_at("a", 0, 10) == 110
+    assert clock.ends_at("a", 1, 10) is None  # another attempt
+    assert clock.ends_at("a", 0, 0) is None  # no wait: spreads at once

@@ -67,8 +67,8 @@ from trainwave.placement.preemption import Preemption, RunningGang
 from trainwave.placement.queueing import PendingJob, QueuePolicy
 from trainwave.placement.records import PodRecord, pod_record
 from trainwave.placement.requirements import PodNeeds
+from trainwave.placement.round import Round, plan_round
 from trainwave.placement.round import Ticket as RoundTicket
-from trainwave.placement.round import plan_round
 from trainwave.placement.sharing import SharedPlacement
 from trainwave.placement.snapshot import ClusterSnapshot, NodeInfoMemo
 from trainwave.placement.spread_clock import SpreadClock
@@ -134,6 +134,7 @@ class Placer:
         self._waits: dict[JobKey, PlacementWait] = {}
         self._since: dict[JobKey, tuple[int, float]] = {}  # (attempt, epoch) it first waited
         self._spread_clock = SpreadClock()  # how long rule 8 has held each gang
+        self._spread_due: float | None = None  # monotonic time the first such wait ends
         self._measured: ClusterView | None = None  # the view the GPU gauges were last set from
         self._measured_at = 0.0  # time.monotonic() of that
         self._infos = NodeInfoMemo()  # node by node, only what changed is rebuilt per round
@@ -170,7 +171,7 @@ class Placer:
     async def run(self) -> None:
         while True:
             with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(self._event.wait(), timeout=self._retry)
+                await asyncio.wait_for(self._event.wait(), timeout=self._next_wake())
             self._event.clear()
             if not self._tickets:
                 # No round runs, but pods still come and go: keep the GPU gauges current.
@@ -206,27 +207,10 @@ class Placer:
                 return None
             view = await asyncio.to_thread(self._view)
             self._inflight.settle(view)
-            snapshot = await asyncio.to_thread(lambda: self._inflight.apply(self._snapshot(view)))
-            request = replace(ticket.request, workers=len(gang), pod=gang[0].needs)
-            name = f"{key[0]}/{key[1]}"
-            job = PendingJob(
-                name, request, ticket.priority, ticket.arrival, 0,
-                may_spread=self._may_spread(key, ticket),
-            )  # fmt: skip
-            result = await asyncio.to_thread(
-                partial(
-                    plan_round,
-                    snapshot,
-                    [RoundTicket(job, ticket.network)],
-                    self._clock(),
-                    policy=self._policy,
-                    shared_shapes=view.shared_shapes,
-                    running=[],  # no preemption here: the queue's rounds decide that
-                )
-            )
-            decided = time.perf_counter() - started
-            metrics.PLACEMENT_DECISION_SECONDS.observe(decided)
-            metrics.PLACEMENT_ROUND_SECONDS.observe(decided)
+            # A one-ticket round through the same code as the queue's, without preemption:
+            # the queue's rounds decide that.
+            _, result, _ = await self._decide(view, {key: (ticket, gang)}, running=[])
+            metrics.PLACEMENT_ROUND_SECONDS.observe(time.perf_counter() - started)
             admitted = result.admitted[0].placement if len(result.admitted) == 1 else None
             if not isinstance(admitted, Placement):
                 return None
@@ -249,48 +233,18 @@ class Placer:
     async def _round(self) -> None:
         tickets = dict(self._tickets)
         view = await asyncio.to_thread(self._view)
-        started = time.perf_counter()
         self._inflight.settle(view)
         gangs = {
             key: gang
             for key, gang in _gated_gangs(view, tickets).items()
             if not self._inflight.covers(gang)  # released; the cache has not seen it yet
         }
-        # Building the snapshot and deciding are pure and can take a few hundred ms on a
-        # large cluster: off the event loop, so kopf's watches and the reconciles go on.
-        snapshot = await asyncio.to_thread(lambda: self._inflight.apply(self._snapshot(view)))
-        names: dict[str, JobKey] = {}
-        round_tickets = []
-        for key, gang in gangs.items():
-            ticket = tickets[key]
-            name = f"{key[0]}/{key[1]}"
-            names[name] = key
-            request = replace(ticket.request, workers=len(gang), pod=gang[0].needs)
-            job = PendingJob(
-                name,
-                request,
-                ticket.priority,
-                ticket.arrival,
-                self._skips.get(key, 0),
-                may_spread=self._may_spread(key, ticket),
-            )
-            round_tickets.append(RoundTicket(job, ticket.network))
         self._preempting = {
             k: v for k, v in self._preempting.items() if any(view.workers.get(g) for g in v)
         }
         running = self._running_gangs(view, exclude=gangs.keys())
-        result = await asyncio.to_thread(
-            partial(
-                plan_round,
-                snapshot,
-                round_tickets,
-                self._clock(),
-                policy=self._policy,
-                shared_shapes=view.shared_shapes,
-                running=running,
-            )
-        )
-        metrics.PLACEMENT_DECISION_SECONDS.observe(time.perf_counter() - started)
+        entries = {key: (tickets[key], gang) for key, gang in gangs.items()}
+        snapshot, result, names = await self._decide(view, entries, running=running)
         inventories = {n.name: n.inventory for n in view.nodes if n.inventory is not None}
         for admit in result.admitted:
             key = names[admit.job.key]
@@ -300,10 +254,15 @@ class Placer:
                 network = tickets[key].network
                 release = self._release(key, gangs[key], admit.placement, inventories, network)
             self._dispatch(release)
+        self._spread_due = None
         for wait in result.waiting:
             key = names[wait.job.key]
             if wait.code == Reason.WAITING_FOR_PREFERRED_LEVEL:
-                self._spread_clock.held(key, tickets[key].attempt, time.monotonic())
+                ticket = tickets[key]
+                self._spread_clock.held(key, ticket.attempt, time.monotonic())
+                due = self._spread_clock.ends_at(key, ticket.attempt, ticket.spread_wait)
+                if due is not None:
+                    self._spread_due = min(due, self._spread_due or due)
             how = tickets[key].shared_how
             reason = (
                 f"{wait.reason} ({how})" if how and wait.job.request.shared_mib else wait.reason
@@ -316,11 +275,62 @@ class Placer:
         if time.monotonic() - self._measured_at >= MEASURE_SECONDS:
             await asyncio.to_thread(self._measure, view, snapshot)
 
+    async def _decide(
+        self,
+        view: ClusterView,
+        gangs: Mapping[JobKey, tuple[Ticket, list[PodRecord]]],
+        *,
+        running: Sequence[RunningGang],
+    ) -> tuple[ClusterSnapshot, Round, dict[str, JobKey]]:
+        """The one way into placement, for a round and for a gang placed at creation alike:
+        the snapshot (reservations counted), each gang asked with its stored (or about to
+        be created) pods' needs, and the pure round. Returns the snapshot, the round and
+        the round's job names back to their keys."""
+        started = time.perf_counter()
+        # Building the snapshot and deciding are pure and can take a few hundred ms on a
+        # large cluster: off the event loop, so kopf's watches and the reconciles go on.
+        snapshot = await asyncio.to_thread(lambda: self._inflight.apply(self._snapshot(view)))
+        names: dict[str, JobKey] = {}
+        round_tickets = []
+        for key, (ticket, gang) in gangs.items():
+            name = f"{key[0]}/{key[1]}"
+            names[name] = key
+            request = replace(ticket.request, workers=len(gang), pod=gang[0].needs)
+            job = PendingJob(
+                name,
+                request,
+                ticket.priority,
+                ticket.arrival,
+                self._skips.get(key, 0),  # 0 for a gang not queued yet
+                may_spread=self._may_spread(key, ticket),
+            )
+            round_tickets.append(RoundTicket(job, ticket.network))
+        result = await asyncio.to_thread(
+            partial(
+                plan_round,
+                snapshot,
+                round_tickets,
+                self._clock(),
+                policy=self._policy,
+                shared_shapes=view.shared_shapes,
+                running=running,
+            )
+        )
+        metrics.PLACEMENT_DECISION_SECONDS.observe(time.perf_counter() - started)
+        return snapshot, result, names
+
+    def _next_wake(self) -> float:
+        """Seconds until the next round without news: the retry period, or sooner when a
+        gang's preferredLevelWaitSeconds ends first (its round then starts it spread at
+        once rather than at the next retry)."""
+        if self._spread_due is None:
+            return self._retry
+        return max(0.0, min(self._retry, self._spread_due - time.monotonic()))
+
     def _may_spread(self, key: JobKey, ticket: Ticket) -> bool:
         """Whether this attempt has waited its preferredLevelWaitSeconds, counted from the
-        first round that held it for its preferred level (placement/spread_clock.py); rounds
-        run at least every `retry_seconds`, so a gang starts spread at most that much after
-        its wait ends."""
+        first round that held it for its preferred level (placement/spread_clock.py); a
+        round runs when the first such wait ends (`_next_wake`)."""
         return self._spread_clock.may_spread(
             key, ticket.attempt, ticket.spread_wait, time.monotonic()
         )

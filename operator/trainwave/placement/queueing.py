@@ -32,6 +32,18 @@ Rules:
    its preferredLevelWaitSeconds run) that would start spread over several domains of its
    preferred level, but would fit one domain of the empty cluster, waits for one to free
    up. It blocks nobody: the caller bounds the wait, as Slurm's `--switches=count@max-time`.
+   Two cases skip that wait, so that it never idles GPUs a queue is waiting for:
+   a. a *protected* gang (rule 3) starts as soon as its room is complete, spread or not:
+      it was overtaken `max_skips` times already, and a gang waiting by choice holds
+      nothing, so later gangs would take the room it accumulated;
+   b. a gang behind which other gangs still wait for room at the end of the round (the
+      cluster is saturated) starts spread at once: the room it would leave either idles
+      while the queue grows or goes to a later gang that overtakes it. This is Kueue's
+      topology-aware scheduling's rule for a preferred level (podset-preferred-topology:
+      the smallest domain that fits now, else spread; admission never waits for one).
+      Whether gangs wait behind it depends on whether it starts, so the round is decided
+      again with the waived gangs allowed to spread, until no new gang qualifies (each
+      pass waives at least one more gang, so at most one pass per rule-8 gang).
 """
 
 from __future__ import annotations
@@ -124,6 +136,27 @@ def schedule(
     limit = (policy or QueuePolicy()).max_skips
     order = sorted(pending, key=lambda job: (-job.priority, job.arrival, job.key))
     memo = _Memo(snapshot)
+    waived: frozenset[str] = frozenset()
+    while True:
+        decisions, working = _one_pass(
+            snapshot, order, limit=limit, active=active, memo=memo, waived=waived
+        )
+        more = _saturated_waiters(decisions) - waived  # rule 8b
+        if not more:
+            return Schedule(decisions, working)
+        waived |= more
+
+
+def _one_pass(
+    snapshot: ClusterSnapshot,
+    order: list[PendingJob],
+    *,
+    limit: int,
+    active: tuple[SharedShape, ...],
+    memo: _Memo,
+    waived: frozenset[str],
+) -> tuple[tuple[Admit | Wait, ...], ClusterSnapshot]:
+    """Rules 1-8 over the ordered queue; `waived`: keys rule 8b lets spread this pass."""
     working = snapshot
     blocked: list[_Blocked] = []
     decisions: list[Admit | Wait | _Blocked] = []
@@ -142,6 +175,8 @@ def schedule(
                 result = Unschedulable(job.key, Blocker.HELD, reason)
         if (
             not job.may_spread
+            and job.skipped < limit  # rule 8a: a protected gang does not wait by choice
+            and job.key not in waived  # rule 8b
             and isinstance(result, Placement)
             and result.preferred_room is not None  # missed the preferred level, not by spread
             and memo.fits_one_preferred_domain(job.request)
@@ -183,7 +218,26 @@ def schedule(
         Wait(d.job, d.code, d.reason, d.skipped) if isinstance(d, _Blocked) else d
         for d in decisions
     )
-    return Schedule(final, working)
+    return final, working
+
+
+# Waits no room can end: they say nothing about whether the cluster is saturated.
+_NOT_WAITING_FOR_ROOM = frozenset({NEVER_FITS, LARGER_THAN_ANY_GPU, str(Blocker.INVALID_REQUEST)})
+
+
+def _saturated_waiters(decisions: tuple[Admit | Wait, ...]) -> frozenset[str]:
+    """Rule 8b: the gangs waiting for their preferred level behind which (later in queue
+    order) some gang still waits for room."""
+    found: set[str] = set()
+    behind = False  # a later gang waits for room
+    for decision in reversed(decisions):
+        if not isinstance(decision, Wait):
+            continue
+        if decision.code == WAITING_FOR_PREFERRED_LEVEL and behind:
+            found.add(decision.job.key)
+        if decision.code not in _NOT_WAITING_FOR_ROOM:
+            behind = True
+    return frozenset(found)
 
 
 _Shape = tuple[object, ...]

@@ -35,6 +35,13 @@ class SpreadClock:
             return False
         return now - known[1] >= wait
 
+    def ends_at(self, key: Hashable, attempt: int, wait: float) -> float | None:
+        """When the attempt's wait ends (the clock's units); None when it is not held."""
+        known = self._held.get(key)
+        if wait <= 0 or known is None or known[0] != attempt:
+            return None
+        return known[1] + wait
+
     def keep_only(self, attempts: Mapping[Hashable, int]) -> None:
         """Forget every gang not still waiting with the same attempt."""
         self._held = {k: v for k, v in self._held.items() if attempts.get(k) == v[0]}
