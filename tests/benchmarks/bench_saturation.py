@@ -75,6 +75,7 @@ RESULTS = (
     / (f"saturation-{CONFIG.name}" + (f"-{TAG}" if TAG else ""))
 )
 DRAIN_TIMEOUT = 1800.0
+RACK_NODES = {"large": 16}.get(CONFIG.topology, 8)  # nodes a rack: large 16, medium-64 8
 GOALS = {
     "handoff_p99_seconds": 2.0,
     "handoff_room_not_reserved_p99_seconds": 2.0,
@@ -112,6 +113,7 @@ def main() -> int:
         held=holds.held,
         holders=holds.holders,
         protected_since=holds.protected_since,
+        racks=holds.racks,
         load=load,
         before=metrics_before,
         after=metrics_after,
@@ -225,6 +227,7 @@ class HoldWatch(Watch):
         self.held: dict[str, list[tuple[float, str]]] = {}
         self.holders: dict[str, set[str]] = {}  # the gangs HeldForEarlierJob named
         self.protected_since: dict[str, float] = {}  # a named gang: first seen protected
+        self.racks: dict[str, int] = {}  # racks the gang's placement summary names
 
     def _record(self, kind: str, job: dict[str, Any], now: float) -> None:
         condition = next(
@@ -240,10 +243,15 @@ class HoldWatch(Watch):
         if holder:
             self.holders.setdefault(name, set()).add(holder.group(1))
             self.protected_since.setdefault(holder.group(1), now)
+        racks = RACKS.search(job.get("status", {}).get("placement", {}).get("summary", ""))
+        if racks:
+            self.racks[name] = int(racks.group(1))
 
 
 # placement/explain.py waiting_for: "waiting for <namespace>/<name>, which later jobs ..."
 HOLDER = re.compile(r"waiting for [^/\s]+/([^,\s]+),")
+# placement/gang.py Placement.describe: "... on 8 nodes, 2 racks (rack-00, rack-01), ..."
+RACKS = re.compile(r"nodes?, (\d+) racks?\b")
 
 
 def submit(client: ApiClient, stream: list[SatJob], t0: float) -> dict[str, float]:
@@ -308,6 +316,7 @@ def summarize(
     held: dict[str, list[tuple[float, str]]],
     holders: dict[str, set[str]],
     protected_since: dict[str, float],
+    racks: dict[str, int],
     load: LoadSampler,
     before: dict[str, float],
     after: dict[str, float],
@@ -352,6 +361,7 @@ def summarize(
         "wait_seconds_by_gang_size": waits,
         "largest_gangs_wait_p95_seconds": largest.get("p95"),
         "protected_gangs": protected_waits(gangs, protected_since),
+        "locality": locality(stream, racks),
         "operator": {
             "placement_rounds": rounds,
             "mean_round_ms": round(
@@ -406,6 +416,17 @@ def protected_waits(gangs: list[GangSpan], since: dict[str, float]) -> dict[str,
             after.append(start - since[gang.name])
             whole.append(start - gang.arrival)
     return {"after_protection_seconds": quantiles(after), "wait_seconds": quantiles(whole)}
+
+
+def locality(stream: list[SatJob], racks: dict[str, int]) -> dict[str, int]:
+    """Gangs that fit one rack (the topology's racks hold 8 nodes) by how many racks their
+    placement summary named."""
+    fits = [job.name for job in stream if job.workers <= RACK_NODES]
+    return {
+        "one_rack": sum(1 for name in fits if racks.get(name) == 1),
+        "spread": sum(1 for name in fits if racks.get(name, 0) > 1),
+        "unknown": sum(1 for name in fits if name not in racks),
+    }
 
 
 def report(result: dict[str, Any]) -> str:
@@ -467,6 +488,10 @@ Protected gangs (overtaken max_skips times, then every node they can use held fo
 the first hold naming them (status, up to about 1 s late) to all Running:
 {fmt(result["protected_gangs"]["after_protection_seconds"])} s; their whole wait (arrival -> all Running):
 {fmt(result["protected_gangs"]["wait_seconds"])} s.
+
+Locality (the price of starting spread rather than waiting for one rack): of the gangs
+one rack could hold, {result["locality"]["one_rack"]} started in one rack and
+{result["locality"]["spread"]} over several ({result["locality"]["unknown"]} not seen).
 
 Operator: {op["placement_rounds"]} placement rounds (mean {op["mean_round_ms"]} ms), {op["gangs_placed"]} gangs
 placed ({op["gangs_placed_at_creation"]} at creation), {op["reconciles"]} reconciles.
