@@ -11,7 +11,6 @@ from __future__ import annotations
 import asyncio
 import sys
 from collections import Counter
-from collections.abc import Iterator
 from types import SimpleNamespace
 from typing import Any
 
@@ -25,13 +24,7 @@ from trainwave.controller.reconciler import Reconciler
 from trainwave.lifecycle import decide as decide_module
 from trainwave.lifecycle.observed import WorkerPod
 
-pytestmark = [
-    pytest.mark.timeout(10),
-    # Today: the status is parsed 4-5 times, the metadata twice, the create path decides twice.
-    pytest.mark.xfail(
-        strict=True, reason="issue 25: one parse, one decide (the refactor lifts this)"
-    ),
-]
+pytestmark = pytest.mark.timeout(10)
 KEY = ("team-a", "demo")
 MODELS = {"metadata": ObjectMeta, "status": TrainingJobStatus, "spec": TrainingJobSpec}
 
@@ -77,7 +70,7 @@ def parses(monkeypatch: pytest.MonkeyPatch) -> Counter[str]:
 
 
 @pytest.fixture
-def decisions(monkeypatch: pytest.MonkeyPatch) -> Iterator[list[int]]:
+def decisions(monkeypatch: pytest.MonkeyPatch) -> list[int]:
     """One entry per call of the state machine, wherever the reconciler imported it from."""
     calls: list[int] = []
     original = decide_module.decide
@@ -90,7 +83,7 @@ def decisions(monkeypatch: pytest.MonkeyPatch) -> Iterator[list[int]]:
         name = getattr(module, "__name__", "")
         if name.startswith("trainwave.") and getattr(module, "decide", None) is original:
             monkeypatch.setattr(module, "decide", counting)
-    yield calls
+    return calls
 
 
 def reconcile(api: Api, pods: list[WorkerPod]) -> float | None:

@@ -92,13 +92,17 @@ def parse_status(body: dict[str, Any]) -> TrainingJobStatus:
         return TrainingJobStatus()
 
 
-def parse_trainingjob(body: dict[str, Any]) -> TrainingJob:
-    metadata = parse_metadata(body)
+def parse_spec(body: dict[str, Any]) -> TrainingJobSpec:
+    """Raises InvalidSpec naming each field the schema let through but the model refuses."""
     try:
-        spec = TrainingJobSpec.model_validate(body.get("spec") or {})
+        return TrainingJobSpec.model_validate(body.get("spec") or {})
     except ValidationError as error:
         raise InvalidSpec(describe_errors(error)) from None
-    return TrainingJob(metadata=metadata, spec=spec, status=parse_status(body))
+
+
+def parse_trainingjob(body: dict[str, Any]) -> TrainingJob:
+    spec = parse_spec(body)
+    return TrainingJob(metadata=parse_metadata(body), spec=spec, status=parse_status(body))
 
 
 def describe_errors(error: ValidationError) -> str:

@@ -35,7 +35,7 @@ from trainwave.lifecycle.reported import apply_reports
 from trainwave.lifecycle.reports import WorkerReport, progress_status, rdma_verdict
 from trainwave.resolving import ResolvedJob, resolve_job
 
-__all__ = ["Decision", "JobEvent", "PlacementWait", "decide", "decide_invalid"]
+__all__ = ["Decision", "JobEvent", "PlacementWait", "count_created", "decide", "decide_invalid"]
 
 
 def decide(
@@ -95,6 +95,31 @@ def decide(
         if repair is not None:
             draft.stop(current)
             _restart_orfail(draft, job, repair.what, repair.cause)
+    return draft.finish()
+
+
+def count_created(
+    resolved: ResolvedJob,
+    decision: Decision,
+    pods: Sequence[WorkerPod],
+    now: datetime,
+    waiting: PlacementWait | None = None,
+    *,
+    service_exists: bool = False,
+) -> Decision:
+    """`decision`, which created workers of the attempt its status records and did nothing
+    else (lifecycle/plan.py only_creates), with those workers counted: `pods` are the
+    job's pods, the created ones among them. Nothing is decided again: the workers that
+    existed are as `decision` saw them and the created ones are new, so only the count and
+    the gang's progress move (behind the gate: Scheduling; placed at creation: waiting to
+    be bound). Its events are those of that progress; `decision`'s own are the caller's."""
+    job = resolved.job
+    draft = Draft(meta=job.metadata, now=now, status=decision.status)
+    draft.requeue_after, draft.memory = decision.requeue_after, decision.memory
+    attempt = decision.status.attempt
+    current = [p for p in pods if p.owner_uid == job.metadata.uid and p.attempt == attempt]
+    _count(draft, job, current)
+    _progress(draft, job, current, waiting, service_exists)
     return draft.finish()
 
 

@@ -1,0 +1,153 @@
+"""What the reconciler remembers of each job between reconciles, and why.
+
+Every map here is an expectation or a memory the API cannot hold for us, each
+dropped as soon as the watch catches up or the job goes:
+- the body our last status write returned, while the watch still shows the version
+  that write replaced (a decision never rests on a status older than our own;
+  resourceVersions are compared by equality, never by order, as the API asks);
+- pods created and not seen by the watch yet (ControllerExpectations,
+  pkg/controller/controller_utils.go, with a shorter expiry);
+- Services applied and not seen yet (the same idea: otherwise each reconcile between
+  the apply and its watch event applied the Service once more);
+- a status held after a gang was created placed (lifecycle/plan.py says when);
+- children refused in a row (the backoff's count) and what the goodput decisions
+  remember of the reports between polls.
+"""
+
+import time
+from dataclasses import dataclass
+from typing import Any
+
+from trainwave.api.status import TrainingJobStatus
+from trainwave.api.trainingjob import JobKey
+from trainwave.lifecycle.goodput import Memory
+from trainwave.lifecycle.observed import WorkerPod
+from trainwave.lifecycle.plan import Held
+
+# Pods created but not yet seen by the watch hold the job's next decision back at most
+# this long (kube-controller-manager's ControllerExpectations wait 5 minutes).
+EXPECTATIONS_SECONDS = 15.0
+
+
+@dataclass(frozen=True)
+class Expected:
+    """Pods this reconciler created for an attempt and the watch has not shown yet."""
+
+    attempt: int
+    names: frozenset[str]
+    until: float  # time.monotonic(): decide anyway after this
+
+
+class Bookkeeping:
+    def __init__(self) -> None:
+        # Per job: (the resourceVersion our last status write replaced, the body it returned).
+        self._written: dict[JobKey, tuple[str, dict[str, Any]]] = {}
+        self._expected: dict[JobKey, Expected] = {}
+        self._services_applied: dict[JobKey, float] = {}  # until when they count as there
+        self._held: dict[JobKey, Held] = {}
+        self._refusals: dict[JobKey, int] = {}
+        self._memories: dict[JobKey, Memory] = {}
+
+    def forget(self, key: JobKey) -> None:
+        """The job is gone or going: drop everything kept about it."""
+        self._written.pop(key, None)
+        self._expected.pop(key, None)
+        self._services_applied.pop(key, None)
+        self._held.pop(key, None)
+        self._refusals.pop(key, None)
+        self._memories.pop(key, None)
+
+    # -- the last status write ------------------------------------------------------------
+
+    def wrote(self, key: JobKey, replaced: str, returned: dict[str, Any]) -> None:
+        self._written[key] = (replaced, returned)
+
+    def fresher(self, key: JobKey, body: dict[str, Any] | None) -> dict[str, Any] | None:
+        """The watched body, or the one our last status write returned if the watch has not
+        caught up with that write yet."""
+        written = self._written.get(key)
+        if body is None or written is None:
+            self._written.pop(key, None)
+            return body
+        replaced, returned = written
+        if body["metadata"].get("resourceVersion") == replaced:
+            return returned
+        self._written.pop(key, None)  # the watch has moved past it
+        return body
+
+    # -- pods and Services created, not seen yet --------------------------------------------
+
+    def expect_pods(self, key: JobKey, attempt: int, names: frozenset[str]) -> None:
+        self._expected[key] = Expected(attempt, names, time.monotonic() + EXPECTATIONS_SECONDS)
+
+    def unseen(self, key: JobKey, pods: list[WorkerPod]) -> float | None:
+        """Seconds to wait while pods this reconciler created are not in the watch cache yet;
+        None to decide now. Deciding before the watch shows them would apply them again
+        and write a status that counts them missing; their ADDED events wake the job."""
+        expected = self._expected.get(key)
+        if expected is None:
+            return None
+        left = expected.until - time.monotonic()
+        seen = {p.name for p in pods if p.attempt == expected.attempt}
+        if left <= 0 or expected.names <= seen:
+            del self._expected[key]
+            return None
+        return left
+
+    def applied_service(self, key: JobKey) -> None:
+        self._services_applied[key] = time.monotonic() + EXPECTATIONS_SECONDS
+
+    def service_exists(self, key: JobKey, watched: bool) -> bool:
+        """The watch shows the job's Service (`watched`), or this reconciler applied it
+        less than EXPECTATIONS_SECONDS ago. A Service deleted later is gone from the watch
+        and applied again."""
+        if watched:
+            self._services_applied.pop(key, None)
+            return True
+        until = self._services_applied.get(key)
+        if until is None:
+            return False
+        if until > time.monotonic():
+            return True
+        del self._services_applied[key]
+        return False
+
+    # -- a held status ------------------------------------------------------------------------
+
+    def hold(self, key: JobKey, held: Held) -> None:
+        self._held[key] = held
+
+    def held(self, key: JobKey, uid: str, written: TrainingJobStatus) -> Held | None:
+        """The status held for the job, while it still stands in for the written one."""
+        held = self._held.get(key)
+        if held is None:
+            return None
+        if not held.stands_for(uid, written):
+            del self._held[key]
+            return None
+        return held
+
+    def drop_held(self, key: JobKey) -> None:
+        self._held.pop(key, None)
+
+    # -- refusals in a row, goodput memory -----------------------------------------------------
+
+    def refused(self, key: JobKey) -> int:
+        """One more child refused in a row: how many now."""
+        count = self._refusals[key] = self._refusals.get(key, 0) + 1
+        return count
+
+    def created(self, key: JobKey) -> None:
+        """Everything the job asked for went through: its refusals in a row end."""
+        self._refusals.pop(key, None)
+
+    def memory(self, key: JobKey) -> Memory | None:
+        return self._memories.get(key)
+
+    def remember(self, key: JobKey, memory: Memory | None) -> None:
+        # Kept whether or not the status is written: what it counts is only ever what is
+        # new in the reports, so deciding again from it counts nothing twice.
+        if memory is None:
+            self._memories.pop(key, None)
+        else:
+            self._memories[key] = memory
