@@ -12,13 +12,13 @@ from trainwave.api.trainingjob import InvalidSpec, TrainingJob
 from trainwave.builders.names import master_address, worker_hostname, worker_pod_name
 from trainwave.builders.pods import build_worker_pods
 from trainwave.builders.service import build_service
-from trainwave.resolving import check_template
+from trainwave.resolving import check_template, resolve_job
 
 pytestmark = pytest.mark.timeout(10)
 
 
 def build(job: TrainingJob, rank: int = 0, attempt: int = 0) -> dict[str, Any]:
-    (pod,) = build_worker_pods(job, (rank,), attempt)
+    (pod,) = build_worker_pods(resolve_job(job), (rank,), attempt)
     return pod
 
 
@@ -88,7 +88,7 @@ def test_template_labels_cannot_override_trainwave_labels() -> None:
                          ids=["single", "two-pods", "4x8", "3x2"])  # fmt: skip
 def test_torch_env_per_rank(workers: int, per_worker: int) -> None:
     job = make_job(workers=workers, processes_per_worker=per_worker, masterPort=23456)
-    pods = build_worker_pods(job, tuple(range(workers)), attempt=5)
+    pods = build_worker_pods(resolve_job(job), tuple(range(workers)), attempt=5)
     master = master_address("demo")
     assert master == "demo-worker-0.demo"
     for rank, pod in enumerate(pods):
@@ -201,7 +201,9 @@ def test_minimal_job_builds_a_minimal_pod() -> None:
 
 def test_pods_are_deterministic() -> None:
     job = make_job(template=TEMPLATE, gpus_per_worker=2)
-    assert build_worker_pods(job, (0, 1), 1) == build_worker_pods(job, (0, 1), 1)
+    assert build_worker_pods(resolve_job(job), (0, 1), 1) == build_worker_pods(
+        resolve_job(job), (0, 1), 1
+    )
 
 
 # --- check_template -----------------------------------------------------------------------
@@ -302,6 +304,6 @@ def test_service_is_headless_and_publishes_not_ready_workers() -> None:
 def test_service_selects_every_worker_pod() -> None:
     job = make_job(workers=3)
     selector = build_service(job)["spec"]["selector"]
-    for pod in build_worker_pods(job, (0, 1, 2), 4):
+    for pod in build_worker_pods(resolve_job(job), (0, 1, 2), 4):
         assert selector.items() <= pod["metadata"]["labels"].items()
         assert pod["spec"]["subdomain"] == build_service(job)["metadata"]["name"]

@@ -12,6 +12,7 @@ from factories import NOW, ago, make_job, make_pod, pod_name, rule
 from trainwave.api.trainingjob import InvalidSpec
 from trainwave.lifecycle.decide import decide, ignore_backoff
 from trainwave.lifecycle.observed import NodeHealth, WorkerPod
+from trainwave.resolving import resolve_job
 
 pytestmark = pytest.mark.timeout(10)
 
@@ -161,7 +162,7 @@ def test_failure_policy(
     nodes: dict[str, NodeHealth],
     expected: dict[str, Any],
 ) -> None:
-    decision = decide(make_job(**{**RUNNING, **options}), pods, NOW, nodes=nodes)
+    decision = decide(resolve_job(make_job(**{**RUNNING, **options})), pods, NOW, nodes=nodes)
     status = decision.status
     actual = {
         "phase": status.phase,
@@ -180,15 +181,15 @@ def test_failure_policy(
 
 
 def test_ignore_backoff_holds_the_next_gang_until_its_time() -> None:
-    after_ignore = decide(make_job(**RUNNING, rules=(rule("Ignore", "In", 137),)),
+    after_ignore = decide(resolve_job(make_job(**RUNNING, rules=(rule("Ignore", "In", 137),))),
                           [make_pod(0), oom()], NOW).status  # fmt: skip
     assert after_ignore.next_attempt_time == NOW + timedelta(seconds=10)
     job = make_job(phase="Restarting", attempt=1, start_time=ago(100),
                    status_extra={"nextAttemptTime": (NOW + timedelta(seconds=4)).isoformat()})  # fmt: skip
-    waiting = decide(job, [], NOW)
+    waiting = decide(resolve_job(job), [], NOW)
     assert (waiting.create_ranks, waiting.requeue_after) == ((), 4.0)
     assert waiting.status.next_attempt_time is not None
-    later = decide(job, [], NOW + timedelta(seconds=4))
+    later = decide(resolve_job(job), [], NOW + timedelta(seconds=4))
     assert later.create_ranks == (0, 1)
     assert later.status.next_attempt_time is None
 
@@ -204,7 +205,7 @@ def test_ignore_backoff_doubles_up_to_five_minutes(first: int, nth: int, seconds
 def test_backoff_zero_restarts_at_once() -> None:
     job = make_job(**RUNNING, rules=(rule("Ignore", "In", 137),),
                    failure_policy={"ignoreBackoffSeconds": 0})  # fmt: skip
-    decision = decide(job, [make_pod(0), oom()], NOW)
+    decision = decide(resolve_job(job), [make_pod(0), oom()], NOW)
     assert (decision.status.next_attempt_time, decision.requeue_after) == (None, None)
 
 

@@ -16,7 +16,7 @@ from trainwave.lifecycle.decide import PlacementWait, decide
 from trainwave.lifecycle.placing import INVALID_PLACEMENT
 from trainwave.placement.ranks import Parallelism
 from trainwave.placement.topology import DEFAULT_LEVELS
-from trainwave.resolving import gang_request
+from trainwave.resolving import gang_request, resolve_job
 
 pytestmark = pytest.mark.timeout(10)
 
@@ -44,13 +44,15 @@ def released(rank: int, *, bound: bool, at: float = 1, attempt: int = 0) -> Any:
 
 
 def test_every_worker_pod_is_created_behind_the_gate() -> None:
-    pods = build_worker_pods(make_job(workers=3, gpus_per_worker=8), (0, 1, 2), attempt=0)
+    pods = build_worker_pods(
+        resolve_job(make_job(workers=3, gpus_per_worker=8)), (0, 1, 2), attempt=0
+    )
     assert all(is_gated(pod) for pod in pods)
 
 
 def test_a_template_gate_of_someone_else_is_kept_beside_ours() -> None:
     template = {"spec": {"schedulingGates": [{"name": "example.com/quota"}]}}
-    [pod] = build_worker_pods(make_job(workers=1, template=template), (0,), attempt=0)
+    [pod] = build_worker_pods(resolve_job(make_job(workers=1, template=template)), (0,), attempt=0)
     assert [g["name"] for g in pod["spec"]["schedulingGates"]] == [
         "example.com/quota",
         contract.SCHEDULING_GATE,
@@ -152,7 +154,7 @@ def scheduled(decision: Any) -> tuple[str, str]:
 
 
 def test_a_gated_gang_asks_for_placement_and_says_so() -> None:
-    decision = decide(make_job(phase="Pending", gpus_per_worker=8), gated_gang(), NOW)
+    decision = decide(resolve_job(make_job(phase="Pending", gpus_per_worker=8)), gated_gang(), NOW)
     assert decision.wants_placement
     assert decision.status.phase == Phase.SCHEDULING
     assert scheduled(decision) == ("False", "Placing")
@@ -161,21 +163,23 @@ def test_a_gated_gang_asks_for_placement_and_says_so() -> None:
 
 def test_a_waiting_gang_shows_the_engines_reason() -> None:
     why = PlacementWait("NotEnoughGPUs", "needs 32 GPUs within one rack; the largest free has 24")
-    decision = decide(make_job(phase="Scheduling", gpus_per_worker=8), gated_gang(), NOW, why)
+    decision = decide(
+        resolve_job(make_job(phase="Scheduling", gpus_per_worker=8)), gated_gang(), NOW, why
+    )
     assert scheduled(decision) == ("False", "NotEnoughGPUs")
     assert decision.status.message == why.reason
     assert decision.status.reason == "NotEnoughGPUs"
 
 
 def test_a_gang_not_all_created_is_not_handed_to_the_placer() -> None:
-    decision = decide(make_job(phase="Pending"), gated_gang(1), NOW)
+    decision = decide(resolve_job(make_job(phase="Pending")), gated_gang(1), NOW)
     assert not decision.wants_placement
     assert decision.create_ranks == (1,)
 
 
 def test_an_invalid_placement_request_fails_the_job_and_stops_the_pods() -> None:
     why = PlacementWait(INVALID_PLACEMENT, "requiredLevel 'row' is not a level; levels: ...")
-    decision = decide(make_job(phase="Scheduling"), gated_gang(), NOW, why)
+    decision = decide(resolve_job(make_job(phase="Scheduling")), gated_gang(), NOW, why)
     assert decision.status.phase == Phase.FAILED
     assert decision.status.reason == "InvalidSpec"
     assert "spec.placement" in decision.status.message
@@ -185,7 +189,7 @@ def test_an_invalid_placement_request_fails_the_job_and_stops_the_pods() -> None
 
 def test_released_pods_record_the_placement_in_rank_order() -> None:
     pods = [released(1, bound=True), released(0, bound=True)]
-    decision = decide(make_job(phase="Scheduling"), pods, NOW)
+    decision = decide(resolve_job(make_job(phase="Scheduling")), pods, NOW)
     assert decision.status.placement is not None
     assert decision.status.placement.nodes == ["gpu-0", "gpu-1"]
     assert decision.status.placement.summary == "placed by the test"
@@ -194,7 +198,7 @@ def test_released_pods_record_the_placement_in_rank_order() -> None:
 
 def test_released_but_unbound_pods_wait_until_the_bind_timeout() -> None:
     pods = [released(0, bound=True, at=30), released(1, bound=False, at=30)]
-    decision = decide(make_job(phase="Scheduling"), pods, NOW)
+    decision = decide(resolve_job(make_job(phase="Scheduling")), pods, NOW)
     assert decision.status.phase == Phase.SCHEDULING
     assert scheduled(decision) == ("False", "WaitingForNodes")
     assert decision.requeue_after == pytest.approx(120 - 30)
@@ -204,7 +208,7 @@ def test_released_but_unbound_pods_wait_until_the_bind_timeout() -> None:
 def test_a_gang_that_did_not_bind_in_time_is_replanned_as_a_new_uncounted_attempt() -> None:
     job = make_job(phase="Scheduling", placement={"bindTimeoutSeconds": 30})
     pods = [released(0, bound=True, at=31), released(1, bound=False, at=31)]
-    decision = decide(job, pods, NOW)
+    decision = decide(resolve_job(job), pods, NOW)
     assert decision.status.attempt == 1
     assert decision.status.restarts == 0
     assert scheduled(decision) == ("False", "BindTimeout")
@@ -218,7 +222,7 @@ def test_a_gang_that_did_not_bind_in_time_is_replanned_as_a_new_uncounted_attemp
 
 def test_the_new_attempt_after_a_bind_timeout_is_created_gated_again() -> None:
     job = make_job(phase="Pending", attempt=1)
-    decision = decide(job, [], NOW)
+    decision = decide(resolve_job(job), [], NOW)
     assert decision.create_ranks == (0, 1)
-    pods = build_worker_pods(job, decision.create_ranks, decision.status.attempt)
+    pods = build_worker_pods(resolve_job(job), decision.create_ranks, decision.status.attempt)
     assert all(is_gated(pod) for pod in pods)

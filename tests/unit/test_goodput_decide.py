@@ -22,6 +22,7 @@ from trainwave.lifecycle.reports import (
     WorkerReport,
     read_report,
 )
+from trainwave.resolving import resolve_job
 
 pytestmark = pytest.mark.timeout(20)
 
@@ -66,7 +67,7 @@ def job(*, timeout: int | None = 60, conditions: tuple[dict[str, Any], ...] = ()
 
 def decided(found_job: Any, reports: dict[int, WorkerReport], *, at: datetime = NOW,
             memory: Memory | None = None, pods: Any = None) -> Decision:  # fmt: skip
-    return decide(found_job, pods or running(), at, reports=reports, memory=memory)
+    return decide(resolve_job(found_job), pods or running(), at, reports=reports, memory=memory)
 
 
 def stale_memory(steps: tuple[int, ...], since: datetime) -> Memory:
@@ -175,7 +176,7 @@ def test_goodput_is_written_only_when_what_it_counts_moves() -> None:
     assert goodput.highest_step == 100
     assert goodput.productive_seconds == 50.0  # 100 steps x 0.5 s
     again = decide(
-        job(timeout=None).model_copy(update={"status": first.status}),
+        resolve_job(job(timeout=None).model_copy(update={"status": first.status})),
         running(),
         NOW,
         reports={0: report(0, 100), 1: report(1, 100)},
@@ -271,7 +272,7 @@ def test_malformed_restarts_and_in_place_never_raise(restarts: Any, in_place: An
 def test_an_operator_that_has_not_read_the_workers_yet_changes_nothing() -> None:
     # After an operator restart the first reconcile may come before the first poll.
     hung_job = job(conditions=(hung_condition(ago(30)),))
-    found = decide(hung_job, running(), NOW, reports={}, memory=None)
+    found = decide(resolve_job(hung_job), running(), NOW, reports={}, memory=None)
     hung = found.status.condition(ConditionType.HUNG)
     assert hung is not None
     assert hung.status == "True"

@@ -10,6 +10,7 @@ from factories import make_body
 from trainwave import contract
 from trainwave.api.trainingjob import parse_trainingjob
 from trainwave.builders.pods import build_worker_pods
+from trainwave.resolving import resolve_job
 
 pytestmark = pytest.mark.timeout(30)
 IN_PLACE = {
@@ -33,7 +34,7 @@ def pods(
     body = make_body("ddp", workers=2, runtime=runtime, command=["python", "t.py"], **options)
     if hang is not None:
         body["spec"]["runPolicy"]["hangTimeoutSeconds"] = hang
-    return build_worker_pods(parse_trainingjob(body), (0, 1), attempt=attempt)
+    return build_worker_pods(resolve_job(parse_trainingjob(body)), (0, 1), attempt=attempt)
 
 
 def env(pod: dict[str, Any]) -> dict[str, str]:

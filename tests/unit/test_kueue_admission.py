@@ -140,7 +140,7 @@ CASES = [
 
 @pytest.mark.parametrize(("job_kwargs", "pods", "queued", "expected"), CASES)
 def test_decide_with_a_workload(job_kwargs, pods, queued, expected) -> None:
-    decision = decide(make_job(**job_kwargs), pods, NOW, admission=queued)
+    decision = decide(resolve_job(make_job(**job_kwargs)), pods, NOW, admission=queued)
     status = decision.status
     for key in ("phase", "reason"):
         if key in expected:
@@ -157,7 +157,7 @@ def test_decide_with_a_workload(job_kwargs, pods, queued, expected) -> None:
 
 
 def test_a_queued_job_says_which_queue_and_why() -> None:
-    decision = decide(make_job(), [], NOW, admission=admission(*PENDING))
+    decision = decide(resolve_job(make_job()), [], NOW, admission=admission(*PENDING))
     assert decision.status.message == (
         "waiting for Kueue admission in LocalQueue team-a: insufficient unused quota"
     )
@@ -171,24 +171,26 @@ DEACTIVATED = (*ADMITTED, cond("Evicted", reason="InactiveWorkload", message="de
 
 def test_a_suspended_job_deactivates_its_workload_then_gives_the_quota_back() -> None:
     job = make_job(suspend=True, phase="Running", start_time=ago(9))
-    first = decide(job, running(), NOW, admission=admission(*ADMITTED))
+    first = decide(resolve_job(job), running(), NOW, admission=admission(*ADMITTED))
     assert (first.status.phase, first.workload) == ("Suspended", WorkloadAction.DEACTIVATE)
     inactive = Admission(QUEUE, workload(DEACTIVATED, active=False))
-    assert decide(job, running(), NOW, admission=inactive).workload == WorkloadAction.NONE
-    assert decide(job, [], NOW, admission=inactive).workload == WorkloadAction.RELEASE
+    assert (
+        decide(resolve_job(job), running(), NOW, admission=inactive).workload == WorkloadAction.NONE
+    )
+    assert decide(resolve_job(job), [], NOW, admission=inactive).workload == WorkloadAction.RELEASE
     resumed = make_job(phase="Suspended")
     released = Admission(QUEUE, workload(PENDING, active=False))
-    again = decide(resumed, [], NOW, admission=released)
+    again = decide(resolve_job(resumed), [], NOW, admission=released)
     assert (again.status.phase, again.workload) == ("Pending", WorkloadAction.ACTIVATE)
     assert again.create_ranks == ()
 
 
 def test_queued_and_admitted_post_one_event_each() -> None:
-    queued = decide(make_job(), [], NOW, admission=admission(*PENDING))
+    queued = decide(resolve_job(make_job()), [], NOW, admission=admission(*PENDING))
     assert [e.reason for e in queued.events] == ["Created", "Queued"]
     job = make_job().model_copy(update={"status": queued.status})
-    assert decide(job, [], NOW, admission=admission(*PENDING)).events == ()
-    admitted = decide(job, [], NOW, admission=admission(*ADMITTED))
+    assert decide(resolve_job(job), [], NOW, admission=admission(*PENDING)).events == ()
+    admitted = decide(resolve_job(job), [], NOW, admission=admission(*ADMITTED))
     assert [e.reason for e in admitted.events] == ["Admitted"]
 
 
@@ -204,49 +206,51 @@ def test_kueues_reason_is_an_event_when_it_changes_not_on_every_resync() -> None
     """`kubectl describe` readers look at Events: Kueue's words on why the job waits are
     posted when they first come and when their gist changes; the counts moving ("8 more
     needed" -> "4 more needed") as other jobs come and go are the same reason."""
-    created = decide(make_job(), [], NOW, admission=Admission(QUEUE, None))
+    created = decide(resolve_job(make_job()), [], NOW, admission=Admission(QUEUE, None))
     assert [(e.reason, e.message) for e in created.events] == [
         ("Created", "job accepted"),
         ("Queued", "waiting for Kueue admission in LocalQueue team-a: creating its Workload"),
     ]
     job = make_job().model_copy(update={"status": created.status})
     # The Workload exists; Kueue has not said anything yet: no news.
-    quiet = decide(job, [], NOW, admission=admission())
+    quiet = decide(resolve_job(job), [], NOW, admission=admission())
     assert quiet.events == ()
     job = job.model_copy(update={"status": quiet.status})
-    said = decide(job, [], NOW, admission=pending(QUOTA_8))
+    said = decide(resolve_job(job), [], NOW, admission=pending(QUOTA_8))
     expected = f"waiting for Kueue admission in LocalQueue team-a: {QUOTA_8}"
     assert [(e.type, e.reason, e.message) for e in said.events] == [
         ("Normal", "KueuePending", expected)
     ]
     job = job.model_copy(update={"status": said.status})
-    assert decide(job, [], NOW, admission=pending(QUOTA_8)).events == (), "a resync"
-    fewer = decide(job, [], NOW, admission=pending(QUOTA_8.replace("8 more", "4 more")))
+    assert decide(resolve_job(job), [], NOW, admission=pending(QUOTA_8)).events == (), "a resync"
+    fewer = decide(
+        resolve_job(job), [], NOW, admission=pending(QUOTA_8.replace("8 more", "4 more"))
+    )
     assert fewer.events == (), "the same reason with other numbers"
     assert fewer.status.message.endswith("4 more needed"), "the status keeps the latest words"
     job = job.model_copy(update={"status": fewer.status})
     other = "ClusterQueue gpus is inactive"
-    changed = decide(job, [], NOW, admission=pending(other))
+    changed = decide(resolve_job(job), [], NOW, admission=pending(other))
     assert [(e.reason, e.message) for e in changed.events] == [
         ("KueuePending", f"waiting for Kueue admission in LocalQueue team-a: {other}")
     ]
 
 
 def test_an_eviction_moves_the_attempt_once() -> None:
-    first = decide(make_job(phase="Running", start_time=ago(9)), running(), NOW,
+    first = decide(resolve_job(make_job(phase="Running", start_time=ago(9))), running(), NOW,
                    admission=admission(*PREEMPTED))  # fmt: skip
     job = make_job(phase="Running").model_copy(update={"status": first.status})
     # The old pods are going away; the Workload still shows the eviction.
     leaving = [make_pod(r, 0, deleting=True) for r in (0, 1)]
-    again = decide(job, leaving, NOW, admission=admission(*PREEMPTED))
+    again = decide(resolve_job(job), leaving, NOW, admission=admission(*PREEMPTED))
     assert (again.status.attempt, again.status.preemptions) == (1, 1)
     assert again.workload == WorkloadAction.NONE  # pods not gone yet: quota kept
-    gone = decide(job, [], NOW, admission=admission(*PREEMPTED))
+    gone = decide(resolve_job(job), [], NOW, admission=admission(*PREEMPTED))
     assert (gone.status.attempt, gone.workload) == (1, WorkloadAction.RELEASE)
 
 
 def test_jobs_without_admission_run_as_before() -> None:
-    assert decide(make_job(), [], NOW).create_ranks == (0, 1)
+    assert decide(resolve_job(make_job()), [], NOW).create_ranks == (0, 1)
 
 
 def test_flavors_add_node_labels_and_tolerations() -> None:

@@ -13,6 +13,7 @@ from trainwave.api.trainingjob import TrainingJob
 from trainwave.lifecycle.conditions import clear_condition, set_condition
 from trainwave.lifecycle.decide import Decision, decide, decide_invalid
 from trainwave.lifecycle.observed import WorkerPod
+from trainwave.resolving import resolve_job
 
 pytestmark = pytest.mark.timeout(10)
 
@@ -158,7 +159,7 @@ def check(decision: Decision, expected: dict[str, Any]) -> None:
 
 @pytest.mark.parametrize(("job", "pods", "expected"), CASES)
 def test_decide(job: dict[str, Any], pods: list[WorkerPod], expected: dict[str, Any]) -> None:
-    decision = decide(make_job(**job), pods, NOW)
+    decision = decide(resolve_job(make_job(**job)), pods, NOW)
     check(decision, expected)
     assert decision.status.observed_generation == 1
     if "create" not in expected:
@@ -166,7 +167,7 @@ def test_decide(job: dict[str, Any], pods: list[WorkerPod], expected: dict[str, 
 
 
 def test_new_job_starts_the_clock_and_is_created() -> None:
-    status = decide(make_job(), [], NOW).status
+    status = decide(resolve_job(make_job()), [], NOW).status
     assert status.start_time == NOW
     created = status.condition(ConditionType.CREATED)
     assert created is not None
@@ -179,33 +180,35 @@ def test_all_running_after_counts_from_the_current_gang_not_the_first_start() ->
     job = job.model_copy(
         update={"status": job.status.model_copy(update={"attempt_start_time": ago(7)})}
     )
-    decision = decide(job, running(attempt=1), NOW)
+    decision = decide(resolve_job(job), running(attempt=1), NOW)
     assert decision.all_running_after == pytest.approx(7)
 
 
 def test_a_status_lost_after_the_workers_were_created_gets_its_start_times_back() -> None:
     """An operator restarted before it wrote the status it held: the workers are there."""
-    decision = decide(make_job(), running(), NOW)
+    decision = decide(resolve_job(make_job()), running(), NOW)
     assert decision.create_ranks == ()
     assert (decision.status.start_time, decision.status.attempt_start_time) == (NOW, NOW)
 
 
 def test_all_running_after_is_measured_once() -> None:
-    first = decide(make_job(phase="Starting", start_time=ago(42)), running(), NOW)
+    first = decide(resolve_job(make_job(phase="Starting", start_time=ago(42))), running(), NOW)
     assert first.all_running_after == 42.0
     assert first.status.all_running_time == NOW
-    again = decide(make_job(phase="Running", start_time=ago(42)), running(), NOW)
+    again = decide(resolve_job(make_job(phase="Running", start_time=ago(42))), running(), NOW)
     assert again.all_running_after is None
 
 
 def test_running_status_counts_ready_workers_and_gpus() -> None:
     pods = [make_pod(0), make_pod(1, ready=False), pending(2, bound=True)]
-    status = decide(make_job(workers=3, gpus_per_worker=8, phase="Starting"), pods, NOW).status
+    status = decide(
+        resolve_job(make_job(workers=3, gpus_per_worker=8, phase="Starting")), pods, NOW
+    ).status
     assert (status.ready_workers, status.ready, status.gpus) == (1, "1/3", 24)
 
 
 def test_restart_message_names_the_culprit_and_the_count() -> None:
-    decision = decide(make_job(**RUNNING), [make_pod(0), failed(1, 7)], NOW)
+    decision = decide(resolve_job(make_job(**RUNNING)), [make_pod(0), failed(1, 7)], NOW)
     assert decision.status.message == (
         "worker 1 (demo-a0-worker-1) exited with code 7; restarting the gang (restart 1 of 3)"
     )
@@ -216,12 +219,14 @@ def test_restart_message_names_the_culprit_and_the_count() -> None:
 
 def test_rule_verdict_message_names_the_rule() -> None:
     job = make_job(**RUNNING, rules=(rule("Ignore", "In", 9), rule("FailJob", "In", 2)))
-    message = decide(job, [failed(0, 2)], NOW).status.message
+    message = decide(resolve_job(job), [failed(0, 2)], NOW).status.message
     assert message.endswith("(failurePolicy.rules[1]: FailJob); the job failed")
 
 
 def test_failure_completes_the_job() -> None:
-    status = decide(make_job(**RUNNING, active_deadline_seconds=1), running(), NOW).status
+    status = decide(
+        resolve_job(make_job(**RUNNING, active_deadline_seconds=1)), running(), NOW
+    ).status
     assert (status.completion_time, status.gpus, status.ready_workers) == (NOW, 0, 0)
     failed_condition = status.condition(ConditionType.FAILED)
     assert failed_condition is not None
@@ -269,9 +274,9 @@ def test_clear_condition_leaves_absent_conditions_absent() -> None:
 
 
 def test_condition_time_does_not_move_across_reconciles() -> None:
-    first = decide(make_job(phase="Starting", start_time=START), running(), NOW)
+    first = decide(resolve_job(make_job(phase="Starting", start_time=START)), running(), NOW)
     later = make_job(phase="Running", start_time=START).model_copy(update={"status": first.status})
-    second = decide(later, running(), NOW + timedelta(minutes=5))
+    second = decide(resolve_job(later), running(), NOW + timedelta(minutes=5))
     assert second.status.conditions == first.status.conditions
     assert second.events == ()
 
@@ -294,17 +299,17 @@ def test_decide_is_idempotent(
     """
     del expected
     start = make_job(**job)
-    first = decide(start, pods, NOW)
+    first = decide(resolve_job(start), pods, NOW)
     if first.delete_job:
         return
-    second = decide(with_status(start, first), pods, NOW)
+    second = decide(resolve_job(with_status(start, first)), pods, NOW)
     assert second.events == ()
     assert second.all_running_after is None
     if first.status.attempt == start.status.attempt:
         assert second.status == first.status
         assert second.create_ranks == first.create_ranks
     assert set(second.delete_pods) >= set(first.delete_pods), "unapplied deletes are asked again"
-    third = decide(with_status(start, second), pods, NOW)
+    third = decide(resolve_job(with_status(start, second)), pods, NOW)
     assert third == second
 
 
@@ -316,7 +321,7 @@ def test_a_gang_lives_through_a_restart_to_success() -> None:
 
     def step(pods: list[WorkerPod], seconds: int) -> Decision:
         nonlocal job
-        decision = decide(job, pods, NOW + timedelta(seconds=seconds))
+        decision = decide(resolve_job(job), pods, NOW + timedelta(seconds=seconds))
         job = with_status(job, decision)
         phases.append(decision.status.phase)
         events.extend(e.reason for e in decision.events)
@@ -361,7 +366,9 @@ def test_a_refused_worker_is_a_condition_an_event_once_and_clears_when_all_exist
     assert again.events == (), "the same refusal is not announced twice"
 
     later = job.model_copy(update={"status": again.status})
-    cleared = decide(later, running(), NOW).status.condition(ConditionType.REPLICA_FAILURE)
+    cleared = decide(resolve_job(later), running(), NOW).status.condition(
+        ConditionType.REPLICA_FAILURE
+    )
     assert cleared is not None
     assert cleared.status == "False"
 
@@ -371,15 +378,15 @@ def test_the_service_is_wanted_once_every_worker_of_the_attempt_has_an_address()
     worker got its address."""
     scheduling = make_job(phase="Scheduling", start_time=START)
     gated = [make_pod(r, phase="Pending", bound=False, gated=True) for r in (0, 1)]
-    assert not decide(scheduling, gated, NOW).wants_service
+    assert not decide(resolve_job(scheduling), gated, NOW).wants_service
     one = [make_pod(0, phase="Pending", pod_ip="10.0.0.1"), make_pod(1, phase="Pending")]
-    assert not decide(scheduling, one, NOW).wants_service
+    assert not decide(resolve_job(scheduling), one, NOW).wants_service
     both = [make_pod(r, phase="Pending", pod_ip=f"10.0.0.{r + 1}") for r in (0, 1)]
-    starting = decide(scheduling, both, NOW)
+    starting = decide(resolve_job(scheduling), both, NOW)
     assert (starting.status.phase, starting.wants_service) == (Phase.STARTING, True)
     up = [make_pod(r, pod_ip=f"10.0.0.{r + 1}") for r in (0, 1)]
-    assert decide(make_job(**RUNNING), up, NOW).wants_service
-    assert not decide(make_job(**RUNNING), up, NOW, service_exists=True).wants_service
+    assert decide(resolve_job(make_job(**RUNNING)), up, NOW).wants_service
+    assert not decide(resolve_job(make_job(**RUNNING)), up, NOW, service_exists=True).wants_service
     broken = [up[0], failed(1)]
-    restarting = decide(make_job(**RUNNING), broken, NOW)
+    restarting = decide(resolve_job(make_job(**RUNNING)), broken, NOW)
     assert (restarting.status.phase, restarting.wants_service) == (Phase.RESTARTING, False)

@@ -22,7 +22,7 @@ from trainwave.builders.pods import build_worker_pods
 from trainwave.hardware.inventory import NodeInventory, from_document
 from trainwave.placement.snapshot import ClusterSnapshot
 from trainwave.placement.topology import DEFAULT_LEVELS
-from trainwave.resolving import gang_request
+from trainwave.resolving import gang_request, resolve_job
 
 pytestmark = pytest.mark.timeout(10)
 
@@ -31,7 +31,7 @@ RDMA = {"rdma": {}, "networks": ["fabric/ib0"], "socketInterface": "eth0"}
 
 def worker(network: dict[str, Any] | None, **options: Any) -> dict[str, Any]:
     job = make_job(workers=1, gpus_per_worker=8, network=network, **options)
-    [pod] = build_worker_pods(job, (0,), attempt=0)
+    [pod] = build_worker_pods(resolve_job(job), (0,), attempt=0)
     return pod
 
 

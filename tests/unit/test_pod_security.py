@@ -14,6 +14,7 @@ from trainwave.builders.pods import build_worker_pods
 from trainwave.builders.security import RESTRICTED_CONTAINER
 from trainwave.lifecycle.children import creating_failed
 from trainwave.lifecycle.podsecurity import explain_refusal
+from trainwave.resolving import resolve_job
 
 pytestmark = pytest.mark.timeout(30)
 
@@ -36,7 +37,9 @@ RESTRICTED_REFUSAL = (
 
 def pod_for(template: dict[str, Any] | None = None, **options: Any) -> dict[str, Any]:
     options.setdefault("command", ["torchrun", "train.py"])
-    [pod] = build_worker_pods(make_job(workers=1, template=template, **options), (0,), 0)
+    [pod] = build_worker_pods(
+        resolve_job(make_job(workers=1, template=template, **options)), (0,), 0
+    )
     return pod
 
 

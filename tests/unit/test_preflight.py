@@ -20,6 +20,7 @@ from trainwave.api.trainingjob import parse_trainingjob
 from trainwave.lifecycle.decide import Decision, decide
 from trainwave.lifecycle.preflight import judge
 from trainwave.lifecycle.reports import PreflightReport, WorkerReport, read_preflight, read_report
+from trainwave.resolving import resolve_job
 from trainwave.runtime import preflight as measuring
 from trainwave.runtime.launcher import preflight as launching
 
@@ -162,7 +163,7 @@ def decide_with(
         assert read is not None
         assert found is not None
         reports[worker] = read
-    return decide(job, pods, NOW, reports=reports)  # fmt: skip
+    return decide(resolve_job(job), pods, NOW, reports=reports)  # fmt: skip
 
 
 def test_a_slow_node_is_named_marked_and_the_gang_replaced_as_a_disruption() -> None:
@@ -230,7 +231,7 @@ def test_off_by_default_nothing_is_judged() -> None:
     assert job.spec.run_policy.preflight.enabled is False
     report = read_report({"node_rank": 0, "preflight": {"attempt": 0, "done": True,
                           "ranks": {"0": {"sendrecv_gbps": 0.001}}}})  # fmt: skip
-    found = decide(job, [make_pod(0), make_pod(1)], NOW, reports={0: report})  # type: ignore[dict-item]
+    found = decide(resolve_job(job), [make_pod(0), make_pod(1)], NOW, reports={0: report})  # type: ignore[dict-item]
     assert found.status.preflight is None
     assert not found.mark_nodes
 

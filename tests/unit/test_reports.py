@@ -11,6 +11,7 @@ from trainwave.api.status import ConditionType
 from trainwave.controller.reporting import parse_networks
 from trainwave.lifecycle.decide import decide
 from trainwave.lifecycle.reports import progress_status, rdma_verdict, read_report
+from trainwave.resolving import resolve_job
 
 pytestmark = pytest.mark.timeout(20)
 
@@ -88,7 +89,10 @@ def test_progress_comes_from_rank_zero_with_a_summary_for_kubectl() -> None:
 def test_decide_writes_progress_and_rdma_verified_for_an_rdma_job() -> None:
     job = make_job(phase="Running", network={"rdma": {}})
     found = decide(
-        job, running(), NOW, reports=reports(document(0, progress={"step": 5}), document(1))
+        resolve_job(job),
+        running(),
+        NOW,
+        reports=reports(document(0, progress={"step": 5}), document(1)),
     )
     assert found.status.progress is not None
     assert found.status.progress.step == 5
@@ -98,7 +102,9 @@ def test_decide_writes_progress_and_rdma_verified_for_an_rdma_job() -> None:
 
 
 def test_no_rdma_asked_no_rdma_condition() -> None:
-    found = decide(make_job(phase="Running"), running(), NOW, reports=reports(document(0)))
+    found = decide(
+        resolve_job(make_job(phase="Running")), running(), NOW, reports=reports(document(0))
+    )
     assert found.status.condition(ConditionType.RDMA_VERIFIED) is None
 
 

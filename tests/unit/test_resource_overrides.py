@@ -89,7 +89,7 @@ def test_overrides_are_found_where_the_user_wrote_them(
 def test_the_worker_gets_trainwaves_value_and_a_request_that_agrees() -> None:
     resources = {"requests": {"nvidia.com/gpu": "8"}, "limits": {"nvidia.com/gpu": "8"}}
     job = make_job(gpus_per_worker=1, template=template(resources))
-    [pod] = build_worker_pods(job, (0,), attempt=0)
+    [pod] = build_worker_pods(resolve_job(job), (0,), attempt=0)
     worker = next(c for c in pod["spec"]["containers"] if c["name"] == contract.WORKER_CONTAINER)
     # A request different from the limit would make the API server refuse the pod.
     assert worker["resources"]["limits"]["nvidia.com/gpu"] == 1
@@ -98,7 +98,7 @@ def test_the_worker_gets_trainwaves_value_and_a_request_that_agrees() -> None:
 
 def test_a_warning_event_and_a_condition_name_field_written_and_applied() -> None:
     job = make_job(gpus_per_worker=1, template=template({"limits": {"nvidia.com/gpu": "8"}}))
-    first = decide(job, [], NOW)
+    first = decide(resolve_job(job), [], NOW)
     condition = first.status.condition(ConditionType.RESOURCES_OVERRIDDEN)
     assert condition is not None
     assert (condition.status, condition.reason) == ("True", "ResourcesOverridden")
@@ -110,15 +110,15 @@ def test_a_warning_event_and_a_condition_name_field_written_and_applied() -> Non
     warnings = [e for e in first.events if e.type == "Warning"]
     assert [(e.reason, e.message) for e in warnings] == [("ResourcesOverridden", expected)]
     # Decided again with that status (a resync): no second Event.
-    again = decide(make_job(gpus_per_worker=1,
+    again = decide(resolve_job(make_job(gpus_per_worker=1,
                             template=template({"limits": {"nvidia.com/gpu": "8"}}),
-                            status_extra=first.status.model_dump(by_alias=True, mode="json")),
+                            status_extra=first.status.model_dump(by_alias=True, mode="json"))),
                    [], NOW)  # fmt: skip
     assert not [e for e in again.events if e.reason == "ResourcesOverridden"]
     assert again.status.condition(ConditionType.RESOURCES_OVERRIDDEN) == condition
 
 
 def test_no_override_no_condition() -> None:
-    decision = decide(make_job(gpus_per_worker=1), [], NOW)
+    decision = decide(resolve_job(make_job(gpus_per_worker=1)), [], NOW)
     assert decision.status.condition(ConditionType.RESOURCES_OVERRIDDEN) is None
     assert not [e for e in decision.events if e.type == "Warning"]

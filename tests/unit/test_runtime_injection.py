@@ -14,7 +14,7 @@ from trainwave import contract
 from trainwave.api.trainingjob import InvalidSpec
 from trainwave.builders.pods import build_worker_pods
 from trainwave.builders.status_key import build_status_key_secret
-from trainwave.resolving import check_template, resolve
+from trainwave.resolving import check_template, resolve, resolve_job
 from trainwave.runtime.install import install
 
 pytestmark = pytest.mark.timeout(30)
@@ -24,7 +24,7 @@ def pod_for(runtime: dict[str, Any] | None, **options: Any) -> dict[str, Any]:
     options.setdefault("command", ["torchrun", "train.py"])
     job = make_job(workers=1, runtime=runtime, **options)
     check_template(job)  # the reconciler's boundary check, once per job
-    [pod] = build_worker_pods(job, (0,), attempt=0, runtime_image="example/runtime:1")
+    [pod] = build_worker_pods(resolve_job(job), (0,), attempt=0, runtime_image="example/runtime:1")
     return pod
 
 

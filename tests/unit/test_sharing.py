@@ -68,7 +68,7 @@ def test_a_bad_memory_quantity_names_the_field_and_what_is_accepted() -> None:
 
 def test_a_shared_worker_asks_for_gpu_memory_not_gpus() -> None:
     job = make_job(workers=1, gpuSharing={"memory": "20Gi"})
-    [pod] = build_worker_pods(job, (0,), attempt=0)
+    [pod] = build_worker_pods(resolve_job(job), (0,), attempt=0)
     worker = next(c for c in pod["spec"]["containers"] if c["name"] == "worker")
     limits = worker["resources"]["limits"]
     assert limits == {contract.SHARED_GPU_MEMORY_RESOURCE: 20480}
@@ -80,7 +80,7 @@ def test_a_shared_worker_is_pinned_by_env_the_kubelet_reads_from_the_placement()
     """No runtime: the pod itself carries the pin, resolved from the annotation the
     placer's release patch writes before the container can start."""
     job = make_job(workers=1, gpuSharing={"memory": "20Gi"})
-    [pod] = build_worker_pods(job, (0,), attempt=0)
+    [pod] = build_worker_pods(resolve_job(job), (0,), attempt=0)
     worker = next(c for c in pod["spec"]["containers"] if c["name"] == "worker")
     sources = {e["name"]: e.get("valueFrom") for e in worker["env"]}
     annotation = {"fieldRef": {"fieldPath": "metadata.annotations['trainwave.io/gpu-uuid']"}}
@@ -258,7 +258,7 @@ def test_a_model_description_is_sized_by_the_same_code_as_trainwave_size() -> No
     assert memory.bytes == expected.memory_request, "the request `trainwave size` prints"
     assert memory.bytes - estimate_memory(preset("gpt2-124m"), setup).total < 256 * 2**20
     assert memory.how.startswith("estimated from spec.gpuSharing.model (weights ")
-    [pod] = build_worker_pods(job, (0,), attempt=0)
+    [pod] = build_worker_pods(resolve_job(job), (0,), attempt=0)
     limits = next(c for c in pod["spec"]["containers"] if c["name"] == "worker")["resources"][
         "limits"
     ]
@@ -285,7 +285,7 @@ def test_a_worker_larger_than_any_gpu_fails_the_job_saying_why() -> None:
     why = PlacementWait(
         LARGER_THAN_ANY_GPU, "asks 120000 MiB of one GPU; the largest shared GPU has 81559 MiB"
     )
-    decision = decide(job, gated, NOW, why)
+    decision = decide(resolve_job(job), gated, NOW, why)
     assert decision.status.phase == Phase.FAILED
     assert decision.status.reason == LARGER_THAN_ANY_GPU
     assert decision.status.message.startswith("spec.gpuSharing: asks 120000 MiB")

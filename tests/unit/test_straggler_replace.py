@@ -19,6 +19,7 @@ from trainwave.lifecycle.reports import WorkerReport, read_report
 from trainwave.placement.gang import Placement, Unschedulable, place
 from trainwave.placement.marks import close_marked, marks_of
 from trainwave.placement.records import node_record
+from trainwave.resolving import resolve_job
 
 pytestmark = pytest.mark.timeout(20)
 
@@ -48,7 +49,7 @@ def run(*, replace: bool = True, disruptions: int = 0, max_disruptions: int = 3)
     memory, found = None, None
     for step in (10, 11):
         reports = {0: report(0, step, 0.1), 1: report(1, step, 0.2)}
-        found = decide(job, pods, NOW, reports=reports, memory=memory)
+        found = decide(resolve_job(job), pods, NOW, reports=reports, memory=memory)
         memory = found.memory
         job = job.model_copy(update={"status": found.status})
     assert found is not None

@@ -10,7 +10,6 @@ import copy
 from typing import Any
 
 from trainwave import contract
-from trainwave.api.trainingjob import TrainingJob
 from trainwave.builders.gating import set_scheduling_gate
 from trainwave.builders.names import (
     master_address,
@@ -24,20 +23,18 @@ from trainwave.builders.runtime import set_runtime
 from trainwave.builders.security import set_service_account_token
 from trainwave.builders.sharing import set_shared_gpu
 from trainwave.builders.worker import Mutator, Worker
-from trainwave.resolving import ResolvedJob, resolve_job
+from trainwave.resolving import ResolvedJob
 
 __all__ = ["MUTATORS", "build_worker_pod", "build_worker_pods", "torch_contract"]
 
 
 def build_worker_pods(
-    job: ResolvedJob | TrainingJob,
+    resolved: ResolvedJob,
     ranks: tuple[int, ...],
     attempt: int,
     runtime_image: str = contract.DEFAULT_RUNTIME_IMAGE,
 ) -> list[dict[str, Any]]:
-    """The pods of `ranks` from a resolved job (a plain job is resolved here, and refused
-    with InvalidSpec naming the field if it cannot run)."""
-    resolved = job if isinstance(job, ResolvedJob) else resolve_job(job)
+    """The pods of `ranks` from the job resolved once by the caller (resolving.py)."""
     return [
         build_worker_pod(
             Worker(

@@ -33,13 +33,13 @@ from trainwave.lifecycle.placing import await_placement, bind_timed_out, record_
 from trainwave.lifecycle.preflight import apply_preflight
 from trainwave.lifecycle.reported import apply_reports
 from trainwave.lifecycle.reports import WorkerReport, progress_status, rdma_verdict
-from trainwave.resolving import ResolvedJob, resolve_job
+from trainwave.resolving import ResolvedJob
 
 __all__ = ["Decision", "JobEvent", "PlacementWait", "count_created", "decide", "decide_invalid"]
 
 
 def decide(
-    resolved: ResolvedJob | TrainingJob,
+    resolved: ResolvedJob,
     pods: Sequence[WorkerPod],
     now: datetime,
     waiting: PlacementWait | None = None,
@@ -50,14 +50,12 @@ def decide(
     service_exists: bool = False,
     memory: Memory | None = None,
 ) -> Decision:
-    """`resolved` is the job resolved once by the caller; a plain job (tests) is resolved
-    here and must then be valid. `nodes`: the health of the workers' nodes, as far as the
-    caller knows it (a node missing from it is not judged). `admission`: for a job queued
-    in Kueue, its Workload as observed (None: not queued, runs as soon as placed).
-    `service_exists`: whether the job's headless Service is observed. `memory`: what the
-    previous decision remembered of the reports (Decision.memory), for hangs and stragglers."""
-    if not isinstance(resolved, ResolvedJob):
-        resolved = resolve_job(resolved)
+    """`resolved` is the job resolved once by the caller (resolving.py). `nodes`: the
+    health of the workers' nodes, as far as the caller knows it (a node missing from it is
+    not judged). `admission`: for a job queued in Kueue, its Workload as observed (None:
+    not queued, runs as soon as placed). `service_exists`: whether the job's headless
+    Service is observed. `memory`: what the previous decision remembered of the reports
+    (Decision.memory), for hangs and stragglers."""
     job = resolved.job
     draft = Draft(meta=job.metadata, now=now, status=job.status)
     mine = [p for p in pods if p.owner_uid == job.metadata.uid]
