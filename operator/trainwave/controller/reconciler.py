@@ -197,31 +197,36 @@ class Reconciler:
             decision = self._decide(key, understood, seen)
         decision = with_held_news(decision, held)
         if resolved is not None and only_creates(decision, status):
-            # The Job controller's order when the attempt is already written: create the
-            # workers, then write one status that counts them. Writing "0/N created" first
-            # cost a status patch per job and said nothing a user acts on.
-            accepted = decision.events  # "job accepted": the status counting them follows
-            # The pods carry this decision's status (start times, the Created condition).
-            decided = with_status(resolved, decision.status)
-            try:
-                created = await self._execute.create_workers(read, decision, decided)
-            except (Refused, Rejected) as refused:
-                self._placer.withdraw(key)
-                self._execute.record_events(read.body, accepted)
-                return await self._not_created(
-                    key, read, decision, refused, resolved=resolved, pods=pods
-                )
-            resolved, pods = decided, pods + created
-            decision = count_created(
-                resolved, decision, pods, seen.now, seen.waiting,
-                service_exists=seen.service_exists,
-            )  # fmt: skip
-            if may_hold(decision, created, resolved.job.spec.workers):
-                events = accepted + decision.events
-                return self._hold(key, Held(read.meta.uid, read.status, decision.status, events),
-                                  decision.requeue_after)  # fmt: skip
-            self._execute.record_events(read.body, accepted)
+            return await self._create_first(key, read, decision, resolved, seen)
         return await self._execute_decision(key, read, decision, resolved, pods)
+
+    async def _create_first(
+        self, key: JobKey, read: JobRead, decision: Decision, resolved: ResolvedJob, seen: Seen
+    ) -> float | None:
+        """The Job controller's order when the attempt is already written: create the
+        workers, then write one status that counts them (count_created), or hold it when the
+        gang was created placed. Writing "0/N created" first cost a status patch per job and
+        said nothing a user acts on."""
+        accepted = decision.events  # "job accepted": the status counting them follows
+        # The pods carry this decision's status (start times, the Created condition).
+        decided = with_status(resolved, decision.status)
+        try:
+            created = await self._execute.create_workers(read, decision, decided)
+        except (Refused, Rejected) as refused:
+            self._placer.withdraw(key)
+            self._execute.record_events(read.body, accepted)
+            return await self._not_created(
+                key, read, decision, refused, resolved=resolved, pods=seen.pods
+            )
+        pods = seen.pods + created
+        counted = count_created(
+            decided, decision, pods, seen.now, seen.waiting, service_exists=seen.service_exists
+        )
+        if may_hold(counted, created, decided.job.spec.workers):
+            held = Held(read.meta.uid, read.status, counted.status, accepted + counted.events)
+            return self._hold(key, held, counted.requeue_after)
+        self._execute.record_events(read.body, accepted)
+        return await self._execute_decision(key, read, counted, decided, pods)
 
     async def _execute_decision(
         self,
