@@ -11,7 +11,8 @@ CPUs, a checkpoint every CHECKPOINT_EVERY steps), under trainwave's runtime,
 Faults, injected from the host into one training process (picked by the seed):
 - `kill`: SIGKILL;
 - `stop`: SIGSTOP (the process hangs; its peers block in the next collective);
-- `slow`: the process is stopped half of every 100 ms for SLOW_SECONDS (about 2x slower).
+- `slow`: for SLOW_SECONDS the process gets half the CPU time it was using: a cgroup v1
+  CPU quota of half its measured share, in 20 ms periods (fault_injection.py).
 A worker-node drain is not injected: all workers share the one real node (one real
 kubelet per machine, docs/real-nodes.md), so a drained node leaves nowhere to go.
 Per fault: time to detect (the first change the job's status shows: a new attempt, an
@@ -19,6 +20,11 @@ in-place restart, a Hung or Straggler condition naming it), time from the fault 
 first step of the new processes, steps lost; per run: goodput (distinct steps x healthy
 step time / wall time from the job's creation to its last step, fault_analysis.py) and
 what `status.goodput` said.
+
+The runtime reports every REPORT_SECONDS and the operator reads the reports every
+STATUS_INTERVAL seconds (the chart's runtime.statusIntervalSeconds, 15 by default), so a
+slowed rank is judged on its reports, not on the polls: "reports to detect" is the time
+from the slowdown to the Straggler condition over REPORT_SECONDS.
 
 Run as root, with nothing else using the real node:
     flock /tmp/realnode.lock ~/.cache/trainwave/venv-py311/bin/python tests/benchmarks/bench_faults.py
@@ -41,6 +47,8 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+import yaml
+
 REPO = Path(__file__).resolve().parents[2]
 sys.path[:0] = [str(REPO / "tests"), str(REPO / "operator")]
 
@@ -53,7 +61,8 @@ from benchmarks.fault_injection import (  # noqa: E402
 from benchmarks.fault_report import render_markdown  # noqa: E402
 from benchmarks.provenance import git_commit, write_results  # noqa: E402
 from cluster.controlplane import DEFAULT_TOPOLOGY, Cluster, ensure_cluster  # noqa: E402
-from e2e.conftest import ON_REAL_NODE, WORKER_IMAGE, install_release  # noqa: E402
+from cluster.deploy import install_chart  # noqa: E402
+from e2e.conftest import ON_REAL_NODE, WORKER_IMAGE, Release, install_release  # noqa: E402
 from integration.trainwave_fixtures import apply, job_manifest  # noqa: E402
 from trainwave import contract  # noqa: E402
 
@@ -65,6 +74,8 @@ WORKERS, PROCESSES = 2, 2
 CHECKPOINT_EVERY = 20
 HANG_TIMEOUT = 20  # the smallest hangTimeoutSeconds allows is 10
 SLOW_SECONDS = 40
+REPORT_SECONDS = 2  # TRAINWAVE_TELEMETRY_INTERVAL_SECONDS in the workers
+STATUS_INTERVAL = 5  # the operator's --status-interval-seconds
 WARMUP_STEPS = 30  # healthy steps before the first fault and after each recovery
 STEPS = 1500  # enough for the schedule at ~0.1 s a step; the job ends when it reaches them
 SITE_PACKAGES = Path(sys.prefix) / "lib" / "python3.11" / "site-packages"
@@ -94,7 +105,7 @@ def worker_job(name: str, in_place: int, steps_dir: Path, checkpoints: Path) -> 
         command=["python", "/bench/fault_worker.py"],
         args=["--steps", str(STEPS), "--step-log", "/steps"],
         env=[
-            {"name": contract.ENV_TELEMETRY_INTERVAL_SECONDS, "value": "1"},
+            {"name": contract.ENV_TELEMETRY_INTERVAL_SECONDS, "value": str(REPORT_SECONDS)},
             {"name": "OMP_NUM_THREADS", "value": "1"},
         ],
         runtime={
@@ -187,7 +198,8 @@ def run_mode(cluster: Cluster, mode: str, faults: list[tuple[str, int]]) -> dict
             if kind == "slow":
                 named = watch.wait_condition("Straggler", f"rank {rank}", fault_at, SLOW_SECONDS)
                 result["detect_seconds"] = None if named is None else named - fault_at
-                result["reports_to_detect"] = result["detect_seconds"]  # 1 report per second
+                seen = result["detect_seconds"]
+                result["reports_to_detect"] = None if seen is None else seen / REPORT_SECONDS
                 done.set()
                 injector.join()
             else:
@@ -236,6 +248,29 @@ def run_mode(cluster: Cluster, mode: str, faults: list[tuple[str, int]]) -> dict
     }
 
 
+def poll_status_every(cluster: Cluster, release: Release, seconds: int) -> None:
+    """Upgrade the release with runtime.statusIntervalSeconds = `seconds` and wait for an
+    operator pod of the new revision to hold the leader Lease."""
+    values = {**release.values}
+    values["runtime"] = {**values.get("runtime", {}), "statusIntervalSeconds": seconds}
+    path = cluster.state_dir / "faults-values.yaml"
+    path.write_text(yaml.safe_dump(values))
+    install_chart(cluster, "-f", str(path))
+    deadline = time.monotonic() + 180
+    while time.monotonic() < deadline:
+        pods = release.operator_pods()
+        current = [
+            p["metadata"]["name"]
+            for p in pods
+            if f'"{seconds}"' in json.dumps(p["spec"]["containers"][0].get("args", []))
+            and p.get("status", {}).get("phase") == "Running"
+        ]
+        if len(current) == len(pods) and any(release.leader().startswith(n) for n in current):
+            return
+        time.sleep(1)
+    raise TimeoutError(f"no operator with --status-interval-seconds {seconds} led within 180 s")
+
+
 def _recovered(steps_dir: Path, fault_at: float) -> analysis.Recovery | None:
     found = analysis.recovery(rank0_steps(steps_dir), fault_at)
     return found if found.first_new_at is not None else None
@@ -247,7 +282,7 @@ def main() -> int:
         return 2
     cluster = ensure_cluster(DEFAULT_TOPOLOGY, real_nodes=1, timeout=600)
     try:
-        install_release(cluster)
+        poll_status_every(cluster, install_release(cluster), STATUS_INTERVAL)
         faults = schedule(SEED)
         load_before = os.getloadavg()
         runs = [run_mode(cluster, mode, faults) for mode in MODES]
@@ -266,7 +301,9 @@ def main() -> int:
             "backend": "gloo (CPU)",
             "checkpoint_every_steps": CHECKPOINT_EVERY,
             "hang_timeout_seconds": HANG_TIMEOUT,
-            "slow": f"stopped 50 ms of every 100 ms for {SLOW_SECONDS} s",
+            "slow": f"CPU quota of half the process's measured share for {SLOW_SECONDS} s",
+            "report_seconds": REPORT_SECONDS,
+            "status_interval_seconds": STATUS_INTERVAL,
             "cpus": os.cpu_count(),
             "load_before": load_before,
             "load_after": os.getloadavg(),

@@ -3,11 +3,13 @@
 The real node's containers run in this machine's pid namespace, so a training process
 is found through /proc like any other: its command line runs fault_worker.py (and is
 neither the elastic agent, `torch.distributed.run`, nor trainwave's launcher) and its
-environment names the job and the global rank torchrun gave it.
+environment names the job and the global rank torchrun gave it. The `slow` fault needs
+cgroup v1's cpu controller (this machine's; a v2 host would write cpu.max instead).
 """
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import threading
@@ -81,17 +83,85 @@ def _stop(pid: int, done: threading.Event, _: float) -> None:
 
 
 def _slow(pid: int, done: threading.Event, seconds: float) -> None:
-    """Stopped for half of every 100 ms: the process gets half its CPU time."""
-    ends = time.monotonic() + seconds
+    """Half the CPU time the process was getting, for `seconds`: a cgroup v1 CPU quota of
+    half its measured use, over a short period so that every forward pass is stretched
+    (a coarse stop/continue cycle lands mostly outside the ~10 ms forward, which the
+    runtime times, and its median hardly moves)."""
     try:
-        while not done.is_set() and time.monotonic() < ends:
-            if not _signal(pid, signal.SIGSTOP):
-                return
-            time.sleep(0.05)
-            _signal(pid, signal.SIGCONT)
-            time.sleep(0.05)
+        cgroup = SlowCgroup.around(pid)
+    except (OSError, ValueError) as error:
+        print(f"slow: no CPU cgroup for pid {pid} ({error}); not slowed", flush=True)
+        return
+    try:
+        done.wait(seconds)
     finally:
-        _signal(pid, signal.SIGCONT)
+        cgroup.remove()
+
+
+CGROUP_CPU = Path("/sys/fs/cgroup/cpu")
+QUOTA_PERIOD_US = 20_000  # 20 ms periods: throttled within each forward, not between them
+MIN_QUOTA_US = 1_000  # the kernel's floor for cpu.cfs_quota_us
+MEASURE_SECONDS = 2.0
+
+
+def cpu_cgroup_path(cgroup_file: str) -> str:
+    """The process's cgroup in the v1 `cpu` hierarchy, from /proc/<pid>/cgroup."""
+    for line in cgroup_file.splitlines():
+        _, controllers, path = line.split(":", 2)
+        if "cpu" in controllers.split(","):
+            return path
+    raise ValueError("no cgroup v1 cpu controller in /proc/<pid>/cgroup")
+
+
+def half_quota_us(cpu_seconds: float, wall_seconds: float, period_us: int) -> int:
+    """A quota per period of half the share of a CPU the process used (cpu / wall)."""
+    if wall_seconds <= 0:
+        raise ValueError(f"wall_seconds {wall_seconds}: expected > 0")
+    share = max(0.0, cpu_seconds / wall_seconds)
+    return max(MIN_QUOTA_US, int(period_us * share / 2))
+
+
+def cpu_seconds(pid: int, proc: Path = Path("/proc")) -> float:
+    """utime + stime of every thread of `pid` (proc(5) fields 14 and 15)."""
+    fields = (proc / str(pid) / "stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+class SlowCgroup:
+    """A child of the process's own cpu cgroup (so its container's limits still hold)
+    holding the process under a quota; removed, and the process moved back, at the end."""
+
+    def __init__(self, pid: int, home: Path, slow: Path, quota_us: int, share: float) -> None:
+        self.pid, self.home, self.slow = pid, home, slow
+        self.quota_us, self.share = quota_us, share
+
+    @classmethod
+    def around(cls, pid: int) -> SlowCgroup:
+        home = CGROUP_CPU / cpu_cgroup_path(Path(f"/proc/{pid}/cgroup").read_text()).lstrip("/")
+        began, used = time.monotonic(), cpu_seconds(pid)
+        time.sleep(MEASURE_SECONDS)
+        wall, cpu = time.monotonic() - began, cpu_seconds(pid) - used
+        quota = half_quota_us(cpu, wall, QUOTA_PERIOD_US)
+        slow = home / f"trainwave-slow-{pid}"
+        slow.mkdir(exist_ok=True)
+        (slow / "cpu.cfs_period_us").write_text(str(QUOTA_PERIOD_US))
+        (slow / "cpu.cfs_quota_us").write_text(str(quota))
+        (slow / "cgroup.procs").write_text(str(pid))  # every thread of the process
+        print(f"slow: pid {pid} used {cpu / wall:.2f} CPU; quota {quota} us per "
+              f"{QUOTA_PERIOD_US} us in {slow}", flush=True)  # fmt: skip
+        return cls(pid, home, slow, quota, cpu / wall)
+
+    def remove(self) -> None:
+        with contextlib.suppress(OSError):  # gone already (an in-place restart killed it)
+            (self.home / "cgroup.procs").write_text(str(self.pid))
+        for _ in range(20):
+            try:
+                self.slow.rmdir()
+                return
+            except FileNotFoundError:
+                return
+            except OSError:  # busy while the last task leaves
+                time.sleep(0.1)
 
 
 class StatusWatch:
