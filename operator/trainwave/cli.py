@@ -20,7 +20,7 @@ from typing import TYPE_CHECKING
 from trainwave import __version__, contract
 
 if TYPE_CHECKING:
-    from trainwave.controller.leadership import LeaderElector
+    from trainwave.kube.leadership import LeaderElector
 
 LOG_LEVELS = ("debug", "info", "warning", "error")
 
@@ -563,7 +563,7 @@ def run_operator(options: argparse.Namespace) -> int:
     # without a passwd entry: the chart's 65532 in an image that has none (any
     # runAsUser can be that). It takes POD_ID first; the pod's name is what it is for.
     os.environ.setdefault("POD_ID", os.environ.get("POD_NAME") or socket.gethostname())
-    # standalone: kopf's peering is not leader election (see controller/leadership.py).
+    # standalone: kopf's peering is not leader election (see kube/leadership.py).
     kopf.run(
         standalone=True,
         clusterwide=not options.namespace,
@@ -580,8 +580,9 @@ def run_operator(options: argparse.Namespace) -> int:
 def elector(options: argparse.Namespace) -> "LeaderElector":
     import socket
 
-    from trainwave.controller.kube import LeaseClient, load_config
-    from trainwave.controller.leadership import LeaderElector, Timing, identity
+    from trainwave.controller.kube import load_config
+    from trainwave.kube.leadership import LeaderElector, Timing, identity
+    from trainwave.kube.leases import LeaseClient
 
     timing = Timing(
         options.leader_elect_lease_duration,

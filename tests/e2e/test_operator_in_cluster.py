@@ -147,7 +147,7 @@ def test_a_killed_leader_container_comes_back_as_the_leader_at_once(
 ) -> None:
     """SIGKILL, no goodbye: nothing releases the Lease. The kubelet restarts the container in
     the same pod, and the new process takes over a Lease held by an earlier run of its own
-    pod at once (controller/leadership.py) instead of after leaseDuration (15 s); were it
+    pod at once (kube/leadership.py) instead of after leaseDuration (15 s); were it
     slower than the Lease, the standby would take it by then (the chart's bound: 17.4 s)."""
     names = [p["metadata"]["name"] for p in release.operator_pods()]
     identity, leader = release.leader(), holder_pod(release, names)

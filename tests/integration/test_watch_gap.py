@@ -6,7 +6,7 @@ resume from a resourceVersion the new server's watch cache never held: 410 Gone,
 only a relist shows the deletion. kopf's indexes, which reconciles read before, kept
 the deleted pod after such a relist and the job waited on it forever.
 
-The relist reports the worker as deleted (informer.py's DeletedFinalStateUnknown, as
+The relist reports the worker as deleted (kube/informer.py's DeletedFinalStateUnknown, as
 client-go's DeltaFIFO.Replace does), with the last state the operator saw: the job
 says the worker "was deleted before it finished", not that it vanished.
 """

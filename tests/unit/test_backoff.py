@@ -7,9 +7,9 @@ import random
 import pytest
 
 from trainwave.backoff import Backoff
-from trainwave.controller.informer import RELIST_BACKOFF
-from trainwave.controller.queue import RETRY
 from trainwave.controller.reconciler import REFUSED_BACKOFF
+from trainwave.kube.informer import RELIST_BACKOFF
+from trainwave.kube.queue import RETRY
 from trainwave.lifecycle.decide import ignore_backoff
 
 pytestmark = pytest.mark.timeout(10)

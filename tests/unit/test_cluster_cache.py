@@ -13,7 +13,7 @@ import pytest
 
 from trainwave import contract
 from trainwave.controller.clusterview import ClusterIndex
-from trainwave.controller.informer import Informer, object_key
+from trainwave.kube.informer import Informer, object_key
 from trainwave.placement.records import PodRecord, node_record, pod_record
 from trainwave.placement.requirements import PodNeeds
 from trainwave.placement.shared_tasks import SharedShape, pinned_shape

@@ -8,7 +8,7 @@ from typing import Any
 import pytest
 
 from trainwave.contract import GPU_RESOURCE
-from trainwave.controller.informer import (
+from trainwave.kube.informer import (
     Deleted,
     DeletedFinalStateUnknown,
     EventHandlers,

@@ -1,4 +1,4 @@
-"""Leader election rules (controller/leadership.py) against an in-memory Lease with
+"""Leader election rules (kube/leadership.py) against an in-memory Lease with
 resourceVersion compare-and-swap and a fake clock. The same code against the real API
 server: tests/integration/test_leader_failover.py."""
 
@@ -8,7 +8,7 @@ import dataclasses
 
 import pytest
 
-from trainwave.controller.leadership import (
+from trainwave.kube.leadership import (
     Conflict,
     LeaderElector,
     LeaseRecord,

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import random
 from collections.abc import Awaitable, Callable, Coroutine, Hashable
 from itertools import pairwise
 from typing import Any
@@ -10,7 +11,7 @@ from typing import Any
 import pytest
 
 from trainwave.backoff import Backoff
-from trainwave.controller.queue import WorkQueue
+from trainwave.kube.queue import RETRY, ItemBackoff, WorkQueue
 
 pytestmark = pytest.mark.timeout(10)
 
@@ -65,7 +66,7 @@ class Recorder:
             self.active[key] -= 1
 
 
-def started(work: Work, workers: int = 2, **kwargs: float) -> WorkQueue:
+def started(work: Work, workers: int = 2, **kwargs: Any) -> WorkQueue:
     queue = WorkQueue(work, **kwargs)
     queue.start(workers)
     return queue
@@ -251,5 +252,55 @@ def test_stop_cancels_workers_and_timers() -> None:
         await queue.stop()
         await asyncio.sleep(0.05)
         assert work.count("later") == 0
+
+    run(scenario)
+
+
+@pytest.mark.parametrize("failures", [1, 2, 3, 6, 7, 20])
+def test_the_item_backoff_is_exponential_capped_and_jittered_within_its_bounds(
+    failures: int,
+) -> None:
+    """workqueue's ItemExponentialFailureRateLimiter, plus wait.Backoff's jitter: each delay
+    lies in [d, d * (1 + jitter)) where d = base * 2**(n-1) held at the cap."""
+    exact = min(RETRY.base * 2 ** (failures - 1), RETRY.cap)
+    seen = set()
+    for seed in range(200):
+        limiter = ItemBackoff(RETRY, rand=random.Random(seed).random)
+        for _ in range(failures - 1):
+            limiter.when("a")
+        delay = limiter.when("a")
+        assert exact <= delay < exact * (1 + RETRY.jitter)
+        seen.add(round(delay, 6))
+    assert len(seen) > 150, "keys that failed together must not all retry together"
+    lowest = ItemBackoff(RETRY, rand=lambda: 0.0)
+    highest = ItemBackoff(RETRY, rand=lambda: 0.999999)
+    for _ in range(failures):
+        low, high = lowest.when("a"), highest.when("a")
+    assert low == exact
+    assert high == pytest.approx(exact * (1 + RETRY.jitter), rel=1e-5)
+
+
+def test_the_item_backoff_counts_per_key_and_forget_starts_over() -> None:
+    limiter = ItemBackoff(Backoff(base=1.0, cap=60.0))
+    assert [limiter.when("a") for _ in range(3)] == [1.0, 2.0, 4.0]
+    assert limiter.when("b") == 1.0, "another key's failures do not count"
+    assert (limiter.requeues("a"), limiter.requeues("b"), len(limiter)) == (3, 1, 2)
+    limiter.forget("a")
+    assert (limiter.requeues("a"), limiter.when("a")) == (0, 1.0)
+
+
+def test_add_rate_limited_waits_the_limiter_s_delay() -> None:
+    async def scenario() -> None:
+        work = Recorder()
+        queue = started(work, limiter=ItemBackoff(Backoff(base=0.02, cap=1.0)))
+        loop = asyncio.get_running_loop()
+        began = loop.time()
+        assert queue.add_rate_limited("a") == 0.02
+        assert queue.add_rate_limited("a") == 0.04, "the second failure in a row waits longer"
+        await until(lambda: work.count("a") == 1)
+        assert work.times("a")[0] - began >= 0.02, "the earliest of the delayed adds wins"
+        await settle(0.08)
+        assert work.count("a") == 1, "two delayed adds of one key run once"
+        await queue.stop()
 
     run(scenario)

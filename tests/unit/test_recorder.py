@@ -11,7 +11,7 @@ from typing import Any
 
 import pytest
 
-from trainwave.controller.recorder import EventRecorder, Rate
+from trainwave.kube.recorder import EventRecorder, Rate
 from trainwave.lifecycle.decide import JobEvent
 
 pytestmark = pytest.mark.timeout(10)
@@ -97,7 +97,7 @@ def test_a_rate_limited_reason_passes_its_burst_then_one_per_period(
 ) -> None:
     """Kueue's reason may flap as other jobs come and go: a few Events at once, then one
     per period, per job; other reasons and other jobs are not held back."""
-    caplog.set_level(logging.INFO, logger="trainwave.controller.recorder")
+    caplog.set_level(logging.INFO, logger="trainwave.kube.recorder")
     now = [0.0]
     rates = {"KueuePending": Rate(burst=2, every=60.0)}
 

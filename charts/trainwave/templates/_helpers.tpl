@@ -114,7 +114,7 @@ when it watches every namespace, a Role's in each of `watchNamespaces` otherwise
 # events.k8s.io, kopf's (handler errors) through the core API. With
 # watchNamespaces these come from the Role in each watched namespace, so the
 # operator can write no Event anywhere else; one it would post outside them is
-# dropped with a log line (controller/recorder.py).
+# dropped with a log line (kube/recorder.py).
 - apiGroups: [""]
   resources: ["events"]
   verbs: ["create", "patch"]
@@ -125,7 +125,7 @@ when it watches every namespace, a Role's in each of `watchNamespaces` otherwise
 
 {{- /* What the operator reads in a namespace whose jobs it runs, from watches: granted
 cluster-wide, or with watchNamespaces by the Role in each (the operator then lists and
-watches each namespace through its namespaced endpoints, controller/namespaced.py). */}}
+watches each namespace through its namespaced endpoints, kube/namespaced.py). */}}
 {{- define "trainwave.jobReadRules" -}}
 # The jobs it reconciles and their rendezvous Services: listed and watched
 # (reconciles read the watched copy, never a GET).

@@ -13,7 +13,7 @@ created behind the gate, and placed from the stored pods, as always. What could:
   checks the pod.
 
 The built-in plugins' other changes are known and applied before placing
-(placer.with_admission_defaults). Three informers (informer.py) keep this from watches;
+(placer.with_admission_defaults). Three informers (kube/informer.py) keep this from watches;
 until all three are listed, or while one cannot be read (RBAC), every gang takes
 the gate.
 """
@@ -25,22 +25,22 @@ from collections.abc import Iterable, Mapping
 from functools import partial
 from typing import Any
 
-from trainwave.controller.informer import (
+from trainwave.controller.kube import KubeClient
+from trainwave.kube.informer import (
     PAGE_SIZE,
     WATCH_SECONDS,
     Informer,
     InformerGroup,
     LockedDict,
 )
-from trainwave.controller.kube import KubeClient
-from trainwave.controller.namespaced import AnyInformer, informer_in
+from trainwave.kube.namespaced import AnyInformer, informer_in
 
 _POD_RESOURCES = {"pods", "*", "*/*"}
 
 
 class AdmissionGuards(InformerGroup):
     """`namespaces`: the operator's --namespace; LimitRanges and ResourceQuotas matter
-    only where its jobs are, so with names they are watched only there (namespaced.py).
+    only where its jobs are, so with names they are watched only there (kube/namespaced.py).
     Webhook configurations are cluster-scoped: watched cluster-wide."""
 
     def __init__(

@@ -1,7 +1,7 @@
 """The operator's watch-backed view of every Node and active Pod, for placement.
 
 Listing 1,024 nodes and 2,000 pods every placement round took 4.2 s. Two
-informers (informer.py: list once, then watch; relist and replace on 410) keep
+informers (kube/informer.py: list once, then watch; relist and replace on 410) keep
 records of them instead, and a ClusterIndex (clusterview.py) keeps per-node
 usage current per event, so a round starts from `view()` in O(nodes).
 
@@ -16,11 +16,17 @@ import logging
 import threading
 from collections.abc import Callable, Mapping
 from functools import partial
-from typing import Any, Generic, TypeVar
+from typing import Any
 
 from trainwave.controller.clusterview import ClusterIndex, ClusterView
-from trainwave.controller.informer import PAGE_SIZE, WATCH_SECONDS, Informer, InformerGroup
 from trainwave.controller.kube import ACTIVE_PODS, KubeClient
+from trainwave.kube.informer import (
+    PAGE_SIZE,
+    WATCH_SECONDS,
+    Informer,
+    InformerGroup,
+    StoreFuncs,
+)
 from trainwave.lifecycle.observed import NodeHealth
 from trainwave.placement.records import (
     ClaimRecord,
@@ -32,28 +38,6 @@ from trainwave.placement.records import (
 )
 
 logger = logging.getLogger(__name__)
-
-R = TypeVar("R")
-
-
-class _LockedStore(Generic[R]):
-    """One informer's side of the shared index, each write under the cache's lock."""
-
-    def __init__(
-        self,
-        lock: threading.Lock,
-        replace: Callable[[Mapping[str, R]], None],
-        put: Callable[[str, R | None], None],
-    ):
-        self._lock, self._replace, self._put = lock, replace, put
-
-    def replace(self, records: Mapping[str, R]) -> None:
-        with self._lock:
-            self._replace(records)
-
-    def put(self, key: str, record: R | None) -> None:
-        with self._lock:
-            self._put(key, record)
 
 
 class ClusterCache(InformerGroup):
@@ -83,7 +67,7 @@ class ClusterCache(InformerGroup):
             "nodes",
             kube.core.list_node,
             self._node_record,
-            _LockedStore(self._lock, index.replace_nodes, index.put_node),
+            StoreFuncs(index.replace_nodes, index.put_node, self._lock),
             on_change=self._changed,
             page_size=page_size,
             watch_seconds=watch_seconds,
@@ -92,7 +76,7 @@ class ClusterCache(InformerGroup):
             "pods",
             partial(kube.core.list_pod_for_all_namespaces, field_selector=ACTIVE_PODS),
             pod_record,
-            _LockedStore(self._lock, index.replace_pods, index.put_pod),
+            StoreFuncs(index.replace_pods, index.put_pod, self._lock),
             on_change=self._changed,
             page_size=page_size,
             watch_seconds=watch_seconds,
@@ -105,7 +89,7 @@ class ClusterCache(InformerGroup):
                 "resourceclaims",
                 kube.resource.list_resource_claim_for_all_namespaces,
                 claim_record,
-                _LockedStore(self._lock, index.replace_claims, index.put_claim),
+                StoreFuncs(index.replace_claims, index.put_claim, self._lock),
                 on_change=self._changed,
                 page_size=page_size,
                 watch_seconds=watch_seconds,

@@ -21,8 +21,8 @@ from types import MappingProxyType
 from kubernetes.client.exceptions import ApiException
 
 from trainwave.api.trainingjob import JobKey
-from trainwave.controller.informer import list_records
 from trainwave.controller.kube import ACTIVE_PODS, KubeClient
+from trainwave.kube.informer import list_records
 from trainwave.placement.records import (
     ClaimRecord,
     NodeRecord,

@@ -13,7 +13,7 @@ store is filled, so the first ones after a restart already see every pod.
 High availability: every replica runs the informers and caches, so a standby
 is warm; only the Lease holder starts the reconcile workers, the placer, the
 status poller and the resync, and every API write is gated on the Lease
-(controller/leadership.py). A standby's queue fills from events while it waits
+(kube/leadership.py). A standby's queue fills from events while it waits
 and is worked off the moment it leads.
 """
 
@@ -27,6 +27,7 @@ from typing import Any
 import kopf
 
 from trainwave import contract
+from trainwave.api.reasons import Reason
 from trainwave.api.trainingjob import JobKey
 from trainwave.controller import allocator, metrics
 from trainwave.controller.admission_guards import AdmissionGuards
@@ -35,13 +36,13 @@ from trainwave.controller.departures import Departures
 from trainwave.controller.job_cache import JobCache
 from trainwave.controller.kube import KubeClient, load_config
 from trainwave.controller.kueue_api import discover_version
-from trainwave.controller.leadership import LeaderElector
 from trainwave.controller.placer import Placer
-from trainwave.controller.queue import WorkQueue
 from trainwave.controller.reconciler import POD_BATCH_SECONDS, Reconciler
-from trainwave.controller.recorder import EventRecorder
 from trainwave.controller.reporting import ANY_NETWORK, Network, StatusPoller
 from trainwave.controller.workloads import WorkloadCache
+from trainwave.kube.leadership import LeaderElector
+from trainwave.kube.queue import WorkQueue
+from trainwave.kube.recorder import EventRecorder, Rate
 from trainwave.placement.topology import DEFAULT_LEVELS
 
 logger = logging.getLogger(__name__)
@@ -63,6 +64,11 @@ class Options:
     leadership: LeaderElector | None = None  # None: act alone (no leader election)
     kueue: bool = False  # admit queue-labelled jobs through Kueue Workloads
 
+
+# Reasons whose news comes from outside and may flap: Kueue rewrites a pending
+# Workload's message as other jobs come and go. The first few changes pass at once;
+# after that, one a minute (per job).
+EVENT_RATES = {Reason.KUEUE_PENDING: Rate(burst=3, every=60.0)}
 
 OPTIONS = Options()
 _QUEUE: dict[str, WorkQueue] = {}
@@ -137,7 +143,7 @@ async def start(*, settings: kopf.OperatorSettings, memo: Any, **_: Any) -> None
     poller = StatusPoller(
         _wake, networks=OPTIONS.status_networks, interval=OPTIONS.status_interval_seconds
     )
-    recorder = EventRecorder(kube.post_event, namespaces=OPTIONS.namespaces)
+    recorder = EventRecorder(kube.post_event, namespaces=OPTIONS.namespaces, rates=EVENT_RATES)
     recorder.start()
     memo.recorder = recorder
     # Read (or created) once: every job's status key derives from it. Failing here

@@ -1,13 +1,13 @@
 """TrainingJobs, their worker pods and their Services, as reconciles read them.
 
-Three informers (informer.py: one paginated LIST, then a WATCH; relist and
+Three informers (kube/informer.py: one paginated LIST, then a WATCH; relist and
 REPLACE after a failed or expired watch) fill the stores below. They replaced
 kopf's indexes, which drop an entry only on a DELETED event: a pod deleted
 while kopf's watch was down stayed in its index after the re-list, so the gang
 kept waiting for a worker that no longer existed. Here a relist replaces each
 store, and every job whose view changed in the replace is woken, exactly as
 if the missed events had been seen; a worker the relist no longer finds is
-handed to `on_departure` with the last state seen (informer.py's tombstone).
+handed to `on_departure` with the last state seen (kube/informer.py's tombstone).
 
 A job is woken (`wake(key)`, from an informer thread) only when what its
 reconcile reads changed: the job's resourceVersion, a worker's `WorkerPod`
@@ -19,7 +19,6 @@ batches pod events: a gang's pods change together, one reconcile sees them all.
 
 from __future__ import annotations
 
-import fnmatch
 import logging
 import threading
 from collections import Counter
@@ -29,17 +28,18 @@ from typing import Any
 
 from trainwave import contract
 from trainwave.api.trainingjob import JobKey
-from trainwave.controller.by_job import ByJob, Store
-from trainwave.controller.informer import (
+from trainwave.controller.kube import KubeClient
+from trainwave.kube.index import ByOwner
+from trainwave.kube.informer import (
     PAGE_SIZE,
     WATCH_SECONDS,
     Deleted,
     DeletedFinalStateUnknown,
     EventHandlers,
     InformerGroup,
+    StoreFuncs,
 )
-from trainwave.controller.kube import KubeClient
-from trainwave.controller.namespaced import AnyInformer, informer_in
+from trainwave.kube.namespaced import AnyInformer, informer_in, watched
 from trainwave.lifecycle.observed import WorkerPod, observe_pod
 
 logger = logging.getLogger(__name__)
@@ -54,7 +54,7 @@ class JobCache(InformerGroup):
 
     `namespaces`: names or shell patterns (`team-*`) of the namespaces whose jobs
     are reconciled; empty means all. Names are watched each through its namespaced
-    endpoints (namespaced.py), so the operator needs list/watch only there; with a
+    endpoints (kube/namespaced.py), so the operator needs list/watch only there; with a
     pattern the watches are cluster-wide and other namespaces are dropped on arrival.
     """
 
@@ -74,7 +74,7 @@ class JobCache(InformerGroup):
         self._wake_pod = wake_pod or wake
         self._namespaces = tuple(namespaces)
         self._bodies: dict[JobKey, Body] = {}
-        self._pods: ByJob[JobKey, WorkerPod] = ByJob()
+        self._pods: ByOwner[JobKey, WorkerPod] = ByOwner()
         self._services: dict[str, JobKey] = {}
         self._service_count: Counter[JobKey] = Counter()
         labelled = contract.LABEL_JOB_NAME  # a bare key selects "label present"
@@ -89,7 +89,7 @@ class JobCache(InformerGroup):
                 custom.list_namespaced_custom_object, *group, ns, contract.PLURAL
             ),
             convert=self._job_record,
-            store=Store(self._replace_jobs, self._put_job),
+            store=StoreFuncs(self._replace_jobs, self._put_job),
             **common,
         )
         self.pods: AnyInformer[tuple[JobKey, WorkerPod]] = informer_in(
@@ -98,7 +98,7 @@ class JobCache(InformerGroup):
             everywhere=partial(core.list_pod_for_all_namespaces, label_selector=labelled),
             lister_in=lambda ns: partial(core.list_namespaced_pod, ns, label_selector=labelled),
             convert=self._pod_record,
-            store=Store(self._replace_pods, self._put_pod),
+            store=StoreFuncs(self._replace_pods, self._put_pod),
             # A worker's last state, seen only on its DELETED event (departures.py),
             # or carried by a relist's tombstone when it went while the watch was down.
             handlers=EventHandlers(on_delete=_departure_handler(on_departure)),
@@ -110,7 +110,7 @@ class JobCache(InformerGroup):
             everywhere=partial(core.list_service_for_all_namespaces, label_selector=labelled),
             lister_in=lambda ns: partial(core.list_namespaced_service, ns, label_selector=labelled),
             convert=self._service_record,
-            store=Store(self._replace_services, self._put_service),
+            store=StoreFuncs(self._replace_services, self._put_service),
             **common,
         )
 
@@ -170,9 +170,7 @@ class JobCache(InformerGroup):
     # Converters: raw object -> the record kept (None: not ours, keep nothing).
 
     def _watched(self, namespace: str) -> bool:
-        return not self._namespaces or any(
-            fnmatch.fnmatchcase(namespace, pattern) for pattern in self._namespaces
-        )
+        return watched(namespace, self._namespaces)
 
     def _job_record(self, obj: Mapping[str, Any]) -> Body | None:
         namespace = (obj.get("metadata") or {}).get("namespace", "")

@@ -21,8 +21,7 @@ from kubernetes.client.exceptions import ApiException
 from urllib3.exceptions import HTTPError
 
 from trainwave import contract, signatures
-from trainwave.controller.leadership import Conflict as LeaseConflict
-from trainwave.controller.leadership import LeaseRecord, NotLeading
+from trainwave.kube.leadership import NotLeading
 from trainwave.lifecycle.decide import JobEvent
 
 logger = logging.getLogger(__name__)
@@ -380,7 +379,7 @@ def transient(error: BaseException) -> bool:
         status = error.status or 0  # 0: no answer at all
         return status in (0, 408, 409, 429) or status >= 500
     # A write refused because this replica lost the Lease is the operator's state, not the
-    # job's fault (the process is on its way out; leadership.py).
+    # job's fault (the process is on its way out; kube/leadership.py).
     return isinstance(error, OSError | HTTPError | NotLeading)  # Timeout/ConnectionError too
 
 
@@ -400,85 +399,3 @@ def _status_message(error: ApiException) -> str:
         return str(json.loads(error.body or "").get("message", error.reason))
     except (TypeError, ValueError):
         return str(error.reason)
-
-
-class LeaseClient:
-    """The one Lease leader election uses, over its own connection (see leadership.py)."""
-
-    def __init__(self, api_client: client.ApiClient, namespace: str, name: str):
-        self.coordination = client.CoordinationV1Api(api_client)
-        self.namespace = namespace
-        self.name = name
-
-    def get(self, timeout: float) -> LeaseRecord | None:
-        try:
-            response = self.coordination.read_namespaced_lease(
-                self.name, self.namespace, _preload_content=False, _request_timeout=timeout
-            )
-        except ApiException as error:
-            if error.status == 404:
-                return None
-            raise
-        return _lease_record(_body(response))
-
-    def create(self, record: LeaseRecord, timeout: float) -> LeaseRecord:
-        try:
-            response = self.coordination.create_namespaced_lease(
-                self.namespace, self._body(record), _preload_content=False,
-                _request_timeout=timeout,
-            )  # fmt: skip
-        except ApiException as error:
-            if error.status == 409:
-                raise LeaseConflict(f"lease {self.namespace}/{self.name} exists") from None
-            raise
-        return _lease_record(_body(response))
-
-    def update(self, record: LeaseRecord, timeout: float) -> LeaseRecord:
-        try:
-            response = self.coordination.replace_namespaced_lease(
-                self.name, self.namespace, self._body(record), _preload_content=False,
-                _request_timeout=timeout,
-            )  # fmt: skip
-        except ApiException as error:
-            if error.status == 409:
-                raise LeaseConflict(f"lease {self.namespace}/{self.name} changed") from None
-            raise
-        return _lease_record(_body(response))
-
-    def _body(self, record: LeaseRecord) -> Any:  # a dict; the client accepts it for V1Lease
-        meta: dict[str, Any] = {"name": self.name, "namespace": self.namespace}
-        if record.resource_version:
-            # Optimistic concurrency: the update is refused (409) if anyone wrote since.
-            meta["resourceVersion"] = record.resource_version
-        return {
-            "apiVersion": "coordination.k8s.io/v1",
-            "kind": "Lease",
-            "metadata": meta,
-            "spec": {
-                "holderIdentity": record.holder,
-                "leaseDurationSeconds": record.duration_seconds,
-                "acquireTime": record.acquire_time,
-                "renewTime": record.renew_time,
-                "leaseTransitions": record.transitions,
-            },
-        }
-
-
-def _body(response: Any) -> dict[str, Any]:
-    try:
-        found: dict[str, Any] = json.loads(response.data)
-    finally:
-        response.release_conn()
-    return found
-
-
-def _lease_record(lease: dict[str, Any]) -> LeaseRecord:
-    spec = lease.get("spec") or {}
-    return LeaseRecord(
-        holder=spec.get("holderIdentity") or "",
-        duration_seconds=int(spec.get("leaseDurationSeconds") or 0),
-        acquire_time=spec.get("acquireTime") or "",
-        renew_time=spec.get("renewTime") or "",
-        transitions=int(spec.get("leaseTransitions") or 0),
-        resource_version=lease["metadata"].get("resourceVersion", ""),
-    )

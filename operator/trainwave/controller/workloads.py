@@ -1,7 +1,7 @@
 """Kueue's side of queued jobs: the Workloads trainwave owns and the ResourceFlavors
 they are admitted to, followed by watches; and the writes trainwave makes to them.
 
-Two informers (informer.py) fill the stores below, as job_cache.py does for jobs
+Two informers (kube/informer.py) fill the stores below, as job_cache.py does for jobs
 and pods, so a reconcile reads its Workload from memory. A Workload is filed
 under the job named by its `trainwave.io/job-name` label and woken when what
 decide reads of it (lifecycle/admission.py `Workload`) changes: Kueue's
@@ -25,16 +25,17 @@ from kubernetes.client.exceptions import ApiException
 
 from trainwave import contract
 from trainwave.api.trainingjob import JobKey
-from trainwave.controller.by_job import ByJob, Store
-from trainwave.controller.informer import (
+from trainwave.controller.kube import Conflict, KubeClient
+from trainwave.kube.index import ByOwner
+from trainwave.kube.informer import (
     PAGE_SIZE,
     WATCH_SECONDS,
     Informer,
     InformerGroup,
     LockedDict,
+    StoreFuncs,
 )
-from trainwave.controller.kube import Conflict, KubeClient
-from trainwave.controller.namespaced import AnyInformer, informer_in
+from trainwave.kube.namespaced import AnyInformer, informer_in
 from trainwave.lifecycle.admission import Flavor, Workload, observe_workload
 
 logger = logging.getLogger(__name__)
@@ -57,12 +58,12 @@ class WorkloadCache(InformerGroup):
     ):
         """`version`: Kueue's API version, as kueue_api.discover_version chose it.
         `namespaces`: the operator's --namespace; with names, Workloads are watched
-        only there (namespaced.py). ResourceFlavors are cluster-scoped."""
+        only there (kube/namespaced.py). ResourceFlavors are cluster-scoped."""
         self.version = version
         kueue = _kueue(version)
         self._lock = threading.Lock()
         self._wake = wake
-        self._workloads: ByJob[JobKey, Workload] = ByJob()
+        self._workloads: ByOwner[JobKey, Workload] = ByOwner()
         self._flavors = LockedDict[Flavor](self._lock)
         common: dict[str, Any] = {"page_size": page_size, "watch_seconds": watch_seconds}
         custom = kube.custom
@@ -84,7 +85,7 @@ class WorkloadCache(InformerGroup):
                 label_selector=labelled,
             ),
             convert=_workload_record,
-            store=Store(self._replace_workloads, self._put_workload),
+            store=StoreFuncs(self._replace_workloads, self._put_workload),
             **common,
         )
         self.flavor_informer: Informer[Flavor] = Informer(

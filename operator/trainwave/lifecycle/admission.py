@@ -231,7 +231,7 @@ def _kueue_reason(draft: Draft, kueue_says: str, message: str) -> None:
     out, so "8 more needed" turning "4 more needed" as other jobs come and go is the
     same reason; another resource, flavor or kind of refusal is a new one. A reason
     that keeps flapping is held to a few Events a minute by the recorder
-    (controller/recorder.py RATE_LIMITED)."""
+    (controller/handlers.py EVENT_RATES)."""
     if not kueue_says or any(e.reason == Reason.QUEUED for e in draft.events):
         return
     previous = draft.status.condition(ConditionType.ADMITTED)

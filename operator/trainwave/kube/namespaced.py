@@ -2,7 +2,8 @@
 operator was given (`--namespace`) through their namespaced LIST/WATCH endpoints,
 instead of watching the whole cluster and dropping other namespaces' objects.
 
-This is controller-runtime's multiNamespaceCache (pkg/cache/multi_namespace_cache.go):
+This is controller-runtime's multiNamespaceCache (sigs.k8s.io/controller-runtime
+pkg/cache/multi_namespace_cache.go):
 a namespaced resource gets an informer in each namespace, a cluster-scoped one
 (Nodes) keeps its one cluster-wide informer. So the operator needs list/watch of
 TrainingJobs and Services only in those namespaces (the chart's Role in each),
@@ -21,12 +22,13 @@ never grants).
 
 from __future__ import annotations
 
+import fnmatch
 import logging
 import threading
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any, Generic, TypeVar
 
-from trainwave.controller.informer import (
+from trainwave.kube.informer import (
     Converter,
     EventHandlers,
     Informer,
@@ -44,6 +46,12 @@ _PATTERN_CHARACTERS = frozenset("*?[")
 
 def is_pattern(namespace: str) -> bool:
     return bool(_PATTERN_CHARACTERS & set(namespace))
+
+
+def watched(namespace: str, namespaces: Sequence[str]) -> bool:
+    """Whether `namespace` is one of `namespaces` (names or shell patterns, as
+    --namespace takes them); an empty list watches every namespace."""
+    return not namespaces or any(fnmatch.fnmatchcase(namespace, p) for p in namespaces)
 
 
 class NamespacedInformers(InformerGroup, Generic[R]):

@@ -1,10 +1,13 @@
 """Events are posted in the background, as client-go's event recorder does.
 
 A reconcile hands its Events over and moves on; one task posts them in order.
-client-go's broadcaster works the same way (record/event.go: a queue of 1,000
-events, dropped with a log line when full, written by its own goroutine), so
-a slow Event write never holds a reconcile worker, and an Event is news, not
-state: losing one under overload must not lose a decision.
+client-go's broadcaster works the same way (k8s.io/client-go tools/record/event.go:
+a queue of 1,000 events, dropped with a log line when full, written by its own
+goroutine), so a slow Event write never holds a reconcile worker, and an Event is
+news, not state: losing one under overload must not lose a decision. Reasons that
+flap may be held to a rate per object (tools/record/events_cache.go's
+EventSourceObjectSpamFilter, a token bucket per object); which reasons, the
+controller says (`rates`).
 
 With --namespace (Helm `watchNamespaces`) the operator may post Events only in
 those namespaces: the chart grants Events through a Role in each and nowhere
@@ -16,16 +19,14 @@ to `default`) is dropped with a log line instead of failing at the API server.
 from __future__ import annotations
 
 import asyncio
-import fnmatch
 import logging
 import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime
-from typing import Any
+from typing import Any, Generic, Protocol, TypeVar
 
-from trainwave.api.reasons import Reason
-from trainwave.lifecycle.decide import JobEvent
+from trainwave.kube.namespaced import watched
 
 logger = logging.getLogger(__name__)
 
@@ -42,38 +43,36 @@ class Rate:
     every: float
 
 
-# Reasons whose news comes from outside and may flap: Kueue rewrites a pending
-# Workload's message as other jobs come and go. The first few changes pass at once;
-# after that, one a minute.
-RATE_LIMITED: dict[str, Rate] = {Reason.KUEUE_PENDING: Rate(burst=3, every=60.0)}
-MAX_BUCKETS = 4096  # beyond this, buckets full again are swept (jobs long gone)
-Post = Callable[[dict[str, Any], JobEvent, datetime], None]  # blocking; run in a thread
-Queued = tuple[dict[str, Any], JobEvent, datetime]
+class Event(Protocol):
+    """What the recorder needs of an Event: its reason, for the rate and the logs."""
+
+    @property
+    def reason(self) -> str: ...
 
 
-def watched(namespace: str, namespaces: Sequence[str]) -> bool:
-    """Whether `namespace` is one of `namespaces` (names or shell patterns, as
-    --namespace takes them); an empty list watches every namespace."""
-    return not namespaces or any(fnmatch.fnmatchcase(namespace, p) for p in namespaces)
+E = TypeVar("E", bound=Event)
+MAX_BUCKETS = 4096  # beyond this, buckets full again are swept (objects long gone)
+Post = Callable[[dict[str, Any], E, datetime], None]  # blocking; run in a thread
 
 
-class EventRecorder:
+class EventRecorder(Generic[E]):
     def __init__(
         self,
-        post: Post,
+        post: Post[E],
         *,
         max_queued: int = MAX_QUEUED,
         namespaces: Sequence[str] = (),
-        rates: Mapping[str, Rate] = RATE_LIMITED,
+        rates: Mapping[str, Rate] | None = None,
         clock: Callable[[], float] = time.monotonic,
     ):
-        """`namespaces`: where Events may be posted (the operator's --namespace); empty:
-        anywhere. `rates`: reasons held to a rate per object (see RATE_LIMITED)."""
+        """`post(obj, event, when)` writes one Event about `obj` (a body with metadata).
+        `namespaces`: where Events may be posted (the operator's --namespace); empty:
+        anywhere. `rates`: reasons held to a rate per object; none by default."""
         self._post = post
-        self._queue: asyncio.Queue[Queued] = asyncio.Queue(max_queued)
+        self._queue: asyncio.Queue[tuple[dict[str, Any], E, datetime]] = asyncio.Queue(max_queued)
         self._task: asyncio.Task[None] | None = None
         self._namespaces = tuple(namespaces)
-        self._rates = dict(rates)
+        self._rates = dict(rates or {})
         self._clock = clock
         # (namespace, name, reason) -> (tokens left, when they were counted)
         self._buckets: dict[tuple[str, str, str], tuple[float, float]] = {}
@@ -81,8 +80,8 @@ class EventRecorder:
         self.outside = 0  # Events dropped because their namespace is not watched
         self.limited = 0  # Events dropped by their reason's rate
 
-    def record(self, job: dict[str, Any], event: JobEvent) -> None:
-        """Queue `event` about `job`; its time is now, not when it is posted."""
+    def record(self, job: dict[str, Any], event: E) -> None:
+        """Queue `event` about `job` (any object); its time is now, not when it is posted."""
         namespace = str(job["metadata"].get("namespace") or "")
         if self._namespaces and not watched(namespace, self._namespaces):
             self.outside += 1

@@ -1,7 +1,8 @@
 """A watch-backed store of one kind of object: list once, then follow a watch.
 
-This is client-go's reflector (tools/cache/reflector.go) cut down to what the
-placement caches need:
+This is client-go's reflector (k8s.io/client-go tools/cache/reflector.go) with
+the informer around it (tools/cache/shared_informer.go, controller.go) cut down
+to what trainwave's caches need:
 
 - one paginated LIST (`limit` + `continue`, like the reflector's pager) gives the
   store and the resourceVersion the list was served at;
@@ -66,6 +67,29 @@ class Store(Protocol[R_contra]):
 
     def put(self, key: str, record: R_contra | None) -> None:
         """Add or update `key`; None removes it."""
+
+
+class StoreFuncs(Generic[R]):
+    """A Store over two functions, each call under `lock` when one is given: how a
+    cache that files records its own way (an index, a count per owner) takes an
+    informer's writes. client-go's informer writes an Indexer; here the cache is one."""
+
+    def __init__(
+        self,
+        replace: Callable[[Mapping[str, R]], None],
+        put: Callable[[str, R | None], None],
+        lock: threading.Lock | None = None,
+    ):
+        self._replace, self._put = replace, put
+        self._lock: contextlib.AbstractContextManager[Any] = lock or contextlib.nullcontext()
+
+    def replace(self, records: Mapping[str, R]) -> None:
+        with self._lock:
+            self._replace(records)
+
+    def put(self, key: str, record: R | None) -> None:
+        with self._lock:
+            self._put(key, record)
 
 
 class LockedDict(Generic[R]):
