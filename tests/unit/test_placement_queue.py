@@ -246,6 +246,8 @@ def test_rule_8b_a_gang_with_gangs_waiting_behind_it_spreads_at_once() -> None:
     result = schedule(snapshot, [first, second])
     assert outcome(result) == {"first": "admit", "second": Blocker.NOT_ENOUGH_GPUS}
     assert result.admitted[0].placement.preferred_met is False
+    # Both asked once per snapshot for their shared shape: each answer carries its own name.
+    assert result.admitted[0].placement.job == "first"
     # Alone, with nobody behind it, the same gang waits for one rack (rule 8).
     assert outcome(schedule(snapshot, [first])) == {"first": "WaitingForPreferredLevel"}
 

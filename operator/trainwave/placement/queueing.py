@@ -164,11 +164,11 @@ def _one_pass(
     for job in order:
         protected = [b for b in blocked if b.skipped >= limit]
         held = frozenset[str]().union(*(b.usable for b in protected))
-        result = _place(memo.without(working, held), job.request, active)
+        result = memo.place(memo.without(working, held), job.request, active)
         if held and isinstance(result, Placement) and result.preferred_met is False:
             # Spread only because the room it prefers is held for an earlier gang: wait
             # for it rather than start scattered (rule 7).
-            alone = _place(working, job.request, active)
+            alone = memo.place(working, job.request, active)
             if isinstance(alone, Placement) and alone.preferred_met:
                 first = protected[0]
                 reason = explain.waiting_for(first.job.key, first.skipped, len(held))
@@ -195,7 +195,7 @@ def _one_pass(
 
         code, reason = str(result.code), result.reason
         if held:
-            alone = _place(working, job.request, active)
+            alone = memo.place(working, job.request, active)
             if isinstance(alone, Placement | SharedPlacement):
                 first = protected[0]
                 code = HELD_FOR_EARLIER_JOB
@@ -241,6 +241,7 @@ def _saturated_waiters(decisions: tuple[Admit | Wait, ...]) -> frozenset[str]:
 
 
 _Shape = tuple[object, ...]
+_Result = Placement | SharedPlacement | Unschedulable | SharedRefusal
 
 
 def _place(
@@ -274,6 +275,25 @@ class _Memo:
         self._usable: dict[_Shape, frozenset[str]] = {}
         self._one_domain: dict[_Shape, bool] = {}
         self._open: tuple[ClusterSnapshot, frozenset[str], ClusterSnapshot] | None = None
+        self._placed: dict[_Shape, tuple[ClusterSnapshot, _Result]] = {}
+
+    def place(
+        self, snapshot: ClusterSnapshot, request: GangRequest, active: tuple[SharedShape, ...]
+    ) -> _Result:
+        """`_place`, remembered per request shape while the snapshot is the same object: a
+        queue of many gangs of one shape that wait (or the same queue decided again, rule
+        8b) asks once per working snapshot, not once per gang. The answer is given back
+        under the asking gang's name. `active` is the same for a whole round."""
+        shape = (*_shape(request), request.preferred_level)
+        known = self._placed.get(shape)
+        if known is not None and known[0] is snapshot:
+            result = known[1]
+            return (
+                result if isinstance(result, SharedRefusal) else replace(result, job=request.name)
+            )
+        result = _place(snapshot, request, active)
+        self._placed[shape] = (snapshot, result)
+        return result
 
     def never(self, request: GangRequest) -> Unschedulable | SharedRefusal | None:
         """Why the request cannot fit even the empty cluster; None when it can."""
