@@ -78,8 +78,12 @@ fmt: venv ## format the code
 	$(PY) -m ruff check --fix operator tests hack
 
 .PHONY: unit
-unit: venv ## fast unit tests (no cluster)
+unit: venv ## in-process unit tests: no cluster, no process of ours (tests/unit; docs/development.md)
 	$(PYTEST) tests/unit
+
+.PHONY: host
+host: venv ## tests that start real processes here, no cluster: torch process groups, the launcher, the arbiter, tsc (tests/host)
+	$(PYTEST) tests/host
 
 .PHONY: integration
 integration: venv tools ## integration tests against the real local control plane
@@ -95,10 +99,11 @@ chaos: venv tools ## seeded faults (operator kills, API server/kwok restarts, no
 
 # Each tier that starts trainwave (integration, e2e, chaos) runs in a pytest session of its
 # own: tests/conftest.py refuses a session holding two of them, which would start two
-# operators. e2e needs the images: it installs the chart on the real node (docs/e2e.md).
+# operators; unit and host start none and share integration's session (one collection).
+# e2e needs the images: it installs the chart on the real node (docs/e2e.md).
 .PHONY: test
-test: venv tools images check-generated ## all tests: generated-file drift, unit, integration (kwok), e2e (real node, built images), chaos
-	$(PYTEST) tests/unit tests/integration
+test: venv tools images check-generated ## all tests: generated-file drift, unit, host, integration (kwok), e2e (real node, built images), chaos
+	$(PYTEST) tests/unit tests/host tests/integration
 	flock /tmp/realnode.lock $(PYTEST) tests/e2e  # one real node per machine: wait for any other
 	$(PYTEST) tests/chaos
 

@@ -35,7 +35,7 @@ from integration.ledgers import PodLedger
 from integration.node_pools import node_pool
 from integration.trainwave_fixtures import apply, get_json, job_manifest, wait_until
 
-pytestmark = [pytest.mark.integration, pytest.mark.timeout(1200)]
+pytestmark = pytest.mark.timeout(1200)
 
 DEFAULT_SEED = 20261123
 SEED = int(os.environ.get("CHAOS_SEED", str(DEFAULT_SEED)))

@@ -25,9 +25,10 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from test_chart import CHART, ROOT
 
 pytestmark = pytest.mark.timeout(120)
+ROOT = Path(__file__).resolve().parents[2]
+CHART = ROOT / "charts" / "trainwave"
 INSTALL = ROOT / "tests" / "cluster" / "install-tools.sh"
 BOARD = CHART / "dashboards" / "trainwave.json"
 
