@@ -77,12 +77,16 @@ fmt: venv ## format the code
 	$(PY) -m ruff format operator tests hack
 	$(PY) -m ruff check --fix operator tests hack
 
+# The spec fuzz draws 2,000 examples in `make test` (its default); `make unit`, the quick
+# loop, draws UNIT_FUZZ_EXAMPLES of the same derandomized sequence.
+UNIT_FUZZ_EXAMPLES ?= 300
+
 .PHONY: unit
-unit: venv ## in-process unit tests: no cluster, no process of ours (tests/unit; docs/development.md)
-	$(PYTEST) tests/unit
+unit: venv ## in-process unit tests, no cluster (tests/unit; docs/development.md)
+	TRAINWAVE_FUZZ_EXAMPLES=$(UNIT_FUZZ_EXAMPLES) $(PYTEST) tests/unit
 
 .PHONY: host
-host: venv ## tests that start real processes here, no cluster: torch process groups, the launcher, the arbiter, tsc (tests/host)
+host: venv ## tests that run programs here, no cluster: helm and tsc on the chart, torch process groups, the launcher, the arbiter (tests/host)
 	$(PYTEST) tests/host
 
 .PHONY: integration

@@ -2,7 +2,7 @@
 
 `make generate` runs it and CI checks the output for drift: edit the panels here,
 not the JSON. The chart ships the JSON in a ConfigMap for Grafana's dashboard
-sidecar (templates/dashboard-configmap.yaml). tests/unit/test_chart_dashboards.py
+sidecar (templates/dashboard-configmap.yaml). tests/host/test_chart_dashboards.py
 checks its structure; tests/integration/test_dashboard_metrics.py checks that
 every metric and label a query names is served by a real operator.
 """

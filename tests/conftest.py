@@ -1,9 +1,9 @@
 """Test tiers: every test is marked with the tier its directory names.
 
-    unit         in-process logic: no cluster, no process of ours      `make unit`
-                 (tests/unit; `helm template` renders the chart)
-    host         real processes on this machine, no cluster: torch process groups
-                 on loopback, the launcher and its workers, the arbiter, tsc (tests/host)
+    unit         in-process logic, no cluster (tests/unit)                `make unit`
+    host         programs run on this machine, no cluster: helm and tsc on the
+                 chart, torch process groups on loopback, the launcher and its
+                 workers, the arbiter (tests/host)                         `make host`
     integration  the real local control plane, kwok nodes (tests/integration)
     e2e          the chart installed for real on a real kubelet + containerd node (tests/e2e)
     chaos        seeded faults while jobs run (tests/chaos)
