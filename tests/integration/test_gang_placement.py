@@ -119,6 +119,9 @@ def test_a_gang_waiting_for_one_rack_spreads_at_once_when_a_gang_queues_behind_i
             == "WaitingForPreferredLevel",
             30, "the gang to wait for one rack",
         )  # fmt: skip
+        # Arrival is the creation time, 1 s resolution; within one second the queue orders
+        # by name, and "behind" would come first.
+        time.sleep(1.1)
         apply(cluster, namespace, pool_job("behind", pool, workers=2, gpus=8, placement=wait))
         body = wait_for_phase(cluster, namespace, "patient", "Running", timeout=60)
         summary = body["status"]["placement"]["summary"]
