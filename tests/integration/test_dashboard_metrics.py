@@ -14,7 +14,7 @@ import yaml
 
 from integration.trainwave_fixtures import apply, job_manifest, wait_for_phase, wait_until
 from unit.promql import chart_queries, problems
-from unit.test_chart import CHART, helm
+from host.test_chart import CHART, helm
 
 pytestmark = pytest.mark.integration
 
