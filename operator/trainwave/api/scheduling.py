@@ -83,7 +83,9 @@ class PlacementSpec(ApiModel):
         le=3_600,
         description="preferredLevelWaitSeconds: how long a gang that could fit one domain of "
         "its preferred level, but finds none with room now, waits for one before it starts "
-        "spread over several (Slurm's --switches=count@max-time). 0: spread at once.",
+        "spread over several (Slurm's --switches=count@max-time). 0: spread at once. Not "
+        "waited while other gangs wait for room behind it, nor by a gang whose reserved "
+        "room is complete: idle GPUs would cost more than the locality.",
     )
     bind_timeout_seconds: int = Field(
         default=120,
