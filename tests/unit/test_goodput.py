@@ -67,33 +67,38 @@ def test_a_new_generation_at_the_same_step_is_progress() -> None:
     assert restarted.ranks[0].seen_at == NOW
 
 
-def test_an_in_place_restart_counted_by_the_launcher_restarts_the_clock() -> None:
+def test_a_generation_restarted_in_place_is_judged_from_its_first_step() -> None:
     # The launcher counts the restart at once; the new processes report their first step
-    # only after imports, rendezvous and the checkpoint: the job is not hung meanwhile,
-    # and a gang found hung gets a full timeout again to reach that step.
+    # only after imports, rendezvous and the checkpoint. That start is judged as the first
+    # generation's is: not at all until its first step, however long it takes (on loaded
+    # cores a restart outlasted a 20 s timeout and read Hung).
     restarts = {"restarts": {"count": 1, "causes": {"hang": 1}}}
     first = seen({0: worker(0, {0: rank(10)}), 1: worker(1, {1: rank(10)})}, at=ago(200))
     restarted = seen(
         {0: worker(0, {0: rank(10)}, **restarts), 1: worker(1, {1: rank(10)})},
-        at=ago(10),
+        at=ago(100),
         memory=first,
     )
-    assert restarted.ranks[0].seen_at == ago(10)
+    assert restarted.ranks[0].seen_at == ago(100)
     assert restarted.ranks[1].seen_at == ago(200)
-    verdict = judge_hang(restarted, 60, NOW, ago(50))
+    # Long past the timeout, from a job found hung: still not hung, nothing recreated.
+    verdict = judge_hang(restarted, 20, NOW, ago(50))
     assert verdict is not None
     assert not verdict.hung
-    assert verdict.message == "rank 0's processes restarted in place"
-    # Nothing new for a full timeout after the restart: hung again.
-    later = seen(
-        {0: worker(0, {0: rank(10)}, **restarts), 1: worker(1, {1: rank(10)})},
-        at=NOW,
+    assert not verdict.recreate
+    assert verdict.message.startswith("rank 0's processes restarted in place")
+    assert verdict.recheck_after == pytest.approx(20)
+    # Its first step ends the start; from then on the timeout holds again.
+    stepped = seen(
+        {0: worker(0, {0: rank(11, generation=1)}, **restarts), 1: worker(1, {1: rank(10)})},
+        at=ago(30),
         memory=restarted,
     )
-    assert later.ranks[0].seen_at == ago(10)
-    again = judge_hang(later, 5, NOW, None)
+    assert not stepped.ranks[0].restarted
+    again = judge_hang(stepped, 20, NOW, None)
     assert again is not None
     assert again.hung
+    assert "stalled ranks: 0 (step 11), 1 (step 10)" in again.message
 
 
 @pytest.mark.parametrize(

@@ -129,15 +129,25 @@ def judge_hang(
     ranks = {r: seen for r, seen in memory.ranks.items() if seen.report.step is not None}
     if timeout is None or not ranks:
         return None
+    restarting = sorted(r for r, seen in ranks.items() if seen.restarted)
+    if restarting:
+        # A generation restarted in place starts as the first one did (new processes
+        # importing torch, the rendezvous, the checkpoint) and is judged, like it, from its
+        # first step: the launchers' watchdog arms only then too. On 2 loaded cores a
+        # restart took 40 s against a 20 s timeout, which read Hung before (issue 26).
+        # torch's rendezvous join_timeout (600 s by default) bounds a gang that cannot form again.
+        listed = ", ".join(map(str, restarting[:NAMED_RANKS]))
+        return HangVerdict(
+            False,
+            f"rank {listed}'s processes restarted in place; the new generation is judged "
+            "from its first step",
+            recheck_after=float(timeout),
+        )
     last_move = max(seen.seen_at for seen in ranks.values())
     quiet = (now - last_move).total_seconds()
     if quiet < timeout:
         moved = max(ranks, key=lambda r: (ranks[r].seen_at, -r))
-        news = (
-            f"rank {moved}'s processes restarted in place"
-            if ranks[moved].restarted
-            else f"rank {moved} completed step {ranks[moved].report.step}"
-        )
+        news = f"rank {moved} completed step {ranks[moved].report.step}"
         return HangVerdict(False, news, recheck_after=timeout - quiet)
     message = _stalled(ranks, quiet, timeout)
     if hung_since is None:
