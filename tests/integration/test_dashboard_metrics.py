@@ -12,9 +12,9 @@ import subprocess
 import pytest
 import yaml
 
+from host.test_chart import CHART, helm
 from integration.trainwave_fixtures import apply, job_manifest, wait_for_phase, wait_until
 from unit.promql import chart_queries, problems
-from host.test_chart import CHART, helm
 
 pytestmark = pytest.mark.integration
 
