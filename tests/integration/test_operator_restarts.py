@@ -70,7 +70,19 @@ def test_sigkill_during_reconcile_loses_and_duplicates_nothing(
         for attempt in range(attempts)
         for rank in range(options["workers"])
     }
-    assert created == expected, f"extra: {created - expected}, missing: {expected - created}"
+    # A job failed by rule may end before its gang is complete: killed between its two
+    # creates, the operator comes back after worker 0 already exited with the rule's code
+    # and fails the job at once (correct), so worker 1 is never created. Only such a
+    # job's later workers may be missing; worker 0, and every other job's pods, may not.
+    may_miss = {
+        f"{name}-a0-worker-{rank}"
+        for name, options, _, reason, _ in _jobs()
+        if reason == "FailedByRule"
+        for rank in range(1, options["workers"])
+    }
+    extra, missing = created - expected, expected - created
+    assert not extra, f"extra: {extra}"
+    assert missing <= may_miss, f"missing: {missing - may_miss}"
 
     cluster.kubectl("delete", "tj", "--all", "-n", namespace, "--wait=true", timeout=120)
     wait_until(lambda: all(worker_pods(cluster, namespace, n) == [] for n, *_ in _jobs()), 90,
