@@ -5,45 +5,44 @@ dropped as soon as the watch catches up or the job goes:
 - the body our last status write returned, while the watch still shows the version
   that write replaced (a decision never rests on a status older than our own;
   resourceVersions are compared by equality, never by order, as the API asks);
-- pods created and not seen by the watch yet (ControllerExpectations,
-  pkg/controller/controller_utils.go, with a shorter expiry);
-- Services applied and not seen yet (the same idea: otherwise each reconcile between
-  the apply and its watch event applied the Service once more);
+- pods created and not seen by the watch yet (kube/expectations.py, tagged by attempt);
+- Services applied and not seen yet (the same `Expectations`: otherwise each reconcile
+  between the apply and its watch event applied the Service once more);
 - a status held after a gang was created placed (lifecycle/plan.py says when);
 - children refused in a row (the backoff's count) and what the goodput decisions
   remember of the reports between polls.
 """
 
 import time
-from dataclasses import dataclass
+from collections.abc import Callable
 from typing import Any
 
 from trainwave.api.status import TrainingJobStatus
 from trainwave.api.trainingjob import JobKey
+from trainwave.kube.expectations import Expectations
 from trainwave.lifecycle.goodput import Memory
 from trainwave.lifecycle.observed import WorkerPod
 from trainwave.lifecycle.plan import Held
 
 # Pods created but not yet seen by the watch hold the job's next decision back at most
-# this long (kube-controller-manager's ControllerExpectations wait 5 minutes).
+# this long (kube-controller-manager's ControllerExpectations wait 5 minutes); so do
+# Services applied and not seen.
 EXPECTATIONS_SECONDS = 15.0
+# The one name a job's Service expectation awaits: a job has one headless Service.
+_SERVICE = "service"
 
 
-@dataclass(frozen=True)
-class Expected:
-    """Pods this reconciler created for an attempt and the watch has not shown yet."""
-
-    attempt: int
-    names: frozenset[str]
-    until: float  # time.monotonic(): decide anyway after this
+def _monotonic() -> float:
+    # Looked up on each call, not bound once: tests move time.monotonic to expire these.
+    return time.monotonic()
 
 
 class Bookkeeping:
-    def __init__(self) -> None:
+    def __init__(self, clock: Callable[[], float] = _monotonic) -> None:
         # Per job: (the resourceVersion our last status write replaced, the body it returned).
         self._written: dict[JobKey, tuple[str, dict[str, Any]]] = {}
-        self._expected: dict[JobKey, Expected] = {}
-        self._services_applied: dict[JobKey, float] = {}  # until when they count as there
+        self._pods: Expectations[JobKey] = Expectations(EXPECTATIONS_SECONDS, clock)
+        self._services: Expectations[JobKey] = Expectations(EXPECTATIONS_SECONDS, clock)
         self._held: dict[JobKey, Held] = {}
         self._refusals: dict[JobKey, int] = {}
         self._memories: dict[JobKey, Memory] = {}
@@ -51,8 +50,8 @@ class Bookkeeping:
     def forget(self, key: JobKey) -> None:
         """The job is gone or going: drop everything kept about it."""
         self._written.pop(key, None)
-        self._expected.pop(key, None)
-        self._services_applied.pop(key, None)
+        self._pods.delete(key)
+        self._services.delete(key)
         self._held.pop(key, None)
         self._refusals.pop(key, None)
         self._memories.pop(key, None)
@@ -78,39 +77,27 @@ class Bookkeeping:
     # -- pods and Services created, not seen yet --------------------------------------------
 
     def expect_pods(self, key: JobKey, attempt: int, names: frozenset[str]) -> None:
-        self._expected[key] = Expected(attempt, names, time.monotonic() + EXPECTATIONS_SECONDS)
+        self._pods.expect(key, names, tag=attempt)
 
     def unseen(self, key: JobKey, pods: list[WorkerPod]) -> float | None:
         """Seconds to wait while pods this reconciler created are not in the watch cache yet;
         None to decide now. Deciding before the watch shows them would apply them again
-        and write a status that counts them missing; their ADDED events wake the job."""
-        expected = self._expected.get(key)
+        and write a status that counts them missing; their ADDED events wake the job.
+        Only pods of the attempt they were created for count as seen."""
+        expected = self._pods.get(key)
         if expected is None:
             return None
-        left = expected.until - time.monotonic()
-        seen = {p.name for p in pods if p.attempt == expected.attempt}
-        if left <= 0 or expected.names <= seen:
-            del self._expected[key]
-            return None
-        return left
+        return self._pods.wait(key, {p.name for p in pods if p.attempt == expected.tag})
 
     def applied_service(self, key: JobKey) -> None:
-        self._services_applied[key] = time.monotonic() + EXPECTATIONS_SECONDS
+        self._services.expect(key, {_SERVICE})
 
     def service_exists(self, key: JobKey, watched: bool) -> bool:
         """The watch shows the job's Service (`watched`), or this reconciler applied it
         less than EXPECTATIONS_SECONDS ago. A Service deleted later is gone from the watch
         and applied again."""
-        if watched:
-            self._services_applied.pop(key, None)
-            return True
-        until = self._services_applied.get(key)
-        if until is None:
-            return False
-        if until > time.monotonic():
-            return True
-        del self._services_applied[key]
-        return False
+        awaited = self._services.wait(key, {_SERVICE} if watched else ())
+        return watched or awaited is not None
 
     # -- a held status ------------------------------------------------------------------------
 
