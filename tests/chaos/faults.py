@@ -34,7 +34,7 @@ VICTIM_SEARCH = 30.0  # how long a disruption looks for a safe window before it 
 # A node NotReady needs every hit worker to outlast the grace (see _not_ready_hit), which
 # fewer gangs do at any moment: it looks longer before it is skipped.
 NOT_READY_SEARCH = 60.0
-TAKEOVER = 15 + 1.2 * 2 + 8  # leaseDuration + retryPeriod jitter, slack for a loaded machine
+TAKEOVER = 15 + 2 * 1.2 * 2 + 8  # leadership.Timing.takeover_bound, slack for a loaded machine
 CORDON_SETTLE = 2.0  # the placer's cache sees the cordon before the node is deleted
 
 

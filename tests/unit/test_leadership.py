@@ -231,4 +231,4 @@ def test_timing_refuses_what_client_go_refuses(
 
 
 def test_takeover_bound_of_the_defaults():
-    assert Timing().takeover_bound == pytest.approx(17.4)
+    assert Timing().takeover_bound == pytest.approx(19.8)
