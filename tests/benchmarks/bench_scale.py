@@ -643,7 +643,7 @@ class Profiler:
 
 # Frames on (nearly) every stack: the event loop, threads, the entry point. Left out of the
 # report's cumulative table (kept in the JSON).
-PLUMBING = ("asyncio/", "runpy>", "threading.py", "concurrent/futures/", "trainwave/cli.py")
+PLUMBING = ("asyncio/", "runpy>", "threading.py", "concurrent/futures/", "trainwave/cli/")
 
 
 def summarize_profile(path: Path, top: int = 40) -> dict[str, Any] | None:
