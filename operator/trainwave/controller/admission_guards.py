@@ -13,9 +13,9 @@ created behind the gate, and placed from the stored pods, as always. What could:
   checks the pod.
 
 The built-in plugins' other changes are known and applied before placing
-(placer.with_admission_defaults). Three informers (kube/informer.py) keep this from watches;
-until all three are listed, or while one cannot be read (RBAC), every gang takes
-the gate.
+(placement_inputs.with_admission_defaults). Three informers (kube/informer.py)
+keep this from watches; until all three are listed, or while one cannot be read
+(RBAC), every gang takes the gate.
 """
 
 from __future__ import annotations

@@ -15,11 +15,12 @@ One round:
    affinity, requests as admission left them): RDMA the cluster lacks, then the
    queue (priority, FIFO, bounded backfill, all or nothing, whole and shared GPUs
    alike), then preemption of lower-priority whole gangs.
-3. Release each admitted gang: reserve its room (controller/inflight.py), then, in
-   the background, pin every pod to its node and lift its gate; the next round does
-   not wait for those patches. A pod that changed meanwhile refuses the patch
-   (resourceVersion) and its reservation is dropped; its gang's released pods keep
-   theirs and the rest are placed again next round.
+3. Release each admitted gang (controller/releasing.py): reserve its room
+   (controller/inflight.py), then, in the background, pin every pod to its node
+   and lift its gate; the next round does not wait for those patches. A pod that
+   changed meanwhile refuses the patch (resourceVersion) and its reservation is
+   dropped; its gang's released pods keep theirs and the rest are placed again
+   next round.
 4. Preempt: mark each victim pod with the preemptor and delete it; the victim's
    reconcile restarts it as an uncounted attempt. Its preemptor plans no other
    preemption until those pods are gone.
@@ -42,7 +43,7 @@ import contextlib
 import logging
 import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, replace
 from datetime import UTC, datetime
 from functools import partial
 from typing import Any
@@ -51,14 +52,13 @@ from trainwave import contract
 from trainwave.api.network import NetworkSpec
 from trainwave.api.reasons import Reason
 from trainwave.api.trainingjob import JobKey
-from trainwave.builders.gating import build_release_patch, merged
-from trainwave.builders.network import gang_link_env, node_network_env
-from trainwave.builders.sharing import build_gpu_claim
+from trainwave.builders.gating import merged
 from trainwave.controller import metrics
 from trainwave.controller.clusterview import ClusterView
 from trainwave.controller.inflight import Inflight
-from trainwave.controller.kube import Conflict, KubeClient, Rejected
-from trainwave.hardware.inventory import NodeInventory
+from trainwave.controller.kube import Conflict, KubeClient
+from trainwave.controller.placement_inputs import running_gang, with_admission_defaults
+from trainwave.controller.releasing import Releaser, build_shared_release, build_whole_release
 from trainwave.lifecycle.draft import PlacementWait
 from trainwave.placement.gang import GangRequest, Placement
 from trainwave.placement.marks import close_marked, marks_of
@@ -66,7 +66,6 @@ from trainwave.placement.occupancy import gpus_by_domain, shared_fragmentation
 from trainwave.placement.preemption import Preemption, RunningGang
 from trainwave.placement.queueing import PendingJob, QueuePolicy
 from trainwave.placement.records import PodRecord, pod_record
-from trainwave.placement.requirements import PodNeeds
 from trainwave.placement.round import Round, plan_round
 from trainwave.placement.round import Ticket as RoundTicket
 from trainwave.placement.sharing import SharedPlacement
@@ -80,18 +79,6 @@ Pod = dict[str, Any]
 # The GPU gauges are scraped every few seconds: a busy placer sets them at most this often
 # (the idle loop catches up), rather than walking every node after every round.
 MEASURE_SECONDS = 1.0
-
-
-@dataclass(frozen=True)
-class Release:
-    """One admitted gang's release: each pod's patch and where it will hold room."""
-
-    key: JobKey
-    patches: list[tuple[Mapping[str, Any], dict[str, Any]]]
-    summary: str
-    targets: list[tuple[PodRecord, str, str, int]]  # (pod, node, GPU UUID, GPU MiB)
-    # Shared workers' DRA ResourceClaims, created before the pods are released.
-    claims: list[dict[str, Any]] = field(default_factory=list)
 
 
 @dataclass(frozen=True)
@@ -142,7 +129,7 @@ class Placer:
         self._preempting: dict[JobKey, frozenset[JobKey]] = {}
         self._topology: tuple[int, Topology] | None = None
         self._inflight = Inflight()
-        self._releasing: set[asyncio.Task[None]] = set()
+        self._releaser = Releaser(kube, self._inflight, wake, placed=self._placed)
         self._event = asyncio.Event()
         # One decision at a time: a round and a gang placed at creation must not both count
         # on the same free GPUs.
@@ -216,7 +203,7 @@ class Placer:
                 return None
             placement = admitted
             inventories = {n.name: n.inventory for n in view.nodes if n.inventory is not None}
-            release = self._release(key, gang, placement, inventories, ticket.network)
+            release = build_whole_release(key, gang, placement, inventories, ticket.network)
             for pod, node, _, _ in release.targets:
                 self._inflight.add_unborn(pod, node)
         logger.info("%s/%s: placed at creation: %s", *key, release.summary)
@@ -249,11 +236,13 @@ class Placer:
         for admit in result.admitted:
             key = names[admit.job.key]
             if isinstance(admit.placement, SharedPlacement):
-                release = self._release_pinned(key, gangs[key], admit.placement)
+                release = build_shared_release(key, gangs[key], admit.placement)
             else:
                 network = tickets[key].network
-                release = self._release(key, gangs[key], admit.placement, inventories, network)
-            self._dispatch(release)
+                release = build_whole_release(
+                    key, gangs[key], admit.placement, inventories, network
+                )
+            self._releaser.dispatch(release)
         self._spread_due = None
         for wait in result.waiting:
             key = names[wait.job.key]
@@ -399,133 +388,15 @@ class Placer:
         skip = set(exclude)
         return [gang for key, (_, gang) in fresh.items() if gang is not None and key not in skip]
 
-    def _release_pinned(
-        self, key: JobKey, gang: list[PodRecord], placed: SharedPlacement
-    ) -> Release:
-        now, summary = _now(), placed.describe()
-        patches = []
-        for pod, pin in zip(gang, placed.pins, strict=True):
-            notes = {
-                contract.ANNOTATION_RELEASED_AT: now,
-                contract.ANNOTATION_PLACEMENT_SUMMARY: summary,
-                contract.ANNOTATION_GPU_UUID: pin.gpu_uuid,
-            }
-            env = {"CUDA_VISIBLE_DEVICES": pin.gpu_uuid}
-            patches.append((_basis(pod), build_release_patch(_basis(pod), pin.node, notes, env)))
-        targets = [
-            (pod, pin.node, pin.gpu_uuid, pin.memory_mib)
-            for pod, pin in zip(gang, placed.pins, strict=True)
-        ]
-        claims = [
-            claim
-            for pod, pin in zip(gang, placed.pins, strict=True)
-            if (claim := build_gpu_claim(_basis(pod), pin.gpu_uuid, pin.memory_mib)) is not None
-        ]
-        return Release(key, patches, summary, targets, claims)
-
-    def _release(
-        self,
-        key: JobKey,
-        gang: list[PodRecord],
-        placement: Placement,
-        inventories: Mapping[str, NodeInventory],
-        network: NetworkSpec | None,
-    ) -> Release:
-        summary = placement.describe()
-        notes = {
-            contract.ANNOTATION_RELEASED_AT: _now(),
-            contract.ANNOTATION_PLACEMENT_SUMMARY: summary,
-        }
-        nodes = placement.nodes
-        chosen = [inventories[n] for n in dict.fromkeys(nodes) if n in inventories]
-        link = gang_link_env(network, chosen) if len(chosen) == len(set(nodes)) else {}
-        patches = []
-        for pod, node in zip(gang, nodes, strict=True):
-            env = {**node_network_env(network, inventories.get(node)), **link}
-            patches.append((_basis(pod), build_release_patch(_basis(pod), node, notes, env)))
-        targets = [(pod, node, "", 0) for pod, node in zip(gang, nodes, strict=True)]
-        return Release(key, patches, summary, targets)
-
-    def _dispatch(self, release: Release) -> None:
-        """Reserve the gang's room, then patch its pods in the background, as kube-scheduler
-        assumes a pod in its cache and binds it asynchronously (pkg/scheduler/schedule_one.go:
-        assume, then the binding cycle in a goroutine; ForgetPod when binding fails). The
-        next round starts without waiting for the patches and counts the reserved room."""
-        for pod, node, uuid, mib in release.targets:
-            self._inflight.add(pod, node, uuid, mib)
-        task = asyncio.create_task(self._apply_release(release))
-        self._releasing.add(task)
-        task.add_done_callback(self._released)
-
     async def drain(self) -> None:
         """Wait until every gang handed to the background has been patched."""
-        while self._releasing:
-            await asyncio.wait(set(self._releasing))
+        await self._releaser.drain()
 
-    def _released(self, task: asyncio.Task[None]) -> None:
-        self._releasing.discard(task)
-        if not task.cancelled() and task.exception() is not None:
-            logger.error("releasing a gang failed: %s", task.exception())
-
-    async def _apply_release(self, release: Release) -> None:
-        key, patches, summary, targets = (
-            release.key, release.patches, release.summary, release.targets
-        )  # fmt: skip
-        if not await self._create_claims(release):
-            return
-        results = await asyncio.gather(
-            *(
-                asyncio.to_thread(
-                    self._kube.patch_pod,
-                    pod["metadata"]["namespace"],
-                    pod["metadata"]["name"],
-                    patch,
-                )
-                for pod, patch in patches
-            ),
-            return_exceptions=True,
-        )
-        for result, (pod, *_) in zip(results, targets, strict=True):
-            if isinstance(result, BaseException):
-                self._inflight.forget(pod)  # refused: it holds nothing
-        failed = [r for r in results if isinstance(r, BaseException)]
-        for error in failed:
-            if not isinstance(error, Conflict | Rejected):
-                raise error
-            logger.warning("%s/%s: releasing a worker failed: %s", *key, error)
-        if failed:
-            self._wake(key)  # its reconcile says so; the rest are placed again next round
-            return
+    def _placed(self, key: JobKey) -> None:
+        """Every pod of the gang released: it waits no more."""
         self._tickets.pop(key, None)
         self._skips.pop(key, None)
         self._waits.pop(key, None)
-        logger.info("%s/%s: placed: %s", *key, summary)
-        metrics.GANGS_PLACED.inc()
-        # No wake: each patched pod's watch event wakes the job (batched), and a reconcile
-        # woken now would find the pods released but not bound and write a status
-        # that is stale a moment later.
-
-    async def _create_claims(self, release: Release) -> bool:
-        """The gang's GPU claims, all before any pod is released: a worker whose claim is
-        missing would wait unbound beside a running gang. False (nothing released, the
-        room given back, the gang placed again next round) when one was refused."""
-        if not release.claims:
-            return True
-        results = await asyncio.gather(
-            *(asyncio.to_thread(self._kube.create_gpu_claim, claim) for claim in release.claims),
-            return_exceptions=True,
-        )
-        failed = [r for r in results if isinstance(r, BaseException)]
-        if not failed:
-            return True
-        for pod, *_ in release.targets:
-            self._inflight.forget(pod)
-        for error in failed:
-            if not isinstance(error, Conflict | Rejected):
-                raise error
-            logger.warning("%s/%s: creating a GPU claim failed: %s", *release.key, error)
-        self._wake(release.key)
-        return False
 
     async def _preempt(
         self, preemption: Preemption, names: Mapping[str, JobKey], view: ClusterView
@@ -590,70 +461,6 @@ def _gated_gangs(
     return gangs
 
 
-# What the DefaultTolerationSeconds admission plugin adds to a pod that lacks them
-# (plugin/pkg/admission/defaulttolerationseconds): a pod placed before it exists is
-# asked with the tolerations it will have once stored.
-_DEFAULT_TOLERATION_KEYS = ("node.kubernetes.io/not-ready", "node.kubernetes.io/unreachable")
-
-
-def with_admission_defaults(pod: Mapping[str, Any]) -> dict[str, Any]:
-    """`pod` as the built-in admission plugins will store it, for placement's questions:
-    the two NoExecute tolerations, unless the pod already tolerates those taints."""
-    spec = dict(pod.get("spec") or {})
-    tolerations = list(spec.get("tolerations") or [])
-    for key in _DEFAULT_TOLERATION_KEYS:
-        if not any(_tolerates_no_execute(t, key) for t in tolerations):
-            tolerations.append(
-                {"key": key, "operator": "Exists", "effect": "NoExecute", "tolerationSeconds": 300}
-            )
-    return {**pod, "spec": {**spec, "tolerations": tolerations}}
-
-
-def _tolerates_no_execute(toleration: Mapping[str, Any], key: str) -> bool:
-    """The plugin's own test: the key or an empty one, the NoExecute effect or any."""
-    return toleration.get("key") in (key, "", None) and toleration.get("effect") in (
-        "NoExecute", "", None,
-    )  # fmt: skip
-
-
-def running_gang(key: JobKey, pods: Sequence[PodRecord]) -> RunningGang | None:
-    """One job's holding worker pods as a preemption candidate; None when none is live."""
-    live = [p for p in pods if not p.deleting and p.worker is not None]
-    if not live:
-        return None
-    attempt = max(p.worker.attempt for p in live if p.worker)
-    current = [p for p in live if p.worker and p.worker.attempt == attempt]
-    first = current[0].worker
-    assert first is not None
-    counts: dict[str, int] = {}
-    for pod in current:
-        counts[pod.node] = counts.get(pod.node, 0) + 1
-    return RunningGang(
-        key=f"{key[0]}/{key[1]}",
-        priority=first.priority,
-        preemptible=first.preemptible,
-        needs=PodNeeds(requests=current[0].requests),
-        workers_by_node=tuple(sorted(counts.items())),
-        preempted_at=_parse(first.preempted_at),
-    )
-
-
-def _basis(pod: PodRecord) -> Mapping[str, Any]:
-    assert pod.release_basis is not None
-    return pod.release_basis
-
-
 def _key(name: str) -> JobKey:
     namespace, _, job = name.partition("/")
     return namespace, job
-
-
-def _parse(value: str) -> datetime | None:
-    try:
-        return datetime.fromisoformat(value.replace("Z", "+00:00")) if value else None
-    except ValueError:
-        return None
-
-
-def _now() -> str:
-    return datetime.now(UTC).isoformat(timespec="seconds").replace("+00:00", "Z")
