@@ -24,7 +24,7 @@ from typing import Any
 
 import pytest
 
-from trainwave.api.spec import Preflight
+from trainwave.api.run_policy import Preflight
 from trainwave.lifecycle.preflight import judge
 from trainwave.lifecycle.reports import read_preflight
 

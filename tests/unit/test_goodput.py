@@ -8,7 +8,7 @@ from typing import Any
 import pytest
 from factories import NOW, ago
 
-from trainwave.api.spec import Stragglers
+from trainwave.api.run_policy import Stragglers
 from trainwave.api.status import GoodputStatus
 from trainwave.lifecycle.goodput import Memory, account, judge_hang, observe, stragglers
 from trainwave.lifecycle.reports import WorkerReport, read_report

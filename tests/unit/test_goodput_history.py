@@ -12,7 +12,7 @@ from typing import Any
 import pytest
 from factories import NOW
 
-from trainwave.api.spec import Stragglers
+from trainwave.api.run_policy import Stragglers
 from trainwave.lifecycle.goodput import Memory, observe, stragglers
 from trainwave.lifecycle.reports import MAX_HISTORY, WorkerReport, read_ranks, read_report
 

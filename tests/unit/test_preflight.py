@@ -14,7 +14,7 @@ from factories import NOW, ago, make_body, make_pod
 
 from trainwave import contract
 from trainwave.api.reasons import Reason
-from trainwave.api.spec import Preflight
+from trainwave.api.run_policy import Preflight
 from trainwave.api.status import ConditionType, Phase
 from trainwave.api.trainingjob import parse_trainingjob
 from trainwave.lifecycle.decide import Decision, decide

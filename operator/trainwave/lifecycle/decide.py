@@ -18,8 +18,8 @@ from collections.abc import Mapping, Sequence
 from datetime import datetime, timedelta
 
 from trainwave.api.reasons import Reason
+from trainwave.api.run_policy import MAX_BACKOFF_SECONDS
 from trainwave.api.sharing import isolation
-from trainwave.api.spec import MAX_BACKOFF_SECONDS
 from trainwave.api.status import ConditionType, Phase, TrainingJobStatus
 from trainwave.api.trainingjob import ObjectMeta, TrainingJob
 from trainwave.backoff import Backoff

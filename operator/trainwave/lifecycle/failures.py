@@ -21,7 +21,7 @@ from dataclasses import dataclass
 from datetime import datetime
 from enum import StrEnum
 
-from trainwave.api.spec import FailureAction, FailurePolicy, FailureRule
+from trainwave.api.run_policy import FailureAction, FailurePolicy, FailureRule
 from trainwave.lifecycle.observed import NodeHealth, PodCondition, PodPhase, WorkerPod
 
 # trainwave's words for node trouble, matched by `onReasons` like a pod's own reasons.

@@ -33,7 +33,7 @@ from dataclasses import dataclass, field
 from datetime import datetime
 from statistics import median
 
-from trainwave.api.spec import Stragglers
+from trainwave.api.run_policy import Stragglers
 from trainwave.api.status import GoodputAttempt, GoodputStatus
 from trainwave.lifecycle.reports import InPlaceRestart, RankReport, RestartReport, WorkerReport
 

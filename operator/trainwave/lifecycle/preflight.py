@@ -29,7 +29,7 @@ from statistics import median
 
 from trainwave import contract
 from trainwave.api.reasons import Reason
-from trainwave.api.spec import Preflight
+from trainwave.api.run_policy import Preflight
 from trainwave.api.status import ConditionType, Phase, PreflightStatus
 from trainwave.api.trainingjob import TrainingJob
 from trainwave.lifecycle.draft import Draft, JobEvent
