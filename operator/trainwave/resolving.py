@@ -15,7 +15,7 @@ from trainwave import contract
 from trainwave.api.podspec import POD_SPEC, shape_problem, without_nulls
 from trainwave.api.sharing import SharedSetup, shared_setup
 from trainwave.api.trainingjob import InvalidSpec, TrainingJob, parse_trainingjob
-from trainwave.placement.gang import GangRequest
+from trainwave.placement.gang_types import GangRequest
 from trainwave.placement.ranks import Parallelism
 from trainwave.placement.rdma import network_requirements
 from trainwave.placement.topology import DEFAULT_LEVELS, HOSTNAME_LABEL

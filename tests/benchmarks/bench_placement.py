@@ -49,7 +49,8 @@ from benchmarks.provenance import git_commit  # noqa: E402
 from benchmarks.summaries import percentile  # noqa: E402
 from cluster.topology import build_nodes, load_topology  # noqa: E402
 from trainwave.contract import NODE_LABEL_GPU_PRODUCT  # noqa: E402
-from trainwave.placement.gang import GangRequest, Placement, place  # noqa: E402
+from trainwave.placement.gang import place  # noqa: E402
+from trainwave.placement.gang_types import GangRequest, Placement  # noqa: E402
 from trainwave.placement.queueing import PendingJob, schedule  # noqa: E402
 from trainwave.placement.ranks import Parallelism  # noqa: E402
 from trainwave.placement.snapshot import ClusterSnapshot, build_snapshot  # noqa: E402

@@ -20,7 +20,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from trainwave import contract
-from trainwave.placement.gang import GangRequest
+from trainwave.placement.gang_types import GangRequest
 
 NODE_GPUS = 8
 MEAN_STAY = 18

@@ -13,7 +13,7 @@ import statistics
 from dataclasses import dataclass, field
 from itertools import pairwise
 
-from trainwave.placement.gang import GangRequest
+from trainwave.placement.gang_types import GangRequest
 from trainwave.placement.snapshot import ClusterSnapshot
 
 

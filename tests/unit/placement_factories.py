@@ -12,7 +12,7 @@ from typing import Any
 
 from cluster.topology import build_nodes, load_topology, parse_topology
 from trainwave.contract import NODE_LABEL_NVLINK_DOMAIN, NODE_LABEL_RACK, NODE_LABEL_SPINE
-from trainwave.placement.gang import GangRequest, Placement, Unschedulable
+from trainwave.placement.gang_types import GangRequest, Placement, Unschedulable
 from trainwave.placement.ranks import Parallelism
 from trainwave.placement.snapshot import ClusterSnapshot, NodeInfo, build_snapshot
 from trainwave.placement.topology import HOSTNAME_LABEL

@@ -18,7 +18,7 @@ from trainwave.controller.clusterview import ClusterIndex
 from trainwave.controller.inflight import Inflight
 from trainwave.controller.placement_inputs import with_admission_defaults
 from trainwave.controller.placer import Placer, Ticket
-from trainwave.placement.gang import GangRequest
+from trainwave.placement.gang_types import GangRequest
 from trainwave.placement.records import node_record, pod_record
 from trainwave.resolving import resolve_job
 

@@ -17,7 +17,8 @@ from placement_factories import (
 )
 
 from trainwave.contract import NODE_LABEL_GPU_PRODUCT, NODE_LABEL_RACK
-from trainwave.placement.gang import Blocker, GangRequest, Placement, place
+from trainwave.placement.gang import place
+from trainwave.placement.gang_types import Blocker, GangRequest, Placement
 from trainwave.placement.ranks import (
     Coordinates,
     Parallelism,

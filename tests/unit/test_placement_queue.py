@@ -8,7 +8,7 @@ import pytest
 from placement_factories import make_cluster, make_node, make_request
 
 from trainwave.contract import NODE_LABEL_GPU_PRODUCT, NODE_LABEL_RACK
-from trainwave.placement.gang import Blocker
+from trainwave.placement.gang_types import Blocker
 from trainwave.placement.queueing import (
     HELD_FOR_EARLIER_JOB,
     NEVER_FITS,

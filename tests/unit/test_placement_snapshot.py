@@ -17,7 +17,7 @@ from placement_factories import (
 
 from cluster.topology import build_nodes, load_topology
 from trainwave.contract import GPU_RESOURCE, NODE_LABEL_NVLINK_DOMAIN, NODE_LABEL_RACK
-from trainwave.placement.gang import GangRequest
+from trainwave.placement.gang_types import GangRequest
 from trainwave.placement.snapshot import ClusterSnapshot, build_snapshot, pod_gpus
 from trainwave.placement.topology import HOSTNAME_LABEL, build_topology
 

@@ -12,7 +12,7 @@ from factories import make_job
 from trainwave import contract
 from trainwave.builders.pods import build_worker_pods
 from trainwave.placement.filters import check
-from trainwave.placement.gang import GangRequest
+from trainwave.placement.gang_types import GangRequest
 from trainwave.placement.packing import fits
 from trainwave.placement.records import SharedGpu
 from trainwave.placement.requirements import PodNeeds, pod_needs

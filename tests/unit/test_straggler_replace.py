@@ -16,7 +16,8 @@ from trainwave.api.status import ConditionType, Phase
 from trainwave.api.trainingjob import parse_trainingjob
 from trainwave.lifecycle.decide import Decision, decide
 from trainwave.lifecycle.reports import WorkerReport, read_report
-from trainwave.placement.gang import Placement, Unschedulable, place
+from trainwave.placement.gang import place
+from trainwave.placement.gang_types import Placement, Unschedulable
 from trainwave.placement.marks import close_marked, marks_of
 from trainwave.placement.records import node_record
 from trainwave.resolving import resolve_job

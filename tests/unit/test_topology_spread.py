@@ -14,7 +14,8 @@ from typing import Any
 import pytest
 
 from trainwave.contract import GPU_RESOURCE
-from trainwave.placement.gang import Blocker, GangRequest, Placement, Unschedulable, place
+from trainwave.placement.gang import place
+from trainwave.placement.gang_types import Blocker, GangRequest, Placement, Unschedulable
 from trainwave.placement.ranks import Parallelism
 from trainwave.placement.requirements import pod_needs
 from trainwave.placement.snapshot import ClusterSnapshot, build_snapshot

@@ -60,7 +60,7 @@ from trainwave.controller.kube import Conflict, KubeClient
 from trainwave.controller.placement_inputs import running_gang, with_admission_defaults
 from trainwave.controller.releasing import Releaser, build_shared_release, build_whole_release
 from trainwave.lifecycle.draft import PlacementWait
-from trainwave.placement.gang import GangRequest, Placement
+from trainwave.placement.gang_types import GangRequest, Placement
 from trainwave.placement.marks import close_marked, marks_of
 from trainwave.placement.occupancy import gpus_by_domain, shared_fragmentation
 from trainwave.placement.preemption import Preemption, RunningGang

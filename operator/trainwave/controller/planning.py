@@ -17,7 +17,7 @@ from typing import Any
 from trainwave.builders.pods import build_worker_pods
 from trainwave.controller.clusterview import ClusterView, listed_view
 from trainwave.controller.kube import KubeClient
-from trainwave.placement.gang import Placement
+from trainwave.placement.gang_types import Placement
 from trainwave.placement.queueing import PendingJob, Wait
 from trainwave.placement.requirements import pod_needs, with_default_tolerations
 from trainwave.placement.round import Ticket, plan_round

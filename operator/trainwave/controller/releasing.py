@@ -25,7 +25,7 @@ from trainwave.controller import metrics
 from trainwave.controller.inflight import Inflight
 from trainwave.controller.kube import Conflict, KubeClient, Rejected
 from trainwave.hardware.inventory import NodeInventory
-from trainwave.placement.gang import Placement
+from trainwave.placement.gang_types import Placement
 from trainwave.placement.records import PodRecord
 from trainwave.placement.sharing import SharedPlacement
 

@@ -29,7 +29,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 
-from trainwave.placement.gang import GangRequest, Placement, place
+from trainwave.placement.gang import place
+from trainwave.placement.gang_types import GangRequest, Placement
 from trainwave.placement.queueing import Wait
 from trainwave.placement.requirements import PodNeeds
 from trainwave.placement.snapshot import ClusterSnapshot

@@ -53,7 +53,8 @@ from dataclasses import dataclass, replace
 
 from trainwave.api.reasons import Reason
 from trainwave.placement import explain
-from trainwave.placement.gang import Blocker, GangRequest, Placement, Unschedulable, place
+from trainwave.placement.gang import place
+from trainwave.placement.gang_types import Blocker, GangRequest, Placement, Unschedulable
 from trainwave.placement.shared_tasks import SharedShape
 from trainwave.placement.sharing import (
     LARGER_THAN_ANY_GPU,

@@ -46,7 +46,7 @@ from trainwave.placement.shared_tasks import (
 from trainwave.placement.snapshot import ClusterSnapshot, NodeInfo, build_snapshot
 
 if TYPE_CHECKING:
-    from trainwave.placement.gang import GangRequest
+    from trainwave.placement.gang_types import GangRequest
 
 __all__ = [
     "Pin",
