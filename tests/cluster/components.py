@@ -12,7 +12,8 @@ cluster in three deliberate ways, all for speed on a 2-core machine:
   burst of test traffic (1,000 node creates, a 100-job benchmark) is never
   throttled or queued by the server;
 - node leases last NODE_LEASE_SECONDS (kwok renews each every quarter of it),
-  and the node controller's grace period is stretched to match.
+  longer for topologies beyond 1,024 nodes (`node_lease_seconds`), and the node
+  controller's grace period is stretched to match.
 """
 
 from __future__ import annotations
@@ -37,10 +38,26 @@ NODE_IP = "127.0.0.1"
 # ~100 writes/s, most of the 2 cores at idle. 120 s means a renewal every
 # ~30 s: ~34 writes/s for 1,024 nodes, negligible for the small topology.
 NODE_LEASE_SECONDS = 120
+# Nodes whose renewals NODE_LEASE_SECONDS keeps at ~34 writes/s; beyond it the lease grows
+# with the node count, so 4,096 nodes (xlarge.yaml) renew as often in all as 1,024 do:
+# at 120 s, 4,096 leases were ~136 renewals/s, most of a core before any job.
+LEASE_NODES_PER_BASE = 1024
 # The node controller marks a node NotReady when its lease has not moved for
-# this long; it must comfortably exceed the renew interval (30 s) even when
-# kwok lags under load, or pods get tainted and evicted mid-test.
-NODE_MONITOR_GRACE = "180s"
+# this long (1.5 leases: 180 s at 120 s); it must comfortably exceed the renew
+# interval (a quarter lease) even when kwok lags under load, or pods get tainted
+# and evicted mid-test.
+NODE_MONITOR_GRACE_LEASES = 1.5
+
+
+def node_lease_seconds(nodes: int) -> int:
+    """The node lease kwok holds for a cluster of `nodes` simulated nodes: 120 s up to
+    1,024 nodes, then 120 s more per further 1,024 (4,096 nodes: 480 s)."""
+    return NODE_LEASE_SECONDS * max(1, -(-nodes // LEASE_NODES_PER_BASE))
+
+
+def node_monitor_grace(lease_seconds: int) -> str:
+    return f"{round(lease_seconds * NODE_MONITOR_GRACE_LEASES)}s"
+
 
 KWOK_PARALLELISM = 16
 CLIENT_QPS = 200
@@ -251,7 +268,9 @@ def apiserver_command(
     return command + real_node_apiserver_flags(pki, node_host)
 
 
-def controller_manager_command(binary: Path, layout: Layout, ports: Ports) -> list[str]:
+def controller_manager_command(
+    binary: Path, layout: Layout, ports: Ports, lease_seconds: int = NODE_LEASE_SECONDS
+) -> list[str]:
     pki = layout.pki
     kubeconfig = str(layout.kubeconfig)
     return [
@@ -274,7 +293,7 @@ def controller_manager_command(binary: Path, layout: Layout, ports: Ports) -> li
         f"--cluster-signing-key-file={pki.ca_key}",
         f"--kube-api-qps={CLIENT_QPS}",
         f"--kube-api-burst={CLIENT_BURST}",
-        f"--node-monitor-grace-period={NODE_MONITOR_GRACE}",
+        f"--node-monitor-grace-period={node_monitor_grace(lease_seconds)}",
         "--concurrent-gc-syncs=20",
         "--concurrent-namespace-syncs=10",
         f"--feature-gates={DRA_GATES}",
@@ -326,7 +345,13 @@ def kwok_config() -> dict[str, Any]:
     }
 
 
-def kwok_command(binary: Path, layout: Layout, ports: Ports, stages: list[Path]) -> list[str]:
+def kwok_command(
+    binary: Path,
+    layout: Layout,
+    ports: Ports,
+    stages: list[Path],
+    lease_seconds: int = NODE_LEASE_SECONDS,
+) -> list[str]:
     return [
         str(binary),
         f"--kubeconfig={layout.kubeconfig}",
@@ -338,7 +363,7 @@ def kwok_command(binary: Path, layout: Layout, ports: Ports, stages: list[Path])
         f"--manage-nodes-with-annotation-selector={KWOK_NODE_ANNOTATION}={KWOK_NODE_VALUE}",
         f"--node-ip={NODE_IP}",
         f"--cidr={POD_CIDR}",
-        f"--node-lease-duration-seconds={NODE_LEASE_SECONDS}",
+        f"--node-lease-duration-seconds={lease_seconds}",
         f"--server-address=127.0.0.1:{ports.kwok}",
     ]
 

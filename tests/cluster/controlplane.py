@@ -157,16 +157,19 @@ def ensure_cluster(
         state = _read_state(layout)
         running_real = _real_node_count(state)
         wanted_real = running_real if real_nodes is None else real_nodes
+        # A cluster started for fewer nodes renews their leases too often for this many.
+        lease_seconds = components.node_lease_seconds(len(desired_nodes))
         started = (
             state is None
             or not _healthy(layout, state)
             or state.get("audit_users", []) != list(audit_users)
             or wanted_real != running_real
+            or state.get("node_lease_seconds", components.NODE_LEASE_SECONDS) != lease_seconds
         )
         deadline = time.monotonic() + timeout
         if started:
             _stop(layout)
-            state = _start(layout, timeout, audit_users, wanted_real)
+            state = _start(layout, timeout, audit_users, wanted_real, lease_seconds)
         assert state is not None
         client = ApiClient(state["server"], layout.pki)
         try:
@@ -206,13 +209,15 @@ def cluster_status(state_dir: Path | None = None) -> ClusterStatus:
 
 
 def _start(
-    layout: Layout, timeout: float, audit_users: Sequence[str] = (), real_nodes: int = 0
-) -> dict[str, Any]:
+    layout: Layout, timeout: float, audit_users: Sequence[str] = (), real_nodes: int = 0,
+    lease_seconds: int = components.NODE_LEASE_SECONDS,
+) -> dict[str, Any]:  # fmt: skip
     _prepare_state_dir(layout)
     if audit_users:
         layout.audit_policy.write_text(yaml.safe_dump(components.audit_policy(audit_users)))
     ports = Ports(*_free_ports(6))
     state: dict[str, Any] = {"processes": [], "audit_users": list(audit_users)}
+    state["node_lease_seconds"] = lease_seconds
     node_host = ""
     if real_nodes:
         # Before the API server: it binds to the bridge this creates.
@@ -260,14 +265,16 @@ def _start(
         _wait_until(layout, state, deadline, "kube-apiserver /readyz", lambda: _ready(client))
         launch(
             "kube-controller-manager",
-            components.controller_manager_command(tool("kube-controller-manager"), layout, ports),
+            components.controller_manager_command(
+                tool("kube-controller-manager"), layout, ports, lease_seconds
+            ),
         )
         launch(
             "kube-scheduler", components.scheduler_command(tool("kube-scheduler"), layout, ports)
         )
         launch(
             "kwok",
-            components.kwok_command(tool("kwok"), layout, ports, STAGES),
+            components.kwok_command(tool("kwok"), layout, ports, STAGES, lease_seconds),
             components.kwok_environment(layout, environment),
         )
         _wait_until(

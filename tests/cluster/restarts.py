@@ -84,9 +84,10 @@ def _release_node_leases(layout: Layout, state: dict[str, Any]) -> int:
 
     A kubelet holds its node's Lease under the node's name, so a restarted kubelet renews
     it at once. kwok holds them under a per-process id, and a new kwok waits a whole
-    lease duration (120 s here) before it takes them over, playing no pod meanwhile: not
-    a restart but a two-minute outage of every node. Deleting the Leases of the process
-    that is gone lets the new one create them afresh, as a restarted kubelet would renew.
+    lease duration (120 s here; more above 1,024 nodes) before it takes them over, playing
+    no pod meanwhile: not a restart but a two-minute outage of every node. Deleting the
+    Leases of the process that is gone lets the new one create them afresh, as a
+    restarted kubelet would renew.
     """
     held = _kwok_leases(layout, state)
     client = ApiClient(state["server"], layout.pki, timeout=10)
@@ -141,7 +142,8 @@ def _restartable(
 
         return command, environment, ready
     if name == "kwok":
-        command = components.kwok_command(tool("kwok"), layout, ports, STAGES)
+        lease_seconds = state.get("node_lease_seconds", components.NODE_LEASE_SECONDS)
+        command = components.kwok_command(tool("kwok"), layout, ports, STAGES, lease_seconds)
         healthz = f"http://127.0.0.1:{ports.kwok}/healthz"
         return command, components.kwok_environment(layout, environment), lambda: _http_ok(healthz)
     raise ValueError(f"restarting {name!r} is not supported; only kube-apiserver and kwok")

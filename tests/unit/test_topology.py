@@ -7,6 +7,7 @@ from typing import Any
 
 import pytest
 
+from cluster import components
 from cluster.topology import (
     KWOK_NODE_ANNOTATION,
     TopologyError,
@@ -58,6 +59,7 @@ def labels(node: dict[str, Any]) -> dict[str, str]:
         pytest.param("small.yaml", 9, 72, 3, 1, id="small"),
         pytest.param("medium-64.yaml", 64, 512, 8, 2, id="medium-64"),
         pytest.param("large.yaml", 1024, 8192, 64, 4, id="large"),
+        pytest.param("xlarge.yaml", 4096, 32768, 256, 16, id="xlarge"),
     ],
 )
 def test_shipped_topologies_render_their_counts(
@@ -254,3 +256,18 @@ def test_unreadable_file_names_the_path(tmp_path: Path) -> None:
 
     with pytest.raises(TopologyError, match=r"broken\.yaml: cannot read topology"):
         load_topology(broken)
+
+
+@pytest.mark.parametrize(
+    ("nodes", "lease", "grace"),
+    [
+        pytest.param(9, 120, "180s", id="small"),
+        pytest.param(1024, 120, "180s", id="large"),
+        pytest.param(1025, 240, "360s", id="just-over"),
+        pytest.param(4096, 480, "720s", id="xlarge"),
+    ],
+)
+def test_node_lease_grows_with_the_node_count(nodes: int, lease: int, grace: str) -> None:
+    # kwok renews every quarter lease: 4,096 nodes at 120 s were ~136 renewals/s.
+    assert components.node_lease_seconds(nodes) == lease
+    assert components.node_monitor_grace(lease) == grace
