@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from datetime import datetime
 from pathlib import Path
 
-from cluster.controlplane import Cluster, cache_dir, ensure_cluster
+from cluster.controlplane import START_TIMEOUT, Cluster, cache_dir, ensure_cluster
 from cluster.deploy import OperatorProcess, install_chart, service_account_kubeconfig
 
 
@@ -35,14 +35,17 @@ def operator_cluster(
     keep_cluster: bool = False,
     operator_args: tuple[str, ...] = (),
     start_timeout: float = 60,
+    cluster_timeout: float = START_TIMEOUT,
 ) -> Iterator[BenchCluster]:
     """Start (or reuse) the cluster in `state_name`, install the chart, recreate `namespace`,
     start the operator; stop all of it afterwards (the cluster stays up with `keep_cluster`,
     for a quick re-run). The operator may be stopped early. `audit_users`: see
     ensure_cluster. `start_timeout`: seconds for the operator to turn healthy (a traced
-    one starts slowly)."""
+    one starts slowly); `cluster_timeout`: for the cluster and its nodes (4,096 take minutes)."""
     state = cache_dir() / state_name
-    cluster = ensure_cluster(topology, state_dir=state, audit_users=audit_users)
+    cluster = ensure_cluster(
+        topology, state_dir=state, timeout=cluster_timeout, audit_users=audit_users
+    )
     try:
         install_chart(cluster)
         fresh_namespace(cluster, namespace)
