@@ -12,25 +12,26 @@ while gangs wait against two bounds, makespan against two bounds, and waits by g
 Environment: BENCH_SATURATION (small: 64 nodes, a few minutes; uniform: the issue's 8-node gangs
 at 1/16 the scale, about 2 minutes; large: the 1,024-node
 topology), BENCH_SEED (2027), BENCH_TAG (appended to the results' name, e.g. "before"),
-BENCH_KEEP_CLUSTER (0; 1 leaves the cluster up for a quick re-run). Writes
-tests/benchmarks/results/saturation-<config>[-<tag>].{json,md}.
+BENCH_KEEP_CLUSTER (0; 1 leaves the cluster up for a quick re-run), BENCH_STATE (the cluster's
+state directory under the cache, bench-saturation-cluster). Writes
+tests/benchmarks/results/saturation-<config>[-vs-kueue][-<tag>].{json,md}.
+
+BENCH_PEER=kueue runs the peer in the same invocation, right after trainwave's side, on the
+same cluster and the same stream: the operator is stopped, Kueue started, and the gangs go
+to Kueue as batch Jobs (saturation_kueue.py; BENCH_KUEUE_TAS=0 leaves Kueue's topology-aware
+scheduling out). Both sides are then measured by the same functions (saturation_compare.py)
+and the report ends with the side-by-side table.
 """
 
 from __future__ import annotations
 
-import http.client
-import json
 import os
 import platform
-import re
-import ssl
 import sys
-import threading
 import time
 from dataclasses import asdict, replace
 from pathlib import Path
 from typing import Any
-from urllib.parse import urlsplit
 
 REPO = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(REPO / "tests"))
@@ -47,6 +48,8 @@ from benchmarks.saturation_analysis import (  # noqa: E402
     utilisation,
     waits_by_size,
 )
+from benchmarks.saturation_compare import comparison_table, side_figures  # noqa: E402
+from benchmarks.saturation_kueue import PeerRun, run_peer  # noqa: E402
 from benchmarks.saturation_stream import (  # noqa: E402
     CONFIGS,
     NODE_GPUS,
@@ -54,9 +57,10 @@ from benchmarks.saturation_stream import (  # noqa: E402
     make_stream,
     training_job,
 )
+from benchmarks.saturation_watch import HoldWatch, PodWatch  # noqa: E402
 from cluster.api import ApiClient  # noqa: E402
 from cluster.components import Layout  # noqa: E402
-from cluster.controlplane import Cluster  # noqa: E402
+from cluster.kueue import KUEUE_VERSION  # noqa: E402
 from trainwave import contract  # noqa: E402
 
 CONFIG = CONFIGS[os.environ.get("BENCH_SATURATION", "small")]
@@ -64,15 +68,20 @@ if "BENCH_SEED" in os.environ:
     CONFIG = replace(CONFIG, seed=int(os.environ["BENCH_SEED"]))
 TAG = os.environ.get("BENCH_TAG", "")
 KEEP_CLUSTER = os.environ.get("BENCH_KEEP_CLUSTER", "0") == "1"
+PEER = os.environ.get("BENCH_PEER", "")
+if PEER not in ("", "kueue"):
+    raise SystemExit(f"BENCH_PEER={PEER!r}: expected 'kueue' or nothing")
+KUEUE_TAS = os.environ.get("BENCH_KUEUE_TAS", "1") == "1"
 TOPOLOGY = REPO / "tests" / "cluster" / "topologies" / f"{CONFIG.topology}.yaml"
 NAMESPACE = "bench-saturation"
-STATE_NAME = "bench-saturation-cluster"
+PEER_NAMESPACE = "bench-saturation-kueue"
+STATE_NAME = os.environ.get("BENCH_STATE", "bench-saturation-cluster")
 RESULTS = (
     REPO
     / "tests"
     / "benchmarks"
     / "results"
-    / (f"saturation-{CONFIG.name}" + (f"-{TAG}" if TAG else ""))
+    / (f"saturation-{CONFIG.name}" + ("-vs-kueue" if PEER else "") + (f"-{TAG}" if TAG else ""))
 )
 DRAIN_TIMEOUT = 1800.0
 RACK_NODES = {"large": 16}.get(CONFIG.topology, 8)  # nodes a rack: large 16, medium-64 8
@@ -93,9 +102,9 @@ def main() -> int:
         client = ApiClient(bench.cluster.server, Layout(bench.cluster.state_dir).pki, timeout=60)
         print(f"cluster ready in {time.monotonic() - started:.0f}s", flush=True)
         metrics_before = parse_metrics(bench.operator.metrics())
-        watcher = PodWatch(bench.cluster)
+        watcher = PodWatch(bench.cluster, NAMESPACE)
         watcher.start()
-        holds = HoldWatch(bench.cluster, watcher.t0)
+        holds = HoldWatch(bench.cluster, NAMESPACE, watcher.t0)
         holds.start()
         load.enter("stream")
         arrivals = submit(client, stream, watcher.t0)
@@ -104,6 +113,16 @@ def main() -> int:
         metrics_after = parse_metrics(bench.operator.metrics())
         watcher.stop()
         holds.stop()
+        peer = None
+        if PEER == "kueue":
+            bench.operator.stop()  # idle by now, but its watches are no part of the peer
+            print("peer: Kueue", flush=True)
+            load.enter("peer")
+            peer = run_peer(
+                bench.cluster, client, bench.workdir / "kueue", stream, PEER_NAMESPACE,
+                tas=KUEUE_TAS, drain_timeout=DRAIN_TIMEOUT,
+            )  # fmt: skip
+            load.enter("after peer")
     gangs = gang_spans(stream, arrivals, watcher.pods)
     result = summarize(
         stream,
@@ -118,140 +137,15 @@ def main() -> int:
         before=metrics_before,
         after=metrics_after,
     )
+    if peer is not None:
+        result["peer"] = peer_result(
+            stream, gangs, finished=finished, watcher=watcher, peer=peer, load=load
+        )
     result["conditions"]["run_seconds"] = round(time.monotonic() - started, 1)
-    write_results(RESULTS, result, report(result))
-    print(report(result))
+    text = report(result) + (peer_report(result["peer"]) if peer is not None else "")
+    write_results(RESULTS, result, text)
+    print(text)
     return 0
-
-
-class Watch(threading.Thread):
-    """One watch on a collection of the namespace; `_record` sees each event with the time
-    it arrived (seconds after `t0`, this process's clock)."""
-
-    def __init__(self, cluster: Cluster, path: str, t0: float | None = None) -> None:
-        super().__init__(daemon=True)
-        pki = Layout(cluster.state_dir).pki
-        url = urlsplit(cluster.server)
-        self._host, self._port = url.hostname or "127.0.0.1", url.port or 6443
-        self._context = ssl.create_default_context(cafile=str(pki.ca_cert))
-        self._context.load_cert_chain(str(pki.admin_cert), str(pki.admin_key))
-        self._stopping = threading.Event()
-        self._ready = threading.Event()
-        self._path = path
-        self.t0 = t0 if t0 is not None else time.time()
-        self.errors: list[str] = []
-        self.restarts = 0
-
-    def start(self) -> None:
-        super().start()
-        if not self._ready.wait(60):
-            raise TimeoutError("pod watch did not start")
-
-    def stop(self) -> None:
-        self._stopping.set()
-
-    def _request(self, path: str) -> http.client.HTTPResponse:
-        connection = http.client.HTTPSConnection(
-            self._host, self._port, context=self._context, timeout=600
-        )
-        connection.request("GET", path, headers={"Accept": "application/json"})
-        return connection.getresponse()
-
-    def run(self) -> None:
-        base = self._path
-        listed = json.loads(self._request(base).read())
-        version = listed["metadata"]["resourceVersion"]
-        self._ready.set()
-        while not self._stopping.is_set():
-            try:
-                response = self._request(
-                    f"{base}?watch=1&resourceVersion={version}&timeoutSeconds=300"
-                )
-                while not self._stopping.is_set():
-                    line = response.readline()
-                    if not line:
-                        break
-                    event = json.loads(line)
-                    if event["type"] == "ERROR":
-                        self.errors.append(str(event["object"].get("message")))
-                        return
-                    version = event["object"]["metadata"]["resourceVersion"]
-                    self._record(event["type"], event["object"], time.time() - self.t0)
-            except (OSError, http.client.HTTPException, ValueError) as error:
-                self.restarts += 1
-                self.errors.append(repr(error))
-                time.sleep(0.2)
-
-    def _record(self, kind: str, body: dict[str, Any], now: float) -> None:
-        raise NotImplementedError
-
-
-class PodWatch(Watch):
-    """Per pod, when each stage was first seen."""
-
-    def __init__(self, cluster: Cluster) -> None:
-        super().__init__(cluster, f"/api/v1/namespaces/{NAMESPACE}/pods")
-        self.pods: dict[str, dict[str, Any]] = {}
-
-    def _record(self, kind: str, pod: dict[str, Any], now: float) -> None:
-        meta, spec, status = pod["metadata"], pod.get("spec", {}), pod.get("status", {})
-        seen = self.pods.setdefault(
-            meta["name"],
-            {"job": meta.get("labels", {}).get(contract.LABEL_JOB_NAME, ""), "created": now},
-        )
-        if not spec.get("schedulingGates"):
-            seen.setdefault("released", now)
-        if spec.get("nodeName"):
-            seen.setdefault("bound", now)
-            seen["node"] = spec["nodeName"]
-        phase = status.get("phase")
-        if phase == "Running":
-            seen.setdefault("running", now)
-        if phase in ("Succeeded", "Failed") or kind == "DELETED":
-            seen.setdefault("ended", now)
-            seen.setdefault("phase", phase if kind != "DELETED" else "Deleted")
-
-
-class HoldWatch(Watch):
-    """Per job, when its status said the queue held it by policy: room kept for an earlier
-    gang (bounded backfill) or a wait for one domain of its preferred level. Status writes
-    follow the placer's decision within the pod-event batch (1 s), so these times are late
-    by up to about that much."""
-
-    HOLDS = ("HeldForEarlierJob", "WaitingForPreferredLevel")
-
-    def __init__(self, cluster: Cluster, t0: float) -> None:
-        super().__init__(
-            cluster, f"/apis/{contract.API_VERSION}/namespaces/{NAMESPACE}/trainingjobs", t0
-        )
-        self.held: dict[str, list[tuple[float, str]]] = {}
-        self.holders: dict[str, set[str]] = {}  # the gangs HeldForEarlierJob named
-        self.protected_since: dict[str, float] = {}  # a named gang: first seen protected
-        self.racks: dict[str, int] = {}  # racks the gang's placement summary names
-
-    def _record(self, kind: str, job: dict[str, Any], now: float) -> None:
-        condition = next(
-            (c for c in job.get("status", {}).get("conditions", [])
-             if c.get("type") == "Scheduled"),
-            {},
-        )  # fmt: skip
-        reason, name = condition.get("reason", ""), job["metadata"]["name"]
-        seen = self.held.setdefault(name, [])
-        if not seen or seen[-1][1] != reason:
-            seen.append((now, reason))  # every change: a hold is known until it ends
-        holder = HOLDER.search(condition.get("message", "")) if reason == self.HOLDS[0] else None
-        if holder:
-            self.holders.setdefault(name, set()).add(holder.group(1))
-            self.protected_since.setdefault(holder.group(1), now)
-        racks = RACKS.search(job.get("status", {}).get("placement", {}).get("summary", ""))
-        if racks:
-            self.racks[name] = int(racks.group(1))
-
-
-# placement/explain.py waiting_for: "waiting for <namespace>/<name>, which later jobs ..."
-HOLDER = re.compile(r"waiting for [^/\s]+/([^,\s]+),")
-# placement/gang.py Placement.describe: "... on 8 nodes, 2 racks (rack-00, rack-01), ..."
-RACKS = re.compile(r"nodes?, (\d+) racks?\b")
 
 
 def submit(client: ApiClient, stream: list[SatJob], t0: float) -> dict[str, float]:
@@ -403,6 +297,51 @@ def summarize(
             },
         },
     }
+
+
+def peer_result(
+    stream: list[SatJob],
+    gangs: list[GangSpan],
+    *,
+    finished: bool,
+    watcher: PodWatch,
+    peer: PeerRun,
+    load: LoadSampler,
+) -> dict[str, Any]:
+    """Both sides through the same functions, and what the peer's queue was."""
+    shape = {"nodes": CONFIG.nodes, "node_gpus": NODE_GPUS, "rack_nodes": RACK_NODES}
+    ours = side_figures(gangs, watcher.pods, finished=finished, **shape)
+    peer_gangs = gang_spans(stream, peer.arrivals, peer.watcher.pods)
+    theirs = side_figures(peer_gangs, peer.watcher.pods, finished=peer.finished, **shape)
+    return {
+        "table": comparison_table(ours, theirs),
+        "trainwave": ours,
+        "kueue": theirs,
+        "kueue_setup": peer.setup | {"version": KUEUE_VERSION, "api_version": peer.api_version},
+        "order": "trainwave first, then Kueue, on the same cluster (operator stopped)",
+        "load_average_1m": {"trainwave": load.during("stream"), "kueue": load.during("peer")},
+        "watch": {"restarts": peer.watcher.restarts, "errors": peer.watcher.errors[:5]},
+        "pods": peer.watcher.pods,
+    }
+
+
+def peer_report(peer: dict[str, Any]) -> str:
+    setup, loads = peer["kueue_setup"], peer["load_average_1m"]
+    tas = setup["topology_aware_scheduling"]
+    return f"""
+## trainwave and Kueue, same stream, same cluster, one after the other
+
+Kueue {setup["version"]} ({setup["api_version"]}): the same gangs as batch Jobs, one ClusterQueue
+({setup["queueing_strategy"]}) with the whole cluster as quota ({setup["quota"]}), all-or-nothing
+admission, waitForPodsReady {setup["wait_for_pods_ready"]}, topology-aware scheduling:
+{"levels " + " / ".join(tas) + ", each Job preferring one " + setup["preferred_topology"] if tas != "off" else "off"};
+placed by kube-scheduler. Order: {peer["order"]}. 1-min load: trainwave {loads["trainwave"]},
+Kueue {loads["kueue"]}. Stage "released": trainwave's operator pinned and ungated the worker;
+for Kueue, the Job's pod exists without a scheduling gate (admitted, unsuspended, created by
+the Job controller and, with TAS, ungated with its node).
+
+{peer["table"]}
+"""
 
 
 def protected_waits(gangs: list[GangSpan], since: dict[str, float]) -> dict[str, Any]:

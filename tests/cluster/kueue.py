@@ -22,7 +22,9 @@ kueue`). What running outside the cluster takes, in Kueue v0.11.9 and v0.17.0
   the group's preferred version (`api_version`), as on a real install;
 - VisibilityOnDemand off (it needs an in-cluster config); no leader election.
 
-TAS stays off: trainwave places gangs itself, Kueue is a quota and priority gate.
+TAS stays off here (no Topology object): trainwave places gangs itself, Kueue is a quota
+and priority gate. The saturation benchmark's Kueue peer (tests/benchmarks/saturation_kueue.py)
+turns it on for its own batch Jobs.
 """
 
 from __future__ import annotations
@@ -34,6 +36,7 @@ import time
 import urllib.request
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import yaml
 
@@ -112,7 +115,11 @@ def preferred_version(cluster: Cluster) -> str:
     return str(group["preferredVersion"]["groupVersion"])
 
 
-def start_kueue(cluster: Cluster, workdir: Path) -> KueueManager:
+def start_kueue(
+    cluster: Cluster, workdir: Path, extra_configuration: dict[str, Any] | None = None
+) -> KueueManager:
+    """`extra_configuration`: top-level fields added to the manager's Configuration
+    (the saturation benchmark's peer sets waitForPodsReady)."""
     install_crds(cluster)
     workdir.mkdir(parents=True, exist_ok=True)
     certs = workdir / "certs"
@@ -133,7 +140,7 @@ def start_kueue(cluster: Cluster, workdir: Path) -> KueueManager:
             "externalFrameworks": ["TrainingJob.v1alpha1.trainwave.io"],
         },
         "featureGates": {"VisibilityOnDemand": False},
-    }
+    } | (extra_configuration or {})
     config_path = workdir / "kueue-config.yaml"
     config_path.write_text(yaml.safe_dump(config))
     cluster.kubectl("create", "namespace", "kueue-system", check=False)
