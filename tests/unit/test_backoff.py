@@ -10,7 +10,7 @@ from trainwave.backoff import Backoff
 from trainwave.controller.reconciler import REFUSED_BACKOFF
 from trainwave.kube.informer import RELIST_BACKOFF
 from trainwave.kube.queue import RETRY
-from trainwave.lifecycle.decide import ignore_backoff
+from trainwave.lifecycle.restarts import ignore_backoff
 
 pytestmark = pytest.mark.timeout(10)
 

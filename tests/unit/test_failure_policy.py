@@ -10,8 +10,9 @@ import pytest
 from factories import NOW, ago, make_job, make_pod, pod_name, rule
 
 from trainwave.api.trainingjob import InvalidSpec
-from trainwave.lifecycle.decide import decide, ignore_backoff
+from trainwave.lifecycle.decide import decide
 from trainwave.lifecycle.observed import NodeHealth, WorkerPod
+from trainwave.lifecycle.restarts import ignore_backoff
 from trainwave.resolving import resolve_job
 
 pytestmark = pytest.mark.timeout(10)

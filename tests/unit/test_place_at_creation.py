@@ -16,8 +16,8 @@ from trainwave.builders.pods import build_worker_pods
 from trainwave.controller.admission_guards import mutates_pods
 from trainwave.controller.clusterview import ClusterIndex
 from trainwave.controller.inflight import Inflight
-from trainwave.controller.placement_inputs import with_admission_defaults
-from trainwave.controller.placer import Placer, Ticket
+from trainwave.controller.placement_inputs import Ticket, with_admission_defaults
+from trainwave.controller.placer import Placer
 from trainwave.placement.gang_types import GangRequest
 from trainwave.placement.records import node_record, pod_record
 from trainwave.resolving import resolve_job

@@ -89,3 +89,7 @@ class Reason(StrEnum):
     PREFLIGHT_ERROR = "PreflightError"  # a launcher's test failed or timed out: no verdict
     PREFLIGHT_FAILURES_EXCEEDED = "PreflightFailuresExceeded"  # trains where it is
     RESTARTED_IN_PLACE = "RestartedInPlace"  # an Event: the launchers restarted the processes
+    # runPolicy.workerReplacement (lifecycle/replacing.py): one lost worker recreated alone.
+    REPLACING_WORKER = "ReplacingWorker"
+    WORKER_REPLACED = "WorkerReplaced"
+    REPLACEMENT_TIMED_OUT = "ReplacementTimedOut"  # not running in time: the gang is recreated

@@ -24,6 +24,7 @@ DEFAULT_PREFLIGHT_FRACTION = 0.5
 DEFAULT_PREFLIGHT_SIZE_MIB = 64
 DEFAULT_PREFLIGHT_TIMEOUT = 120
 DEFAULT_PREFLIGHT_MAX_FAILURES = 3
+DEFAULT_REPLACEMENT_TIMEOUT = 300
 # Condition types and reasons are CamelCase words (a qualified name for types).
 CONDITION_WORD_PATTERN = r"^([a-z0-9.-]+/)?[A-Za-z][A-Za-z0-9_.-]*$"
 Reason = Annotated[
@@ -271,6 +272,27 @@ class Preflight(ApiModel):
     )
 
 
+class WorkerReplacement(ApiModel):
+    enabled: bool = Field(
+        default=True,
+        description="enabled: with the runtime and spec.runtime.inPlaceRestarts above 0, a "
+        "worker whose pod is lost to a disruption (node lost or NotReady, drain or eviction, "
+        "pod deleted) or replaced as a straggler is recreated alone, on a node of the gang's "
+        "topology domain where one has room; the other workers keep their pods and re-enter "
+        "torch's rendezvous. Never for worker 0 (it hosts the rendezvous store): then the "
+        "gang is recreated. Default true; false always recreates the gang.",
+    )
+    timeout_seconds: int = Field(
+        default=DEFAULT_REPLACEMENT_TIMEOUT,
+        ge=10,
+        le=3600,
+        description="timeoutSeconds: a replacement worker not running this long after it was "
+        "decided (no room, not bound, not started) gives up: the gang is recreated instead. "
+        f"Default {DEFAULT_REPLACEMENT_TIMEOUT}, half of torch's rendezvous join timeout "
+        "(600 s), which the waiting workers would otherwise reach.",
+    )
+
+
 class RunPolicy(ApiModel):
     failure_policy: FailurePolicy = Field(
         default_factory=FailurePolicy,
@@ -318,5 +340,11 @@ class RunPolicy(ApiModel):
         default_factory=Preflight,
         description="preflight: with the runtime, a bandwidth test of the gang's links "
         "before each attempt's first step (off by default).",
+        json_schema_extra={"default": {}},
+    )
+    worker_replacement: WorkerReplacement = Field(
+        default_factory=WorkerReplacement,
+        description="workerReplacement: with the runtime's in-place restarts, replace one lost "
+        "worker instead of recreating the gang (on by default).",
         json_schema_extra={"default": {}},
     )

@@ -56,6 +56,8 @@ class ConditionType(StrEnum):
     STRAGGLER = "Straggler"
     # runPolicy.preflight: the gang's links measured before the first step (lifecycle/preflight.py).
     PREFLIGHT = "Preflight"
+    # runPolicy.workerReplacement: a lost worker being recreated alone (lifecycle/replacing.py).
+    WORKER_REPLACEMENT = "WorkerReplacement"
 
 
 class Condition(ApiModel):
@@ -204,6 +206,41 @@ class PreflightStatus(ApiModel):
     summary: str = Field(default="", description="summary: the verdict, for people.")
 
 
+class PendingReplacement(ApiModel):
+    """A worker being recreated alone: its old pod's UID tells the old pod (same name, the
+    attempt's) from the new one."""
+
+    model_config = _LENIENT
+
+    rank: int = Field(description="rank: the worker replaced; its index does not change.")
+    pod_uid: str = Field(
+        alias="podUID",  # Kubernetes' spelling (podIP, UID), not the generator's "podUid"
+        description="podUID: the lost pod's UID.",
+    )
+    node: str = Field(default="", description="node: the node the worker was lost with.")
+    cause: str = Field(description="cause: disruption or straggler.")
+    what: str = Field(default="", description="what: what happened to the worker, for people.")
+    since: datetime = Field(description="since: when the replacement was decided.")
+
+
+class ReplacementStatus(ApiModel):
+    """Workers recreated alone (runPolicy.workerReplacement), each also counted in
+    disruptions."""
+
+    model_config = _LENIENT
+
+    total: int = Field(default=0, description="total: workers replaced alone, over every attempt.")
+    attempt: int = Field(default=0, description="attempt: the attempt inAttempt counts.")
+    in_attempt: int = Field(
+        default=0,
+        description="inAttempt: replacements in that attempt; with its in-place restarts they "
+        "are bounded by spec.runtime.inPlaceRestarts.",
+    )
+    pending: list[PendingReplacement] = Field(
+        default_factory=list, description="pending: replacements not running yet."
+    )
+
+
 class TrainingJobStatus(ApiModel):
     model_config = _LENIENT
 
@@ -294,6 +331,11 @@ class TrainingJobStatus(ApiModel):
     preflight: PreflightStatus | None = Field(
         default=None,
         description="preflight: with runPolicy.preflight, the last gang's bandwidth test.",
+    )
+    replacements: ReplacementStatus | None = Field(
+        default=None,
+        description="replacements: with runPolicy.workerReplacement, workers recreated alone "
+        "instead of the gang.",
     )
 
     def condition(self, kind: ConditionType) -> Condition | None:

@@ -44,7 +44,7 @@ class Departures:
         if pod.phase == PodPhase.SUCCEEDED:
             return
         with self._lock:
-            self._left.setdefault(key, {})[pod.name] = replace(pod, deleting=True)
+            self._left.setdefault(key, {})[pod.name] = replace(pod, deleting=True, departed=True)
 
     def of(self, key: JobKey, attempt: int) -> list[WorkerPod]:
         with self._lock:

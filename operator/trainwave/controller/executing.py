@@ -24,7 +24,8 @@ from trainwave.controller.admission_guards import AdmissionGuards
 from trainwave.controller.bookkeeping import Bookkeeping
 from trainwave.controller.goodput_metrics import record_goodput
 from trainwave.controller.kube import KubeClient
-from trainwave.controller.placer import Placer, Ticket
+from trainwave.controller.placement_inputs import Ticket
+from trainwave.controller.placer import Placer
 from trainwave.controller.reading import JobRead
 from trainwave.controller.reporting import StatusPoller
 from trainwave.controller.workloads import (
@@ -106,13 +107,17 @@ class Executor:
                 new.reason,
                 new.message,
             )
-        # Each restart moves exactly one of the status counters by cause.
+        # Each restart moves exactly one of the status counters by cause; a worker replaced
+        # alone moves disruptions too, but restarts no gang.
+        replaced = _replaced(old) - _replaced(new)
+        if replaced < 0:
+            metrics.WORKERS_REPLACED.labels(_replacement_cause(new)).inc(-replaced)
         for cause, before, after in (
             ("hang" if new.reason == Reason.HUNG else "failure", old.restarts, new.restarts),
             (
                 _DISRUPTION_CAUSES.get(new.reason, "disruption"),
                 old.disruptions,
-                new.disruptions,
+                new.disruptions + (replaced if replaced < 0 else 0),
             ),
             ("ignored", old.ignored_restarts, new.ignored_restarts),
             ("preemption", old.preemptions, new.preemptions),
@@ -132,7 +137,11 @@ class Executor:
         if decision.workload != WorkloadAction.NONE and resolved is not None:
             await self._workload(read, decision, resolved)
         await asyncio.gather(
-            *(asyncio.to_thread(kube.delete_pod, meta.namespace, n) for n in decision.delete_pods)
+            *(asyncio.to_thread(kube.delete_pod, meta.namespace, n) for n in decision.delete_pods),
+            *(
+                asyncio.to_thread(kube.delete_pod, meta.namespace, n, force=True)
+                for n in decision.force_delete_pods
+            ),
         )
         if decision.create_ranks and resolved is not None:
             await self.create_workers(read, decision, with_status(resolved, decision.status))
@@ -267,6 +276,15 @@ class Executor:
                 )
             except Exception as error:  # RBAC of an older chart, the API server away
                 logger.warning("node %s: could not mark it slow until %s: %s", node, stamp, error)
+
+
+def _replaced(status: TrainingJobStatus) -> int:
+    return status.replacements.total if status.replacements is not None else 0
+
+
+def _replacement_cause(status: TrainingJobStatus) -> str:
+    pending = status.replacements.pending if status.replacements is not None else []
+    return pending[-1].cause if pending else "disruption"
 
 
 def ticket_of(resolved: ResolvedJob, decision: Decision) -> Ticket:

@@ -268,10 +268,15 @@ class KubeClient:
         )
         raise Conflict(f"resourceclaim {namespace}/{name} was left by an earlier pod; replaced")
 
-    def delete_pod(self, namespace: str, name: str) -> None:
+    def delete_pod(self, namespace: str, name: str, *, force: bool = False) -> None:
+        """`force`: grace period 0, for a pod whose node will never confirm a graceful
+        delete (lost or NotReady) and whose name must come free for its replacement."""
+        grace = 0 if force else None
         self._ignore_gone(
             lambda: _release(
-                self.core.delete_namespaced_pod(name, namespace, _preload_content=False)
+                self.core.delete_namespaced_pod(
+                    name, namespace, grace_period_seconds=grace, _preload_content=False
+                )
             )
         )
 

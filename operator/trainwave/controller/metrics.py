@@ -57,6 +57,16 @@ for _cause in RESTART_CAUSES:  # every cause scraped from the start, at 0: rate(
     GANG_RESTARTS.labels(_cause)
 
 # Goodput (lifecycle/goodput.py), from the runtime's reports.
+WORKERS_REPLACED = Counter(
+    "trainwave_workers_replaced_total",
+    "Workers recreated alone while the rest of the gang kept its pods "
+    "(runPolicy.workerReplacement), by cause: disruption (node lost or NotReady, drain, "
+    "eviction, pod deleted) or straggler. Each is also a disruption of the job, not a gang "
+    "restart.",
+    ["cause"],
+)
+for _cause in ("disruption", "straggler"):
+    WORKERS_REPLACED.labels(_cause)
 HANGS = Counter(
     "trainwave_hangs_total",
     "Times a running gang was found hung: no rank completed a step for hangTimeoutSeconds.",

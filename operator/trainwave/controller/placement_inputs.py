@@ -1,19 +1,39 @@
-"""Pods as the placer asks placement about them.
+"""What the placer asks placement: each gang's Ticket and its pods, as placement sees them.
 
-A pod not created yet is asked with what the built-in admission plugins will add
+The gated pods of each ticketed gang (`gated_gangs`), the topology domains of a partly
+released gang's running workers, where its replacement is tried first
+(`gang_domains`). A pod not created yet is asked with what the built-in admission plugins will add
 once it is stored (placing a gang at creation), and a running job's pods become a
 preemption candidate (placement/preemption.py): its priority, preemptibility,
 requests and workers per node.
 """
 
 from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
+from trainwave.api.network import NetworkSpec
 from trainwave.api.trainingjob import JobKey
+from trainwave.controller.clusterview import ClusterView
+from trainwave.placement.gang_types import GangRequest
 from trainwave.placement.preemption import RunningGang
 from trainwave.placement.records import PodRecord
 from trainwave.placement.requirements import PodNeeds
+
+
+@dataclass(frozen=True)
+class Ticket:
+    """A gang waiting for a place: its attempt and what it needs beyond its pods' specs."""
+
+    attempt: int
+    request: GangRequest  # the stored pods add their needs (tolerations, requests...)
+    priority: int = 0
+    arrival: float = 0.0
+    network: NetworkSpec | None = None  # for the NCCL settings of each chosen node
+    shared_how: str = ""  # where a shared request's MiB came from, for the messages
+    spread_wait: float = 0.0  # preferredLevelWaitSeconds: rule 8 of placement/queueing.py
+
 
 # What the DefaultTolerationSeconds admission plugin adds to a pod that lacks them
 # (plugin/pkg/admission/defaulttolerationseconds): a pod placed before it exists is
@@ -39,6 +59,21 @@ def _tolerates_no_execute(toleration: Mapping[str, Any], key: str) -> bool:
     return toleration.get("key") in (key, "", None) and toleration.get("effect") in (
         "NoExecute", "", None,
     )  # fmt: skip
+
+
+def gang_domains(
+    levels: Sequence[str], labels: Mapping[str, Mapping[str, str]], nodes: Sequence[str]
+) -> list[dict[str, str]]:
+    """Where a partly released gang's running workers are (`nodes`, their nodes' `labels`),
+    as node selectors, narrowest first: one per topology level above the node (the last
+    level) at which all of them share one domain ({rack: r1}, then {spine: s1}). A
+    replacement worker is placed inside the first that has room (controller/placer.py)."""
+    found: list[dict[str, str]] = []
+    for level in reversed(levels[:-1]):
+        values = {labels.get(node, {}).get(level) for node in nodes}
+        if len(values) == 1 and None not in values:
+            found.append({level: str(values.pop())})
+    return found
 
 
 def running_gang(key: JobKey, pods: Sequence[PodRecord]) -> RunningGang | None:
@@ -68,3 +103,28 @@ def _parse(value: str) -> datetime | None:
         return datetime.fromisoformat(value.replace("Z", "+00:00")) if value else None
     except ValueError:
         return None
+
+
+def gated_gangs(
+    view: ClusterView, tickets: Mapping[JobKey, Ticket]
+) -> dict[JobKey, list[PodRecord]]:
+    """The gated pods of each ticket's attempt, in rank order, for gangs the cache sees
+    whole: gated plus already released pods of the attempt make every worker. A gang
+    the watch has not fully caught up with waits for the next round (placing the part
+    it sees would break all-or-nothing); a partly released gang gets the rest placed."""
+    gangs: dict[JobKey, list[PodRecord]] = {}
+    for key, ticket in tickets.items():
+        gated = [
+            p
+            for p in view.gated.get(key, ())
+            if p.worker is not None and p.worker.attempt == ticket.attempt
+        ]
+        released = [
+            p
+            for p in view.workers.get(key, ())
+            if p.worker is not None and p.worker.attempt == ticket.attempt and not p.gated
+        ]
+        whole = len(gated) + len(released) == ticket.request.workers
+        if gated and whole and all(p.needs is not None for p in gated):
+            gangs[key] = sorted(gated, key=lambda p: p.worker.rank if p.worker else 0)
+    return gangs

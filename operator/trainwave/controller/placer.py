@@ -43,13 +43,12 @@ import contextlib
 import logging
 import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
-from dataclasses import dataclass, replace
+from dataclasses import replace
 from datetime import UTC, datetime
 from functools import partial
 from typing import Any
 
 from trainwave import contract
-from trainwave.api.network import NetworkSpec
 from trainwave.api.reasons import Reason
 from trainwave.api.trainingjob import JobKey
 from trainwave.builders.gating import merged
@@ -57,10 +56,16 @@ from trainwave.controller import metrics
 from trainwave.controller.clusterview import ClusterView
 from trainwave.controller.inflight import Inflight
 from trainwave.controller.kube import Conflict, KubeClient
-from trainwave.controller.placement_inputs import running_gang, with_admission_defaults
+from trainwave.controller.placement_inputs import (
+    Ticket,
+    gang_domains,
+    gated_gangs,
+    running_gang,
+    with_admission_defaults,
+)
 from trainwave.controller.releasing import Releaser, build_shared_release, build_whole_release
 from trainwave.lifecycle.draft import PlacementWait
-from trainwave.placement.gang_types import GangRequest, Placement
+from trainwave.placement.gang_types import Placement
 from trainwave.placement.marks import close_marked, marks_of
 from trainwave.placement.occupancy import gpus_by_domain, shared_fragmentation
 from trainwave.placement.preemption import Preemption, RunningGang
@@ -79,19 +84,6 @@ Pod = dict[str, Any]
 # The GPU gauges are scraped every few seconds: a busy placer sets them at most this often
 # (the idle loop catches up), rather than walking every node after every round.
 MEASURE_SECONDS = 1.0
-
-
-@dataclass(frozen=True)
-class Ticket:
-    """A gang waiting for a place: its attempt and what it needs beyond its pods' specs."""
-
-    attempt: int
-    request: GangRequest  # the stored pods add their needs (tolerations, requests...)
-    priority: int = 0
-    arrival: float = 0.0
-    network: NetworkSpec | None = None  # for the NCCL settings of each chosen node
-    shared_how: str = ""  # where a shared request's MiB came from, for the messages
-    spread_wait: float = 0.0  # preferredLevelWaitSeconds: rule 8 of placement/queueing.py
 
 
 class Placer:
@@ -223,16 +215,18 @@ class Placer:
         self._inflight.settle(view)
         gangs = {
             key: gang
-            for key, gang in _gated_gangs(view, tickets).items()
+            for key, gang in gated_gangs(view, tickets).items()
             if not self._inflight.covers(gang)  # released; the cache has not seen it yet
         }
         self._preempting = {
             k: v for k, v in self._preempting.items() if any(view.workers.get(g) for g in v)
         }
         running = self._running_gangs(view, exclude=gangs.keys())
+        inventories = {n.name: n.inventory for n in view.nodes if n.inventory is not None}
+        for key in await self._place_near(view, tickets, gangs, inventories):
+            del gangs[key]
         entries = {key: (tickets[key], gang) for key, gang in gangs.items()}
         snapshot, result, names = await self._decide(view, entries, running=running)
-        inventories = {n.name: n.inventory for n in view.nodes if n.inventory is not None}
         for admit in result.admitted:
             key = names[admit.job.key]
             if isinstance(admit.placement, SharedPlacement):
@@ -263,6 +257,46 @@ class Placer:
         self._publish_waits()
         if time.monotonic() - self._measured_at >= MEASURE_SECONDS:
             await asyncio.to_thread(self._measure, view, snapshot)
+
+    async def _place_near(
+        self,
+        view: ClusterView,
+        tickets: Mapping[JobKey, Ticket],
+        gangs: Mapping[JobKey, list[PodRecord]],
+        inventories: Mapping[str, Any],
+    ) -> list[JobKey]:
+        """Replacement workers of running gangs (a gang partly released: its other workers
+        hold their nodes) placed in the gang's own topology domain, narrowest first (its
+        rack, then its spine), each a one-ticket round through `_decide` with that domain
+        as a node selector; the keys placed. A replacement with no room there goes to the
+        queue's round below, whose objective places it like any worker. Ahead of the queue:
+        it belongs to a gang that runs, whose other workers wait for it in rendezvous."""
+        placed: list[JobKey] = []
+        labels = {node.name: node.labels for node in view.nodes}
+        for key, gang in gangs.items():
+            ticket = tickets[key]
+            released = [
+                p.node
+                for p in view.workers.get(key, ())
+                if p.worker is not None and p.worker.attempt == ticket.attempt
+                and not p.gated and p.node and not p.deleting
+            ]  # fmt: skip
+            if not released or ticket.request.shared_mib is not None:
+                continue
+            for selector in gang_domains(self._levels, labels, released):
+                request = ticket.request
+                near = replace(request, node_selector={**request.node_selector, **selector})
+                _, result, _ = await self._decide(
+                    view, {key: (replace(ticket, request=near), gang)}, running=[]
+                )
+                admitted = result.admitted[0].placement if len(result.admitted) == 1 else None
+                if isinstance(admitted, Placement):
+                    release = build_whole_release(key, gang, admitted, inventories, ticket.network)
+                    self._releaser.dispatch(release)
+                    logger.info("%s/%s: replacement placed near its gang: %s", *key, selector)
+                    placed.append(key)
+                    break
+        return placed
 
     async def _decide(
         self,
@@ -434,31 +468,6 @@ class Placer:
         if self._waits.get(key) != wait:
             self._waits[key] = wait
             self._wake(key)
-
-
-def _gated_gangs(
-    view: ClusterView, tickets: Mapping[JobKey, Ticket]
-) -> dict[JobKey, list[PodRecord]]:
-    """The gated pods of each ticket's attempt, in rank order, for gangs the cache sees
-    whole: gated plus already released pods of the attempt make every worker. A gang
-    the watch has not fully caught up with waits for the next round (placing the part
-    it sees would break all-or-nothing); a partly released gang gets the rest placed."""
-    gangs: dict[JobKey, list[PodRecord]] = {}
-    for key, ticket in tickets.items():
-        gated = [
-            p
-            for p in view.gated.get(key, ())
-            if p.worker is not None and p.worker.attempt == ticket.attempt
-        ]
-        released = [
-            p
-            for p in view.workers.get(key, ())
-            if p.worker is not None and p.worker.attempt == ticket.attempt and not p.gated
-        ]
-        whole = len(gated) + len(released) == ticket.request.workers
-        if gated and whole and all(p.needs is not None for p in gated):
-            gangs[key] = sorted(gated, key=lambda p: p.worker.rank if p.worker else 0)
-    return gangs
 
 
 def _key(name: str) -> JobKey:

@@ -182,7 +182,8 @@ class Reconciler:
         held = self._books.held(key, read.meta.uid, read.status)
         status = read.status if held is None else held.status  # what the decision starts from
         pods = self._pods(key, status.attempt)
-        unseen = self._books.unseen(key, pods)
+        # A departed pod is only evidence: its name may be created again (a replaced worker).
+        unseen = self._books.unseen(key, [p for p in pods if not p.departed])
         if unseen is not None:
             if held is not None:  # the watch is late with the pods: write what was held
                 return await self._write_held(key, read, held, unseen)

@@ -18,11 +18,9 @@ from collections.abc import Mapping, Sequence
 from datetime import datetime, timedelta
 
 from trainwave.api.reasons import Reason
-from trainwave.api.run_policy import MAX_BACKOFF_SECONDS
 from trainwave.api.sharing import isolation
 from trainwave.api.status import ConditionType, Phase, TrainingJobStatus
 from trainwave.api.trainingjob import ObjectMeta, TrainingJob
-from trainwave.backoff import Backoff
 from trainwave.lifecycle.admission import Admission, finish, gate, suspended
 from trainwave.lifecycle.draft import Decision, Draft, JobEvent, PlacementWait, complete, fail
 from trainwave.lifecycle.failures import Cause, Incident, find_incidents, judge_failure
@@ -31,8 +29,16 @@ from trainwave.lifecycle.observed import NodeHealth, PodPhase, WorkerPod
 from trainwave.lifecycle.overrides import overridden
 from trainwave.lifecycle.placing import await_placement, bind_timed_out, record_placement
 from trainwave.lifecycle.preflight import apply_preflight
-from trainwave.lifecycle.reported import apply_reports
+from trainwave.lifecycle.replacing import (
+    DISRUPTION,
+    STRAGGLER,
+    follow_replacements,
+    judge_replacement,
+    start_replacement,
+)
+from trainwave.lifecycle.reported import Repair, apply_reports
 from trainwave.lifecycle.reports import WorkerReport, progress_status, rdma_verdict
+from trainwave.lifecycle.restarts import restart_or_fail
 from trainwave.resolving import ResolvedJob
 
 __all__ = ["Decision", "JobEvent", "PlacementWait", "count_created", "decide", "decide_invalid"]
@@ -91,9 +97,22 @@ def decide(
         if repair is None:
             repair = apply_preflight(draft, job, current, reports or {})
         if repair is not None:
-            draft.stop(current)
-            _restart_orfail(draft, job, repair.what, repair.cause)
+            _repair(draft, job, current, repair)
     return draft.finish()
+
+
+def _repair(draft: Draft, job: TrainingJob, current: list[WorkerPod], repair: Repair) -> None:
+    """A replaced straggler's worker alone where lifecycle/replacing.py allows; else the gang."""
+    what = repair.what
+    if repair.cause == Cause.STRAGGLER and repair.worker is not None:
+        incident = Incident(repair.worker, "", what)
+        alone = judge_replacement(job, draft.status, [incident], straggler=True)
+        if alone.ranks:
+            start_replacement(draft, job, alone, [incident], current, cause=STRAGGLER)
+            return
+        what += f"; not replaced alone: {alone.why_not}" if alone.why_not else ""
+    draft.stop(current)
+    restart_or_fail(draft, job, what, repair.cause)
 
 
 def count_created(
@@ -195,14 +214,19 @@ def _run(
     if preemptor:
         _preempted(draft, job, current, preemptor)
         return
-    policy = job.spec.run_policy.failure_policy
+    flight = follow_replacements(draft, job, current)
+    if flight.overdue:
+        draft.stop(current)
+        restart_or_fail(draft, job, flight.overdue, Cause.DISRUPTION)
+        return
     incidents = find_incidents(
-        current,
+        [p for p in current if not flight.hides(p)],
         job.spec.workers,
         nodes,
         draft.now,
-        policy.node_not_ready_seconds,
-        gang_formed=_gang_formed(draft),
+        job.spec.run_policy.failure_policy.node_not_ready_seconds,
+        gang_formed=_gang_formed(draft) or bool(flight.ranks),
+        replacing=flight.ranks,
     )
     if incidents.found:
         _on_failure(draft, job, incidents.found, current)
@@ -221,7 +245,8 @@ def _run(
     if _backing_off(draft):
         return
 
-    present = {p.rank for p in current}
+    # A replaced worker's old pod gone from the API frees its name for the new one.
+    present = {p.rank for p in current if not (flight.hides(p) and p.departed)}
     draft.create.extend(r for r in range(job.spec.workers) if r not in present)
     # Workers of the attempt and no start time at all: their status was lost after they
     # were created (a write that failed, an operator restarted before writing a held
@@ -280,100 +305,18 @@ def _on_failure(
 ) -> None:
     verdict = judge_failure(job.spec.run_policy.failure_policy, incidents)
     what = verdict.describe()
+    if verdict.action == "RestartGang":
+        ruled = verdict.rule_index is not None
+        alone = judge_replacement(job, draft.status, incidents, rule_matched=ruled)
+        if alone.ranks:
+            start_replacement(draft, job, alone, incidents, current, cause=DISRUPTION)
+            return
+        what += f"; not replaced alone: {alone.why_not}" if alone.why_not else ""
     draft.stop(current)
     if verdict.action == "FailJob":
         fail(draft, Reason.FAILED_BY_RULE, f"{what}; the job failed")
         return
-    _restart_orfail(draft, job, what, verdict.cause)
-
-
-# Per cause: the status counter, the budget in failurePolicy, the reasons of the
-# restart and of the failure once the budget is spent.
-_BUDGETS = {
-    Cause.FAILURE: (
-        "restarts",
-        "max_restarts",
-        "restart",
-        Reason.WORKER_FAILED,
-        Reason.MAX_RESTARTS_EXCEEDED,
-    ),
-    Cause.DISRUPTION: (
-        "disruptions",
-        "max_disruptions",
-        "disruption",
-        Reason.WORKER_DISRUPTED,
-        Reason.MAX_DISRUPTIONS_EXCEEDED,
-    ),
-    Cause.HANG: (
-        "restarts",
-        "max_restarts",
-        "restart",
-        Reason.HUNG,
-        Reason.MAX_RESTARTS_EXCEEDED,
-    ),
-    Cause.STRAGGLER: (
-        "disruptions",
-        "max_disruptions",
-        "disruption",
-        Reason.STRAGGLER_REPLACED,
-        Reason.MAX_DISRUPTIONS_EXCEEDED,
-    ),
-    Cause.PREFLIGHT: (
-        "disruptions",
-        "max_disruptions",
-        "disruption",
-        Reason.PREFLIGHT_FAILED,
-        Reason.MAX_DISRUPTIONS_EXCEEDED,
-    ),
-    Cause.IGNORED: (
-        "ignored_restarts",
-        "max_ignored_restarts",
-        "ignored restart",
-        Reason.FAILURE_IGNORED,
-        Reason.MAX_IGNORED_RESTARTS_EXCEEDED,
-    ),
-}
-
-
-def _restart_orfail(draft: Draft, job: TrainingJob, what: str, cause: Cause) -> None:
-    policy = job.spec.run_policy.failure_policy
-    counter, limit_field, label, reason, spent = _BUDGETS[cause]
-    used: int = getattr(draft.status, counter)
-    limit: int = getattr(policy, limit_field)
-    if used >= limit:
-        fail(
-            draft,
-            spent,
-            f"{what} after {used} {label}(s); {_camel(limit_field)} is {limit}",
-        )
-        return
-    draft.update(
-        **{counter: used + 1},
-        attempt=draft.status.attempt + 1,
-        all_running_time=None,
-        attempt_start_time=None,
-    )
-    message = f"{what}; restarting the gang ({label} {used + 1} of {limit})"
-    if cause == Cause.IGNORED and policy.ignore_backoff_seconds:
-        delay = ignore_backoff(policy.ignore_backoff_seconds, used + 1)
-        draft.update(next_attempt_time=draft.now + timedelta(seconds=delay))
-        draft.requeue(delay)
-        message += f" in {delay}s"
-    draft.condition(ConditionType.RESTARTING, True, reason, message)
-    draft.clear(ConditionType.RUNNING, Reason.RESTARTING, message)
-    draft.enter(Phase.RESTARTING, reason, message)
-
-
-def ignore_backoff(first: int, nth: int) -> int:
-    """Seconds before the nth Ignore restart: `first`, doubled each time, at most 300 s,
-    as the kubelet backs off a crash-looping container."""
-    # No jitter: the delay is a decision, written into the status as nextAttemptTime.
-    return int(Backoff(base=first, cap=MAX_BACKOFF_SECONDS).delay(nth))
-
-
-def _camel(snake: str) -> str:
-    head, *rest = snake.split("_")
-    return head + "".join(word.title() for word in rest)
+    restart_or_fail(draft, job, what, verdict.cause)
 
 
 def _progress(

@@ -46,6 +46,9 @@ class Decision:
     status: TrainingJobStatus
     create_ranks: tuple[int, ...] = ()
     delete_pods: tuple[str, ...] = ()
+    # Deleted with grace 0: a replaced worker's pod on a lost or NotReady node, whose
+    # kubelet will never confirm a graceful delete, so that its name comes free.
+    force_delete_pods: tuple[str, ...] = ()
     events: tuple[JobEvent, ...] = ()
     requeue_after: float | None = None
     delete_job: bool = False
@@ -76,6 +79,7 @@ class Draft:
     status: TrainingJobStatus
     create: list[int] = field(default_factory=list)
     delete: list[str] = field(default_factory=list)
+    force_delete: list[str] = field(default_factory=list)
     events: list[JobEvent] = field(default_factory=list)
     requeue_after: float | None = None
     delete_job: bool = False
@@ -133,7 +137,8 @@ class Draft:
         return Decision(
             status=self.status,
             create_ranks=tuple(self.create),
-            delete_pods=tuple(dict.fromkeys(self.delete)),
+            delete_pods=tuple(n for n in dict.fromkeys(self.delete) if n not in self.force_delete),
+            force_delete_pods=tuple(dict.fromkeys(self.force_delete)),
             events=tuple(self.events),
             requeue_after=self.requeue_after,
             delete_job=self.delete_job,

@@ -67,6 +67,9 @@ class Incident:
     conditions: tuple[PodCondition, ...] = ()  # for onPodConditions
     disruption: str = ""  # why this counts as a disruption by default; "" if it does not
     at: datetime | None = None
+    # Deleted or vanished unfinished: taken from the job rather than failed by it (a worker
+    # may be replaced alone, lifecycle/replacing.py), though counted as a failure by default.
+    taken: bool = False
 
     def describe(self) -> str:
         named = f" ({self.name})" if self.name else ""
@@ -103,10 +106,12 @@ def find_incidents(
     grace_seconds: float,
     *,
     gang_formed: bool,
+    replacing: frozenset[int] = frozenset(),
 ) -> Incidents:
     """`current`: pods of the current attempt (a pod seen deleted is kept, marked deleting).
     `nodes`: health of the nodes the caller knows; a node not in it is not judged.
-    `gang_formed`: every worker existed once, so a missing one was taken."""
+    `gang_formed`: every worker existed once, so a missing one was taken. `replacing`:
+    workers being replaced alone, whose missing pod is expected (lifecycle/replacing.py)."""
     found: list[Incident] = []
     waits: list[float] = []
     for pod in current:
@@ -122,12 +127,12 @@ def find_incidents(
             what = f"lost its node {pod.node} ({node})"
             found.append(_incident(pod, what, node, disruption=node))
         elif pod.deleting:
-            found.append(_incident(pod, "was deleted before it finished", ""))
+            found.append(_incident(pod, "was deleted before it finished", "", taken=True))
     if gang_formed:
-        seen = {p.rank for p in current}
+        seen = {p.rank for p in current} | replacing
         found.extend(
-            Incident(rank, "", "vanished before it finished") for rank in range(workers)
-            if rank not in seen
+            Incident(rank, "", "vanished before it finished", taken=True)
+            for rank in range(workers) if rank not in seen
         )  # fmt: skip
     return Incidents(found, min(waits) if waits else None)
 
@@ -169,7 +174,9 @@ def _failed(pod: WorkerPod, node: str) -> Incident:
     return _incident(pod, what, node, disruption=disruption)
 
 
-def _incident(pod: WorkerPod, what: str, node: str, *, disruption: str = "") -> Incident:
+def _incident(
+    pod: WorkerPod, what: str, node: str, *, disruption: str = "", taken: bool = False
+) -> Incident:
     reasons = tuple(r for r in (pod.container_reason, pod.pod_reason, node) if r)
     return Incident(
         rank=pod.rank,
@@ -180,6 +187,7 @@ def _incident(pod: WorkerPod, what: str, node: str, *, disruption: str = "") -> 
         conditions=pod.conditions,
         disruption=disruption,
         at=pod.finished_at,
+        taken=taken,
     )
 
 

@@ -69,6 +69,10 @@ class WorkerPod:
     container_reason: str = ""  # the worker container's terminated reason (OOMKilled, Error)
     pod_reason: str = ""  # status.reason (Evicted, Terminated, OutOfcpu...)
     conditions: tuple[PodCondition, ...] = ()
+    uid: str = ""  # a replacement keeps its worker's name; the UID tells the two apart
+    # Gone from the API (its DELETED event seen), kept by controller/departures.py as
+    # evidence: a name that may be created again.
+    departed: bool = False
 
     @property
     def disruption(self) -> str:
@@ -124,6 +128,7 @@ def observe_pod(body: dict[str, Any]) -> WorkerPod | None:
     terminated = _worker_termination(status)
     return WorkerPod(
         name=metadata.get("name", ""),
+        uid=str(metadata.get("uid") or ""),
         owner_uid=owner_uid,
         rank=rank,
         attempt=attempt,

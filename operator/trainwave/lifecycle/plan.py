@@ -47,6 +47,7 @@ def only_creates(decision: Decision, written: TrainingJobStatus) -> bool:
         bool(decision.create_ranks)
         and decision.status.attempt == written.attempt
         and not decision.delete_pods
+        and not decision.force_delete_pods
         and decision.workload == WorkloadAction.NONE
         and not decision.delete_job
     )
@@ -60,6 +61,7 @@ def may_hold(decision: Decision, created: list[WorkerPod], workers: int) -> bool
         and not any(worker.gated for worker in created)
         and not decision.create_ranks
         and not decision.delete_pods
+        and not decision.force_delete_pods
         and not decision.wants_placement
         and not decision.wants_service
         and decision.workload == WorkloadAction.NONE

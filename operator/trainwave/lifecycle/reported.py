@@ -34,6 +34,7 @@ class Repair:
 
     cause: Cause
     what: str
+    worker: int | None = None  # the one worker at fault, when the repair may replace it alone
 
 
 def apply_reports(
@@ -140,10 +141,10 @@ def _in_place_news(
 def _replace_straggler(
     draft: Draft, job: TrainingJob, current: Sequence[WorkerPod], named: list[Straggler]
 ) -> Repair | None:
-    """Mark the slowest straggler's node and recreate the gang (the placer keeps new gangs
-    off a marked node until the mark expires). Replacing one worker alone (issue 26 item 2)
-    is not done yet: the whole gang is recreated, counted as a disruption. With
-    maxDisruptions spent the straggler is only reported: a job never fails for being slow."""
+    """Mark the slowest straggler's node and replace its worker (the placer keeps new pods
+    off a marked node until the mark expires): that worker alone where lifecycle/replacing.py
+    allows, else the whole gang, counted as a disruption either way. With maxDisruptions
+    spent the straggler is only reported: a job never fails for being slow."""
     pods = {p.rank: p for p in current}
     found = next(
         ((s, pods[s.worker]) for s in named if s.worker in pods and pods[s.worker].node), None
@@ -159,10 +160,10 @@ def _replace_straggler(
     what = (
         f"{_describe(straggler, pod)}; node {pod.node} is marked "
         f"{contract.ANNOTATION_STRAGGLER_UNTIL}={until.isoformat().replace('+00:00', 'Z')} "
-        "and the gang is placed without it"
+        "and its worker is placed elsewhere"
     )
     draft.condition(ConditionType.STRAGGLER, False, Reason.STRAGGLER_REPLACED, what)
-    return Repair(Cause.STRAGGLER, what)
+    return Repair(Cause.STRAGGLER, what, worker=pod.rank)
 
 
 def _stragglers(draft: Draft, current: Sequence[WorkerPod], named: list[Straggler]) -> None:
