@@ -12,7 +12,9 @@ from typing import Any
 import pytest
 
 from trainwave import contract
+from trainwave.backoff import Backoff
 from trainwave.controller.clusterview import ClusterIndex
+from trainwave.kube import informer as informer_module
 from trainwave.kube.informer import Informer, object_key
 from trainwave.placement.records import PodRecord, node_record, pod_record
 from trainwave.placement.requirements import PodNeeds
@@ -407,6 +409,18 @@ def test_informer_lists_in_pages_watches_and_relists_on_410() -> None:
     assert not any(t.name == "informer-pods" for t in threading.enumerate())
 
 
+@pytest.fixture
+def tenth_relist_backoff(monkeypatch: pytest.MonkeyPatch) -> Backoff:
+    """The informers' relist backoff with a tenth of its delays (0.1 s, then 0.2 s, ...):
+    these tests check that the informer waits before it relists, not how long;
+    test_backoff.py holds RELIST_BACKOFF's own delays."""
+    real = informer_module.RELIST_BACKOFF
+    tenth = Backoff(base=real.base / 10, cap=real.cap / 10, factor=real.factor, jitter=real.jitter)
+    monkeypatch.setattr(informer_module, "RELIST_BACKOFF", tenth)
+    return tenth
+
+
+@pytest.mark.usefixtures("tenth_relist_backoff")
 def test_informer_backs_off_and_recovers_after_errors() -> None:
     api = FakeApi([raw_pod("a", node="n0", gpus=1)])
     failures = iter([RuntimeError("connection refused")])
@@ -421,7 +435,7 @@ def test_informer_backs_off_and_recovers_after_errors() -> None:
     informer = Informer("pods", flaky, pod_record, store)
     informer.start()
     try:
-        assert informer.wait_synced(5), "listed after one backoff (1 s)"
+        assert informer.wait_synced(5), "listed after one backoff (0.1 s here)"
         assert informer.errors == 1
         assert list(store.records) == ["ns/a"]
         informer.force_relist()
@@ -430,7 +444,9 @@ def test_informer_backs_off_and_recovers_after_errors() -> None:
         informer.stop()
 
 
-def test_a_410_right_after_a_relist_backs_off_instead_of_spinning() -> None:
+def test_a_410_right_after_a_relist_backs_off_instead_of_spinning(
+    tenth_relist_backoff: Backoff,
+) -> None:
     api = FakeApi([raw_pod("a", node="n0", gpus=1)])
     expired = event("ERROR", {"kind": "Status", "code": 410, "message": "too old"})
     api.watches += [FakeResponse(lines=[expired]), FakeResponse(lines=[expired])]
@@ -439,8 +455,9 @@ def test_a_410_right_after_a_relist_backs_off_instead_of_spinning() -> None:
     try:
         until(lambda: informer.errors == 1)  # the first 410 relisted at once, the second waits
         assert informer.relists == 1
-        threading.Event().wait(0.5)
-        assert informer.relists == 1, "no relist before the 2 s backoff"
+        second = tenth_relist_backoff.delay(2, rand=lambda: 0.0)  # the shortest it may be
+        threading.Event().wait(second / 4)
+        assert informer.relists == 1, f"no relist before the {second} s backoff"
         until(lambda: informer.relists == 2)
     finally:
         informer.stop()

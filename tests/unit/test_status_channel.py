@@ -72,7 +72,7 @@ def runtime_server(
 def raw_server(serve: Callable[[socket.socket], None]) -> Iterator[int]:
     """A listener whose every connection is handed to `serve` in its own thread."""
     listener = socket.create_server(("127.0.0.1", 0))
-    listener.settimeout(0.2)
+    listener.settimeout(0.05)  # how soon the accept loop sees the stop, at teardown
     stop = threading.Event()
 
     def accept() -> None:
@@ -105,27 +105,60 @@ def _serve_quietly(serve: Callable[[socket.socket], None], connection: socket.so
             pass  # the operator hung up on us, as it should
 
 
+class CountingPoller(StatusPoller):
+    """A StatusPoller that counts its finished polls of each job, so a test can wait for
+    one whole round of reads rather than for a timer that may be short under load."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.polls: dict[tuple[str, str], int] = {}
+
+    async def _poll(self, pool: ThreadPoolExecutor, key: tuple[str, str], targets: Targets) -> None:
+        await super()._poll(pool, key, targets)
+        self.polls[key] = self.polls.get(key, 0) + 1
+
+
+Woken = list[tuple[str, str]]
+Until = Callable[[CountingPoller, Woken], bool]
+
+
+def every_job_polled(targets: dict[tuple[str, str], Targets]) -> Until:
+    """Every job's first poll has finished: its reads were all answered or refused, and
+    the wake a report brings would have come with them."""
+    return lambda poller, _: all(poller.polls.get(key, 0) >= 1 for key in targets)
+
+
 def poll_once(
-    targets: dict[tuple[str, str], Targets], *, deadline: float = 2.0, wait: float = 5.0
-) -> tuple[StatusPoller, list[tuple[str, str]], float]:
-    """Run a poller over `targets` for `wait` seconds at most, or until every job was
-    woken; returns the jobs woken and the seconds until the last of them was."""
-    woken: list[tuple[str, str]] = []
+    targets: dict[tuple[str, str], Targets],
+    *,
+    deadline: float = 2.0,
+    wait: float = 5.0,
+    until: Until | None = None,
+) -> tuple[CountingPoller, Woken, float]:
+    """Run a poller over `targets` until `until` holds (by default: every job was
+    woken), for `wait` seconds at most; returns the jobs woken and the seconds until
+    the last of them was."""
+    woken: Woken = []
     woken_at: list[float] = []
 
     def wake(key: tuple[str, str]) -> None:
         woken.append(key)
         woken_at.append(time.monotonic())
 
-    async def scenario() -> tuple[StatusPoller, float]:
-        poller = StatusPoller(
+    def every_job_woken(_: CountingPoller, woken: Woken) -> bool:
+        return len(woken) >= len(targets)
+
+    done = until or every_job_woken
+
+    async def scenario() -> tuple[CountingPoller, float]:
+        poller = CountingPoller(
             wake, networks=parse_networks("127.0.0.0/8"), interval=30, deadline=deadline
         )
         for key, target in targets.items():
             poller.track(key, target)
         started = time.monotonic()
         task = asyncio.create_task(poller.run())
-        while len(woken) < len(targets) and time.monotonic() - started < wait:
+        while not done(poller, woken) and time.monotonic() - started < wait:
             await asyncio.sleep(0.01)
         task.cancel()
         return poller, (woken_at[-1] if woken_at else time.monotonic()) - started
@@ -181,7 +214,9 @@ def test_a_report_that_is_not_the_asked_workers_own_is_refused(
 ) -> None:
     with runtime_server(status_document(claims), key, signed_as) as port:
         targets = Targets(0, {0: ("127.0.0.1", port)}, KEY_A)
-        poller, woken, _ = poll_once({("team-a", "llm"): targets}, wait=1.0)
+        asked = {("team-a", "llm"): targets}
+        poller, woken, _ = poll_once(asked, until=every_job_polled(asked))
+    assert poller.polls == {("team-a", "llm"): 1}
     assert woken == []
     assert poller.reports(("team-a", "llm"), attempt=0) == {}
     assert "report refused" in reads(caplog)
@@ -201,9 +236,9 @@ def test_a_captured_answer_replayed_later_is_refused(caplog: pytest.LogCaptureFi
         )
 
     with raw_server(replay) as port:
-        _, woken, _ = poll_once(
-            {("team-a", "llm"): Targets(0, {0: ("127.0.0.1", port)}, KEY_A)}, wait=1.0
-        )
+        asked = {("team-a", "llm"): Targets(0, {0: ("127.0.0.1", port)}, KEY_A)}
+        poller, woken, _ = poll_once(asked, until=every_job_polled(asked))
+    assert poller.polls == {("team-a", "llm"): 1}
     assert woken == []
     assert "signature does not match" in reads(caplog)
 
@@ -296,7 +331,11 @@ def test_a_slow_job_does_not_hold_back_another_jobs_reads() -> None:
             ("team-b", "vision"): Targets(0, dict.fromkeys(range(4), ("127.0.0.1", slow)), KEY_B),
             ("team-a", "llm"): Targets(0, {0: ("127.0.0.1", port)}, KEY_A),
         }
-        _, woken, elapsed = poll_once(targets, deadline=3.0, wait=2.0)
+        # Stops once A is woken (within `wait`): B's reads cannot end before their 3 s
+        # deadline, so waiting longer could not wake B either.
+        _, woken, elapsed = poll_once(
+            targets, deadline=3.0, wait=2.0, until=lambda _, woken: bool(woken)
+        )
     assert woken == [("team-a", "llm")]
     assert elapsed < 1.0  # B's reads run to their 3 s deadline
 

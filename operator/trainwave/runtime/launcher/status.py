@@ -17,6 +17,11 @@ from typing import Any
 
 from trainwave import contract, signatures
 
+# serve_forever notices stop() at its next poll: 0.1 s rather than the default 0.5 s
+# keeps a finishing worker's exit (and each test's teardown) short, for ten wake-ups
+# a second of an otherwise idle thread.
+STOP_POLL_SECONDS = 0.1
+
 # (nonce, body) -> the signature header's value.
 Signer = Callable[[str, bytes], str]
 
@@ -33,7 +38,10 @@ class StatusServer:
         self._server = ThreadingHTTPServer((host, port), handler)
         self._server.daemon_threads = True
         self._thread = threading.Thread(
-            target=self._server.serve_forever, name="trainwave-status", daemon=True
+            target=self._server.serve_forever,
+            kwargs={"poll_interval": STOP_POLL_SECONDS},
+            name="trainwave-status",
+            daemon=True,
         )
 
     @property
