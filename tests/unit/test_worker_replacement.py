@@ -30,11 +30,11 @@ NOT_READY = NodeHealth(present=True, ready=False, not_ready_since=ago(120))
 
 def body(
     *, workers: int = 2, runtime: dict[str, Any] | None = None, status: dict[str, Any] | None = None,
-    replacement: dict[str, Any] | None = None, **options: Any,
+    replacement: dict[str, Any] | None = None, phase: str = "Running", **options: Any,
 ) -> dict[str, Any]:  # fmt: skip
     """A Running job with the runtime (in-place restarts 3 by default) unless `runtime` says."""
     made = make_body(
-        workers=workers, phase="Running", start_time=ago(600),
+        workers=workers, phase=phase, start_time=ago(600),
         status_extra={**RUNNING, **(status or {})},
         runtime={} if runtime is None else runtime, command=["python", "train.py"], **options,
     )  # fmt: skip
@@ -150,11 +150,10 @@ def replacing(**changes: Any) -> dict[str, Any]:
     pending = {"rank": 1, "podUID": "uid-1", "node": "node-1", "cause": "disruption",
                "what": "worker 1 lost its node", "since": changes.pop("since", ago(5))}  # fmt: skip
     status = {
-        "phase": "Restarting",
         "disruptions": 1,
         "replacements": {"total": 1, "attempt": 0, "inAttempt": 1, "pending": [pending]},
     }
-    return body(status=status, **changes)  # fmt: skip
+    return body(status=status, phase="Restarting", **changes)
 
 
 def stamp(made: dict[str, Any]) -> dict[str, Any]:
@@ -248,3 +247,50 @@ def test_gang_domains_narrowest_first(nodes: list[str], expected: list[dict[str,
         "n4": {"spine": "s2", "rack": "r3"},
     }
     assert gang_domains(("spine", "rack", "host"), labels, nodes) == expected
+
+
+def test_a_worker_already_gone_from_the_api_is_replaced_with_its_last_known_node() -> None:
+    evicted = {"conditions": ({"type": "DisruptionTarget", "status": "True",
+                               "reason": "EvictionByEvictionAPI"},), "deleting": True}  # fmt: skip
+    departed = replace(gang(r1=evicted)[1], departed=True)
+    found = run(body(), [gang()[0], departed])
+    assert found.status.replacements is not None
+    (pending,) = found.status.replacements.pending
+    assert (pending.pod_uid, pending.node) == ("uid-1", "node-1")
+    assert (found.delete_pods, found.force_delete_pods) == ((), ())
+    # Next reconcile, the replacement recorded: its name is free, so worker 1 is created.
+    job = parse_trainingjob(body())
+    again = decide(
+        resolve_job(job.model_copy(update={"status": found.status})),
+        [gang()[0], departed],
+        NOW,
+    )
+    assert again.create_ranks == (1,)
+    assert again.status.disruptions == 1
+
+
+def test_the_old_pod_still_shown_running_does_not_count_as_the_gang_running() -> None:
+    found = run(stamp(replacing()), gang(), nodes={"node-1": NOT_READY})
+    assert found.status.phase == Phase.RESTARTING
+    assert (found.status.ready_workers, found.create_ranks) == (1, ())
+
+
+def test_a_replaced_straggler_moves_alone_and_its_node_is_marked() -> None:
+    from test_straggler_replace import report
+
+    made = body()
+    made["spec"]["runPolicy"]["stragglers"] = {"reports": 2, "replace": True}
+    job = parse_trainingjob(made)
+    pods = gang()
+    memory, found = None, None
+    for step in (10, 11):
+        reports = {0: report(0, step, 0.1), 1: report(1, step, 0.2)}
+        found = decide(resolve_job(job), pods, NOW, reports=reports, memory=memory)
+        memory = found.memory
+        job = job.model_copy(update={"status": found.status})
+    assert found is not None
+    assert [node for node, _ in found.mark_nodes] == ["node-1"]
+    assert (found.status.attempt, found.status.disruptions) == (0, 1)
+    assert found.delete_pods == ("demo-a0-worker-1",)  # a healthy node: a graceful delete
+    assert found.status.replacements is not None
+    assert found.status.replacements.pending[0].cause == "straggler"

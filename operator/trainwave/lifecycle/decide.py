@@ -219,8 +219,11 @@ def _run(
         draft.stop(current)
         restart_or_fail(draft, job, flight.overdue, Cause.DISRUPTION)
         return
+    # A replaced worker's old pod is neither trouble nor a worker of the gang any more.
+    visible = [p for p in current if not flight.hides(p)]
+    _count(draft, job, visible)
     incidents = find_incidents(
-        [p for p in current if not flight.hides(p)],
+        visible,
         job.spec.workers,
         nodes,
         draft.now,
@@ -257,7 +260,7 @@ def _run(
         _past_deadline(draft, job)  # only to schedule the deadline's wake-up
     if (draft.create or lost) and draft.status.attempt_start_time is None:
         draft.update(attempt_start_time=draft.now)
-    _progress(draft, job, current, waiting, service_exists)
+    _progress(draft, job, visible, waiting, service_exists)
 
 
 def _gang_formed(draft: Draft) -> bool:

@@ -161,7 +161,10 @@ def start_replacement(
     for rank in verdict.ranks:
         if rank in known:
             continue
-        pod = next((p for p in current if p.rank == rank and not p.departed), None)
+        # The pod in the API if it is still there, else its last state (a departed pod:
+        # evicted and deleted at once, its UID and node are still known).
+        mine = sorted((p for p in current if p.rank == rank), key=lambda p: p.departed)
+        pod = mine[0] if mine else None
         incident = what[rank]
         entry = PendingReplacement(
             rank=rank,
@@ -172,7 +175,7 @@ def start_replacement(
             since=draft.now,
         )
         added.append(entry)
-        if pod is None:
+        if pod is None or pod.departed:
             continue
         # A drained, evicted or deleted pod is already going; a finished one (evicted:
         # Failed) holds nothing, but its name must come free for the replacement.

@@ -1,0 +1,185 @@
+"""Replace one worker, not the gang (runPolicy.workerReplacement), on the real control plane.
+
+Jobs with the runtime (in-place restarts on by default) on a private pool of kwok nodes:
+rack 0 has four 8-GPU nodes, rack 1 one. The gang of two 8-GPU workers fits only rack 0,
+leaving two of its nodes free. When worker 1's node goes NotReady (or is drained), only
+worker 1 gets a new pod, of the same attempt and name, on a free node of rack 0, although
+placement's objective alone (best fit) would take rack 1's single node; worker 0 keeps
+its pod (same UID). When worker 0's node is lost, the gang is recreated: worker 0 hosts
+the rendezvous store. No training runs here (kwok plays the pods); the healthy workers
+re-entering torch's rendezvous is the runtime's part, shown on the real node.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from typing import Any
+
+import pytest
+
+from cluster.controlplane import Cluster
+from integration.node_pools import Pool, node_pool
+from integration.test_disruptions import make_not_ready
+from integration.trainwave_fixtures import (
+    apply,
+    events_about,
+    job,
+    job_manifest,
+    wait_for_phase,
+    wait_until,
+    worker_pods,
+)
+from trainwave import contract
+
+pytestmark = [pytest.mark.integration, pytest.mark.timeout(300)]
+
+POLICY: dict[str, Any] = {"failurePolicy": {"maxRestarts": 0, "nodeNotReadySeconds": 3}}
+
+
+def replaced_counter(operator: Any) -> float:
+    pattern = r'^trainwave_workers_replaced_total\{cause="disruption"\} (\S+)$'
+    found = re.search(pattern, operator.metrics(), re.M)
+    return float(found.group(1)) if found else 0.0
+
+
+def start(cluster: Cluster, namespace: str, name: str, pool: Pool) -> dict[int, dict[str, Any]]:
+    """The job Running on rack 0; its pods by rank."""
+    manifest = job_manifest(
+        name, workers=2, gpus=8, result=None, run_policy=POLICY, runtime={},
+        template_spec={"nodeSelector": pool.selector},
+    )  # fmt: skip
+    apply(cluster, namespace, manifest)
+    wait_for_phase(cluster, namespace, name, "Running", timeout=90)
+    pods = by_rank(worker_pods(cluster, namespace, name))
+    rack0 = next(iter(pool.racks))
+    assert {pool.rack_of(p["spec"]["nodeName"]) for p in pods.values()} == {rack0}
+    return pods
+
+
+def by_rank(pods: list[dict[str, Any]]) -> dict[int, dict[str, Any]]:
+    return {
+        int(p["metadata"]["labels"][contract.LABEL_RANK]): p
+        for p in pods if not p["metadata"].get("deletionTimestamp")
+    }  # fmt: skip
+
+
+def replaced(cluster: Cluster, namespace: str, name: str, old_uid: str) -> dict[str, Any]:
+    """Worker 1's new pod once it runs, and the job's status says the replacement ended."""
+
+    def check() -> dict[str, Any] | None:
+        status = job(cluster, namespace, name).get("status", {})
+        pods = by_rank(worker_pods(cluster, namespace, name))
+        new = pods.get(1)
+        replacements = status.get("replacements") or {"pending": ["none yet"]}
+        done = status.get("phase") == "Running" and not replacements.get("pending")
+        if new and new["metadata"]["uid"] != old_uid and new["status"].get("phase") == "Running":
+            return new if done else None
+        return None
+
+    found: dict[str, Any] = wait_until(check, 120, "worker 1 replaced and running")
+    return found
+
+
+def assert_replaced_alone(
+    cluster: Cluster, namespace: str, name: str, pool: Pool, *,
+    before: dict[int, dict[str, Any]], operator: Any, counted_before: float,
+) -> dict[str, Any]:  # fmt: skip
+    old_node = before[1]["spec"]["nodeName"]
+    new = replaced(cluster, namespace, name, before[1]["metadata"]["uid"])
+    now = by_rank(worker_pods(cluster, namespace, name))
+    assert now[0]["metadata"]["uid"] == before[0]["metadata"]["uid"]  # worker 0 stayed
+    assert new["metadata"]["name"] == before[1]["metadata"]["name"]  # same attempt, same name
+    assert new["metadata"]["labels"][contract.LABEL_RANK] == "1"
+    new_node = new["spec"]["nodeName"]
+    assert new_node != old_node
+    assert pool.rack_of(new_node) == pool.rack_of(old_node)  # the gang's rack, not rack 1
+    status = job(cluster, namespace, name)["status"]
+    assert (status["attempt"], status["restarts"], status["disruptions"]) == (0, 0, 1)
+    assert (status["replacements"]["total"], status["replacements"]["inAttempt"]) == (1, 1)
+    events = events_about(
+        cluster, namespace,
+        lambda e: e.get("reason") == "WorkerReplaced"
+        and e.get("regarding", {}).get("name") == name,
+        "the WorkerReplaced Event",
+    )  # fmt: skip
+    assert f"worker 1 replaced: node {old_node} -> {new_node}" in events[0]["note"]
+    assert events[0]["type"] == "Warning"
+    assert replaced_counter(operator) == counted_before + 1
+    return status
+
+
+def test_a_not_ready_node_replaces_only_its_worker_in_the_same_rack(
+    cluster, namespace, running_operator
+):
+    with node_pool(cluster, rack_sizes=(4, 1)) as pool:
+        counted = replaced_counter(running_operator)
+        before = start(cluster, namespace, "lonely", pool)
+        sick = before[1]["spec"]["nodeName"]
+        make_not_ready(cluster, sick)
+        assert_replaced_alone(
+            cluster,
+            namespace,
+            "lonely",
+            pool,
+            before=before,
+            operator=running_operator,
+            counted_before=counted,
+        )
+        replacing = events_about(
+            cluster, namespace,
+            lambda e: e.get("reason") == "ReplacingWorker"
+            and e.get("regarding", {}).get("name") == "lonely",
+            "the ReplacingWorker Event",
+        )  # fmt: skip
+        assert f"lost its node {sick} (NodeNotReady)" in replacing[0]["note"]
+        assert "the other workers (0) keep their pods" in replacing[0]["note"]
+
+
+def test_a_drained_node_replaces_only_its_worker(cluster, namespace, running_operator):
+    with node_pool(cluster, rack_sizes=(4, 1)) as pool:
+        counted = replaced_counter(running_operator)
+        before = start(cluster, namespace, "drained", pool)
+        node = before[1]["spec"]["nodeName"]
+        # What kubectl drain does: cordon, then evict through the Eviction API.
+        cluster.kubectl("cordon", node)
+        victim = before[1]["metadata"]["name"]
+        eviction = {"apiVersion": "policy/v1", "kind": "Eviction",
+                    "metadata": {"name": victim, "namespace": namespace}}  # fmt: skip
+        cluster.kubectl("create", "--raw", f"/api/v1/namespaces/{namespace}/pods/{victim}/eviction",
+                        "-f", "-", input=json.dumps(eviction))  # fmt: skip
+        assert_replaced_alone(
+            cluster,
+            namespace,
+            "drained",
+            pool,
+            before=before,
+            operator=running_operator,
+            counted_before=counted,
+        )
+
+
+def test_losing_worker_0_recreates_the_gang(cluster, namespace, running_operator):
+    with node_pool(cluster, rack_sizes=(4, 1)) as pool:
+        before = start(cluster, namespace, "hostless", pool)
+        make_not_ready(cluster, before[0]["spec"]["nodeName"])
+
+        def again() -> dict[str, Any] | None:
+            status = job(cluster, namespace, "hostless").get("status", {})
+            return (
+                status if status.get("attempt") == 1 and status.get("phase") == "Running" else None
+            )
+
+        status = wait_until(again, 120, "the gang recreated as attempt 1")
+        assert (status["restarts"], status["disruptions"]) == (0, 1)
+        assert not (status.get("replacements") or {}).get("total")
+        events = events_about(
+            cluster, namespace,
+            lambda e: e.get("reason") == "WorkerDisrupted"
+            and e.get("regarding", {}).get("name") == "hostless",
+            "the WorkerDisrupted Event",
+        )  # fmt: skip
+        assert "worker 0 hosts the rendezvous store" in events[0]["note"]
+        uids = {p["metadata"]["uid"] for p in by_rank(worker_pods(cluster, namespace, "hostless"))
+                .values()}  # fmt: skip
+        assert uids.isdisjoint({p["metadata"]["uid"] for p in before.values()})
