@@ -48,7 +48,11 @@ from benchmarks.saturation_analysis import (  # noqa: E402
     utilisation,
     waits_by_size,
 )
-from benchmarks.saturation_compare import comparison_table, side_figures  # noqa: E402
+from benchmarks.saturation_compare import (  # noqa: E402
+    comparison_table,
+    kueue_stages,
+    side_figures,
+)
 from benchmarks.saturation_kueue import PeerRun, run_peer  # noqa: E402
 from benchmarks.saturation_stream import (  # noqa: E402
     CONFIGS,
@@ -317,6 +321,8 @@ def peer_result(
         "table": comparison_table(ours, theirs),
         "trainwave": ours,
         "kueue": theirs,
+        "kueue_stages_seconds": kueue_stages(peer_gangs, peer.workloads, NODE_GPUS),
+        "workloads": peer.workloads,
         "kueue_setup": peer.setup | {"version": KUEUE_VERSION, "api_version": peer.api_version},
         "order": "trainwave first, then Kueue, on the same cluster (operator stopped)",
         "load_average_1m": {"trainwave": load.during("stream"), "kueue": load.during("peer")},
@@ -328,6 +334,7 @@ def peer_result(
 def peer_report(peer: dict[str, Any]) -> str:
     setup, loads = peer["kueue_setup"], peer["load_average_1m"]
     tas = setup["topology_aware_scheduling"]
+    stages = "\n".join(f"- {name}: {fmt(q)} s" for name, q in peer["kueue_stages_seconds"].items())
     return f"""
 ## trainwave and Kueue, same stream, same cluster, one after the other
 
@@ -341,6 +348,9 @@ for Kueue, the Job's pod exists without a scheduling gate (admitted, unsuspended
 the Job controller and, with TAS, ungated with its node).
 
 {peer["table"]}
+
+Kueue's hand-off, split by its Workloads' conditions (time the watch saw them):
+{stages}
 """
 
 

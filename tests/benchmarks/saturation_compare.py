@@ -11,12 +11,16 @@ nodes the workers ran on (node names carry the rack: "<prefix>-r<rack>-n<positio
 from __future__ import annotations
 
 import re
-from collections.abc import Sequence
+from collections import defaultdict
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 from benchmarks.saturation_analysis import (
     GangSpan,
+    PodSpan,
     makespan,
+    quantiles,
+    room_appeared,
     summarize_gangs,
     utilisation,
     waits_by_size,
@@ -49,6 +53,38 @@ def side_figures(
         "makespan": makespan(gangs, nodes * node_gpus, nodes),
         "wait_seconds_by_gang_size": waits_by_size(gangs),
         "locality": racks_used(gangs, rack_nodes),
+    }
+
+
+def kueue_stages(
+    gangs: Sequence[GangSpan], workloads: Mapping[str, Mapping[str, float]], node_gpus: int
+) -> dict[str, dict[str, float]]:
+    """Kueue's share of the "room -> released" stage, from its Workloads' conditions as the
+    watch saw them: room -> quota reserved (the ended Job seen finished, its quota given
+    back, the next Workload admitted), quota reserved -> released (the Job unsuspended, its
+    pods created by the Job controller and, with TAS, ungated onto their nodes); and for
+    every gang, its last worker's end -> its Workload Finished (the quota given back)."""
+    by_node: dict[str, list[PodSpan]] = defaultdict(list)
+    for gang in gangs:
+        for pod in gang.pods:
+            by_node[pod.node].append(pod)
+    admit, release, give_back = [], [], []
+    for gang in gangs:
+        seen, start = workloads.get(gang.name, {}), gang.start
+        ended = gang.stage("ended")
+        if ended is not None and "finished" in seen:
+            give_back.append(seen["finished"] - ended)
+        if start is None or "admitted" not in seen:
+            continue
+        room = room_appeared(gang, by_node, node_gpus)
+        released = gang.stage("released")
+        if room > gang.arrival and released is not None:
+            admit.append(max(0.0, seen["admitted"] - room))
+            release.append(max(0.0, released - max(room, seen["admitted"])))
+    return {
+        "room_to_quota_reserved (Kueue)": quantiles(admit),
+        "quota_reserved_to_released (Job controller, TAS ungater)": quantiles(release),
+        "last_worker_ended_to_workload_finished": quantiles(give_back),
     }
 
 

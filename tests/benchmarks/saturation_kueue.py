@@ -39,7 +39,7 @@ from benchmarks.saturation_stream import (
     NODE_GPUS,
     SatJob,
 )
-from benchmarks.saturation_watch import PodWatch
+from benchmarks.saturation_watch import PodWatch, WorkloadWatch
 from cluster.api import ApiClient
 from cluster.controlplane import Cluster
 from cluster.kueue import KueueManager, preferred_version, start_kueue
@@ -50,6 +50,7 @@ QUEUE = "saturation"
 JOB_LABEL = "batch.kubernetes.io/job-name"  # on every pod the Job controller creates
 TOPOLOGY_LEVELS = (contract.NODE_LABEL_SPINE, contract.NODE_LABEL_RACK, "kubernetes.io/hostname")
 PODS_READY_TIMEOUT = "5m"
+ACTIVE_TIMEOUT = 60.0
 
 
 @dataclass
@@ -60,6 +61,7 @@ class PeerRun:
     tas: bool
     api_version: str
     setup: dict[str, Any]  # what the queue was: quotas, strategy, TAS levels
+    workloads: dict[str, dict[str, float]]  # per Job: admitted, finished (WorkloadWatch)
 
 
 def kueue_configuration() -> dict[str, Any]:
@@ -188,11 +190,18 @@ def run_peer(
         objects = queue_objects(api, quota, tas=tas)
         for manifest in objects:
             create(client, manifest, namespace)
+        # Jobs sent before the ClusterQueue is active would first be found inadmissible and
+        # wait for a requeue: trainwave's side starts with its operator ready too.
+        wait_active(client, f"/apis/{api}/clusterqueues/{QUEUE}")
+        wait_active(client, f"/apis/{api}/namespaces/{namespace}/localqueues/{QUEUE}")
         watcher = PodWatch(cluster, namespace, job_label=JOB_LABEL)
         watcher.start()
+        workloads = WorkloadWatch(cluster, api, namespace, watcher.t0)
+        workloads.start()
         arrivals = submit_jobs(client, stream, namespace, watcher.t0, tas=tas)
         finished = wait_ended(watcher, sum(job.workers for job in stream), drain_timeout)
         watcher.stop()
+        workloads.stop()
         for manifest in reversed(objects):
             if manifest["kind"] != "LocalQueue":
                 cluster.kubectl("delete", manifest["kind"].lower(), QUEUE, "--wait=false",
@@ -205,7 +214,7 @@ def run_peer(
         "topology_aware_scheduling": list(TOPOLOGY_LEVELS) if tas else "off",
         "preferred_topology": contract.NODE_LABEL_RACK if tas else None,
     }
-    return PeerRun(arrivals, watcher, finished, tas, api, setup)
+    return PeerRun(arrivals, watcher, finished, tas, api, setup, workloads.jobs)
 
 
 def create(client: ApiClient, manifest: dict[str, Any], namespace: str) -> None:
@@ -213,6 +222,17 @@ def create(client: ApiClient, manifest: dict[str, Any], namespace: str) -> None:
     plural = {"Topology": "topologies"}.get(manifest["kind"], manifest["kind"].lower() + "s")
     where = f"/namespaces/{namespace}" if manifest["kind"] == "LocalQueue" else ""
     client.request("POST", f"/apis/{group}/{version}{where}/{plural}", manifest)
+
+
+def wait_active(client: ApiClient, path: str, timeout: float = ACTIVE_TIMEOUT) -> None:
+    deadline = time.monotonic() + timeout
+    conditions: list[dict[str, Any]] = []
+    while time.monotonic() < deadline:
+        conditions = client.get(path).get("status", {}).get("conditions", [])
+        if any(c["type"] == "Active" and c["status"] == "True" for c in conditions):
+            return
+        time.sleep(0.5)
+    raise TimeoutError(f"{path} not Active after {timeout:.0f}s; its conditions: {conditions}")
 
 
 def submit_jobs(

@@ -13,7 +13,7 @@ import re
 import ssl
 import threading
 import time
-from typing import Any
+from typing import Any, ClassVar
 from urllib.parse import urlsplit
 
 from cluster.components import Layout
@@ -153,3 +153,22 @@ class HoldWatch(Watch):
 HOLDER = re.compile(r"waiting for [^/\s]+/([^,\s]+),")
 # placement/gang.py Placement.describe: "... on 8 nodes, 2 racks (rack-00, rack-01), ..."
 RACKS = re.compile(r"nodes?, (\d+) racks?\b")
+
+
+class WorkloadWatch(Watch):
+    """Per Kueue Workload, by the Job that owns it: when its quota was first seen reserved
+    (QuotaReserved) and when it was first seen Finished (the quota is given back)."""
+
+    CONDITIONS: ClassVar[dict[str, str]] = {"QuotaReserved": "admitted", "Finished": "finished"}
+
+    def __init__(self, cluster: Cluster, api_version: str, namespace: str, t0: float) -> None:
+        super().__init__(cluster, f"/apis/{api_version}/namespaces/{namespace}/workloads", t0)
+        self.jobs: dict[str, dict[str, float]] = {}
+
+    def _record(self, kind: str, workload: dict[str, Any], now: float) -> None:
+        owners = workload["metadata"].get("ownerReferences") or [{}]
+        seen = self.jobs.setdefault(owners[0].get("name", workload["metadata"]["name"]), {})
+        for condition in workload.get("status", {}).get("conditions", []):
+            stage = self.CONDITIONS.get(condition.get("type", ""))
+            if stage and condition.get("status") == "True":
+                seen.setdefault(stage, now)
