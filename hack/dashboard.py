@@ -161,8 +161,8 @@ PANELS = [
     panel(
         "Hangs, stragglers and in-place restarts",
         "Gangs found hung, ranks named stragglers, gang bandwidth tests failed (preflight), "
-        "and training processes restarted inside their pods by cause (from the runtime's "
-        "reports).",
+        "training processes restarted inside their pods by cause (from the runtime's "
+        "reports), and workers replaced alone while the rest of the gang kept its pods.",
         [
             (f"sum(increase(trainwave_hangs_total[{RATE}]))", "hangs"),
             (f"sum(increase(trainwave_stragglers_total[{RATE}]))", "stragglers"),
@@ -173,6 +173,10 @@ PANELS = [
             (
                 f"sum by (cause) (increase(trainwave_in_place_restarts_total[{RATE}]))",
                 "in place: {{cause}}",
+            ),
+            (
+                f"sum by (cause) (increase(trainwave_workers_replaced_total[{RATE}]))",
+                "worker replaced: {{cause}}",
             ),
         ],
         stack=True,
