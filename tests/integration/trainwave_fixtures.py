@@ -25,6 +25,12 @@ from cluster.deploy import (
 )
 
 TERMINAL = ("Succeeded", "Failed")
+# The session operator reads a worker's /status every 2 s, not every 15 s (the flag's
+# default): the tests that serve a worker's /status (goodput, stragglers, hangs,
+# preflight, trust) wait for the operator's next poll, up to a whole interval each time.
+# Only workers on 127.0.0.0/8 are read (`--status-networks`), so the other tests' jobs
+# cost no reads.
+STATUS_INTERVAL_SECONDS = 2
 
 
 @pytest.fixture(scope="session")
@@ -39,7 +45,11 @@ def operator(
 ) -> Iterator[OperatorProcess]:
     workdir = tmp_path_factory.mktemp("operator")
     kubeconfig = service_account_kubeconfig(trainwave_installed, workdir / "kubeconfig")
-    process = OperatorProcess(kubeconfig=kubeconfig, log_path=workdir / "operator.log")
+    process = OperatorProcess(
+        kubeconfig=kubeconfig,
+        log_path=workdir / "operator.log",
+        extra_args=("--status-interval-seconds", str(STATUS_INTERVAL_SECONDS)),
+    )
     process.start()
     yield process
     process.stop()
