@@ -340,7 +340,8 @@ def peer_report(peer: dict[str, Any]) -> str:
 
 Kueue {setup["version"]} ({setup["api_version"]}): the same gangs as batch Jobs, one ClusterQueue
 ({setup["queueing_strategy"]}) with the whole cluster as quota ({setup["quota"]}), all-or-nothing
-admission, waitForPodsReady {setup["wait_for_pods_ready"]}, topology-aware scheduling:
+admission, configuration as its install ships it plus waitForPodsReady
+({setup["configuration"]}), topology-aware scheduling:
 {"levels " + " / ".join(tas) + ", each Job preferring one " + setup["preferred_topology"] if tas != "off" else "off"};
 placed by kube-scheduler. Order: {peer["order"]}. 1-min load: trainwave {loads["trainwave"]},
 Kueue {loads["kueue"]}. Stage "released": trainwave's operator pinned and ungated the worker;

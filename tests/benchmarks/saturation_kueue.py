@@ -12,6 +12,7 @@ The queue, as Kueue documents all-or-nothing admission for batch Jobs:
 - one ResourceFlavor on every node and one ClusterQueue whose quota is the whole cluster
   (the sum of the nodes' allocatable GPUs, CPU and memory), BestEffortFIFO (its default:
   a Workload that does not fit lets later ones be tried: unbounded backfill);
+- the client rate (50/s, burst 100) and controller concurrency of Kueue's own install;
 - waitForPodsReady enabled (all-or-nothing "with ready pods"), blockAdmission off: with
   the quota equal to the cluster and every worker a whole node's GPUs, every admitted Job
   fits the free nodes, so serialising admissions would only slow Kueue down;
@@ -65,14 +66,24 @@ class PeerRun:
 
 
 def kueue_configuration() -> dict[str, Any]:
-    """What the peer adds to tests/cluster/kueue.py's manager configuration."""
+    """What the peer adds to tests/cluster/kueue.py's manager configuration: waitForPodsReady,
+    and the client rate and concurrency Kueue's own install ships
+    (config/components/manager/controller_manager_config.yaml in v0.17.0); without them the
+    code's defaults apply (20 requests/s, burst 30), and a first run spent up to 17 s of a
+    burst of 26 admissions before the Jobs' pods existed."""
     return {
         "waitForPodsReady": {
             "enable": True,
             "blockAdmission": False,
             "timeout": PODS_READY_TIMEOUT,
-        }
-    }
+        },
+        "clientConnection": {"qps": 50, "burst": 100},
+        "controller": {"groupKindConcurrency": {
+            "Job.batch": 5, "Pod": 5, "Workload.kueue.x-k8s.io": 5,
+            "LocalQueue.kueue.x-k8s.io": 1, "Cohort.kueue.x-k8s.io": 1,
+            "ClusterQueue.kueue.x-k8s.io": 1, "ResourceFlavor.kueue.x-k8s.io": 1,
+        }},
+    }  # fmt: skip
 
 
 def cluster_quota(nodes: list[dict[str, Any]]) -> dict[str, str]:
@@ -210,7 +221,7 @@ def run_peer(
     setup = {
         "quota": quota,
         "queueing_strategy": "BestEffortFIFO",
-        "wait_for_pods_ready": kueue_configuration()["waitForPodsReady"],
+        "configuration": kueue_configuration(),
         "topology_aware_scheduling": list(TOPOLOGY_LEVELS) if tas else "off",
         "preferred_topology": contract.NODE_LABEL_RACK if tas else None,
     }
