@@ -1,0 +1,74 @@
+"""End to end: one worker replaced, not the gang (runPolicy.workerReplacement), on the real node.
+
+The job of test_inplace_restart.py (2 workers x 2 processes, DDP over gloo, checkpoints on
+a hostPath, the runtime's in-place restarts on). After the second checkpoint worker 1's pod
+is deleted. The operator must create a new worker 1 (same attempt, same name, a new UID)
+while worker 0 keeps its pod: worker 0's elastic agent sees its peer fail, restarts its
+processes into a new rendezvous round and waits there; the new pod's launcher joins, every
+process resumes from the newest checkpoint and the job Succeeds. The cluster has one real
+node, so where the new pod goes (the gang's rack) is shown on kwok nodes only
+(tests/integration/test_worker_replacement.py).
+"""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+
+import pytest
+
+from e2e.conftest import Release
+from e2e.test_inplace_restart import (
+    EVERY,
+    first_step_after,
+    launcher_events,
+    start_and_wait_for_checkpoint,
+    timestamped_log,
+)
+from e2e.test_training import checkpoint_steps, events, training_job
+from integration.trainwave_fixtures import wait_for_phase, worker_pods
+
+STEPS = 160
+
+
+@pytest.mark.timeout(900)
+def test_a_deleted_worker_is_replaced_alone_and_training_resumes(
+    release: Release, namespace: str, tmp_path: Path
+) -> None:
+    name = "replace1"
+    manifest = training_job(name, tmp_path, steps=STEPS, every=EVERY, step_seconds=0.2)
+    uids = start_and_wait_for_checkpoint(release, namespace, name, manifest, tmp_path)
+    saved = checkpoint_steps(tmp_path)[-1]
+    victim = f"{name}-a0-worker-1"
+    fault = time.time()
+    release.cluster.kubectl("delete", "pod", victim, "-n", namespace, "--wait=false")
+
+    done = wait_for_phase(release.cluster, namespace, name, ("Succeeded", "Failed"), timeout=600)
+    status = done["status"]
+    if status["phase"] != "Succeeded" or status["attempt"] != 0:
+        for pod in sorted({f"{name}-a0-worker-0", victim}):
+            lines = timestamped_log(release, namespace, pod)
+            print(f"--- {pod}\n" + "\n".join(t for _, t in lines[-60:]))
+    assert status["phase"] == "Succeeded", status
+    assert status["attempt"] == 0, status  # no new attempt: the gang was not recreated
+    assert (status["restarts"], status["disruptions"]) == (0, 1), status
+    assert status["replacements"]["total"] == 1, status["replacements"]
+    after = {p["metadata"]["name"]: p["metadata"]["uid"]
+             for p in worker_pods(release.cluster, namespace, name)}  # fmt: skip
+    assert after[f"{name}-a0-worker-0"] == uids[f"{name}-a0-worker-0"], "worker 0 was recreated"
+    assert after[victim] != uids[victim], "worker 1 was not replaced"
+
+    log = timestamped_log(release, namespace, f"{name}-a0-worker-0")
+    text = "\n".join(t for _, t in log)
+    starts = events(text, "start")
+    assert len(starts) == 2, starts  # one per generation, in worker 0's same container
+    assert starts[1]["resumed_from"] >= saved, (starts[1], saved)
+    finished = events(text, "done")
+    assert finished, "rank 0 logged no done"
+    assert int(finished[-1]["steps"]) == STEPS
+    first_at, first_step = first_step_after(log, fault)
+    print(f"replaced alone: delete -> first new step {first_step} in {first_at - fault:.1f} s "
+          f"(resumed from {starts[1]['resumed_from']}, checkpoint {saved})")  # fmt: skip
+    restarts = launcher_events(log, "restart")
+    print(f"worker 0's launcher: {[(r['count'], r['cause']) for r in restarts]}")
+    assert restarts, "worker 0's processes did not restart in place"
