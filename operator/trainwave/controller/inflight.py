@@ -20,9 +20,10 @@ UNBORN_SECONDS pass (a create that never came back).
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 
+from trainwave.api.trainingjob import JobKey
 from trainwave.controller.clusterview import ClusterView
 from trainwave.placement.records import PodRecord
 from trainwave.placement.requirements import PodNeeds
@@ -39,6 +40,16 @@ class _Released:
     needs: PodNeeds
     gpu_uuid: str
     gpu_mib: int
+    job: JobKey | None  # where the cache's view files the pod; None: not a worker
+
+
+def _job_of(pod: PodRecord) -> JobKey | None:
+    return (pod.namespace, pod.worker.job) if pod.worker is not None else None
+
+
+def _shows(pods_by_job: Mapping[JobKey, tuple[PodRecord, ...]], pod: _Released, name: str) -> bool:
+    """Whether the view files this pod under its job (the view files workers only)."""
+    return pod.job is not None and any(p.name == name for p in pods_by_job.get(pod.job, ()))
 
 
 class Inflight:
@@ -54,7 +65,8 @@ class Inflight:
         """A pod about to be created pinned to `node`: it holds room before it exists."""
         needs = PodNeeds(requests=pod.requests, host_ports=pod.host_ports)
         until = self._clock() + UNBORN_SECONDS
-        self._unborn[(pod.namespace, pod.name)] = (_Released(node, needs, "", 0), until)
+        released = _Released(node, needs, "", 0, _job_of(pod))
+        self._unborn[(pod.namespace, pod.name)] = (released, until)
 
     def forget_unborn(self, namespace: str, name: str) -> None:
         """Its create was refused: the pod holds nothing after all."""
@@ -62,27 +74,33 @@ class Inflight:
 
     def add(self, pod: PodRecord, node: str, gpu_uuid: str = "", gpu_mib: int = 0) -> None:
         needs = PodNeeds(requests=pod.requests, host_ports=pod.host_ports)
-        self._pods[(pod.namespace, pod.name)] = _Released(node, needs, gpu_uuid, gpu_mib)
+        self._pods[(pod.namespace, pod.name)] = _Released(
+            node, needs, gpu_uuid, gpu_mib, _job_of(pod)
+        )
 
     def forget(self, pod: PodRecord) -> None:
         """A release patch the API server refused: the pod holds nothing after all."""
         self._pods.pop((pod.namespace, pod.name), None)
 
     def settle(self, view: ClusterView) -> None:
-        """Forget the pods the cache now shows released or bound (holding), or gone."""
+        """Forget the pods the cache now shows released or bound (holding), or gone.
+
+        Looked up under each pod's own job, not in a set of every pod of the view: at
+        8,000 workers on 4,096 nodes building those sets in every round was a fifth of the
+        operator's CPU, for the few pods in flight."""
         if self._unborn:
-            seen = {(p.namespace, p.name) for pods in view.workers.values() for p in pods}
-            seen |= {(p.namespace, p.name) for pods in view.gated.values() for p in pods}
             now = self._clock()
             self._unborn = {
                 key: (pod, until)
                 for key, (pod, until) in self._unborn.items()
-                if key not in seen and until > now
+                if until > now
+                and not _shows(view.workers, pod, key[1])
+                and not _shows(view.gated, pod, key[1])
             }
-        if not self._pods:
-            return
-        gated = {(p.namespace, p.name) for pods in view.gated.values() for p in pods}
-        self._pods = {key: pod for key, pod in self._pods.items() if key in gated}
+        if self._pods:
+            self._pods = {
+                key: pod for key, pod in self._pods.items() if _shows(view.gated, pod, key[1])
+            }
 
     def covers(self, gang: Iterable[PodRecord]) -> bool:
         return any((p.namespace, p.name) in self._pods for p in gang)
