@@ -80,10 +80,13 @@ fmt: venv ## format the code
 # The spec fuzz draws 2,000 examples in `make test` (its default); `make unit`, the quick
 # loop, draws UNIT_FUZZ_EXAMPLES of the same derandomized sequence.
 UNIT_FUZZ_EXAMPLES ?= 300
+# `make unit` runs in UNIT_WORKERS pytest-xdist processes (0: one process, no xdist). The
+# unit tests are independent of each other; integration is not parallel (docs/development.md).
+UNIT_WORKERS ?= 2
 
 .PHONY: unit
-unit: venv ## in-process unit tests, no cluster (tests/unit; docs/development.md)
-	TRAINWAVE_FUZZ_EXAMPLES=$(UNIT_FUZZ_EXAMPLES) $(PYTEST) tests/unit
+unit: venv ## in-process unit tests, no cluster, in 2 processes (tests/unit; docs/development.md)
+	TRAINWAVE_FUZZ_EXAMPLES=$(UNIT_FUZZ_EXAMPLES) $(PYTEST) -n $(UNIT_WORKERS) tests/unit
 
 .PHONY: host
 host: venv ## tests that run programs here, no cluster: helm and tsc on the chart, torch process groups, the launcher, the arbiter (tests/host)
