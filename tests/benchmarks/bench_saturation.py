@@ -76,6 +76,7 @@ PEER = os.environ.get("BENCH_PEER", "")
 if PEER not in ("", "kueue"):
     raise SystemExit(f"BENCH_PEER={PEER!r}: expected 'kueue' or nothing")
 KUEUE_TAS = os.environ.get("BENCH_KUEUE_TAS", "1") == "1"
+PEER_ENV = (f"BENCH_PEER={PEER} " + ("" if KUEUE_TAS else "BENCH_KUEUE_TAS=0 ")) if PEER else ""
 TOPOLOGY = REPO / "tests" / "cluster" / "topologies" / f"{CONFIG.topology}.yaml"
 NAMESPACE = "bench-saturation"
 PEER_NAMESPACE = "bench-saturation-kueue"
@@ -449,7 +450,7 @@ placed ({op["gangs_placed_at_creation"]} at creation), {op["reconciles"]} reconc
 Conditions:
 {conditions}
 
-Reproduce: `make bench-saturation` (or `BENCH_SATURATION={result["config"]["name"]} python tests/benchmarks/bench_saturation.py`).
+Reproduce: `{PEER_ENV}make bench-saturation` (or `{PEER_ENV}BENCH_SATURATION={result["config"]["name"]} python tests/benchmarks/bench_saturation.py`).
 """
 
 
