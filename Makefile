@@ -130,7 +130,7 @@ bench-scale-xlarge: venv tools ## 2,000 jobs x 4 workers on 4,096 nodes against 
 	BENCH_TOPOLOGY=xlarge $(PY) tests/benchmarks/bench_scale.py
 
 .PHONY: bench-saturation
-bench-saturation: venv tools ## a full cluster fed a seeded stream of gangs: hand-off lag, utilisation while gangs wait, waits by size (64 nodes, ~4 min; BENCH_SATURATION=large for 1,024)
+bench-saturation: venv tools ## a full cluster fed a seeded stream of gangs: hand-off lag, utilisation while gangs wait, waits by size (64 nodes, ~4 min; BENCH_SATURATION=large for 1,024; BENCH_PEER=kueue adds Kueue's side, ~7.5 min)
 	$(PY) tests/benchmarks/bench_saturation.py
 
 .PHONY: bench-crd-cost
