@@ -141,6 +141,10 @@ bench-crd-cost: venv tools ## diagnostic: kube-apiserver CPU per TrainingJob sta
 bench-faults: venv tools images ## faults on the real node (kill, SIGSTOP, slowed rank): in-place repair vs gang recreation, same seeded schedule (root; ~15 min)
 	flock /tmp/realnode.lock $(PY) tests/benchmarks/bench_faults.py
 
+.PHONY: bench-replace
+bench-replace: venv tools images ## one worker evicted on the real node: replaced alone vs gang recreation, alternating 3 rounds (root; ~15 min)
+	flock /tmp/realnode.lock $(PY) tests/benchmarks/bench_replace.py
+
 .PHONY: bench-comm
 bench-comm: venv ## gradient communication on two emulated nodes (root: netns + tc; ~10 min)
 	$(PY) tests/benchmarks/bench_comm.py
