@@ -130,6 +130,7 @@ def _log_marks(lines: list[tuple[float, str]], fault: float) -> dict[str, float 
     after = [t for t, _ in lines if t >= fault]
     return {
         "first_line": round(after[0] - fault, 1) if after else None,
+        "agent_up": first("Starting elastic_operator"),
         "worker_group_failed": first("FAILED"),
         "joined_round": first("has joined round"),
         "rendezvous_complete": first("Rendezvous complete"),
