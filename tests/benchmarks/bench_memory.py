@@ -63,8 +63,12 @@ def main() -> int:
         scale.TOPOLOGY,
         STATE_NAME,
         scale.NAMESPACE,
+        # Audited as bench_scale audits: a cluster kept by it (BENCH_STATE) is reused, not
+        # restarted for a different audit policy (4,096 nodes take minutes to come up).
+        audit_users=[scale.OPERATOR_USER],
         keep_cluster=scale.KEEP_CLUSTER,
         start_timeout=600 if TRACING else 60,
+        cluster_timeout=scale.CLUSTER_TIMEOUT,
     ) as bench:
         api = scale.Api(bench.cluster)
         nodes = len(api.names("/api/v1/nodes"))
