@@ -34,8 +34,15 @@ pytestmark = [pytest.mark.integration, pytest.mark.timeout(240)]
 
 
 @pytest.fixture
-def watching(trainwave_installed: Cluster, namespace: str) -> Iterator[str]:
-    """The chart installed with `namespace` as its only watched namespace."""
+def watching(
+    trainwave_installed: Cluster, namespace: str, running_operator: OperatorProcess
+) -> Iterator[str]:
+    """The chart installed with `namespace` as its only watched namespace.
+
+    After `running_operator`: a session operator an earlier test left dead is restarted
+    while the chart still grants it the whole cluster; restarted after the chart was
+    narrowed, its cluster-wide lists would be refused and it would never report healthy
+    (seen when test_watch_gap's operator stopped at load 10-14)."""
     install_chart(trainwave_installed, "--set-json", f'watchNamespaces=["{namespace}"]')
     yield namespace
     install_chart(trainwave_installed)
