@@ -1,7 +1,7 @@
 """Benchmark: one worker evicted (a drain), replaced alone against gang recreation, in one run
 on the real node (issue 26 item 2, the acceptance's "worker node drained").
 
-The job of tests/e2e/test_worker_replacement.py: 2 workers x 2 processes of
+The job of tests/e2e/test_worker_replacement_real_node.py: 2 workers x 2 processes of
 examples/train/regression_ddp.py (DDP over gloo on CPUs), the runtime's in-place restarts on
 (3), a checkpoint every EVERY steps on a hostPath. After the second checkpoint worker 1's pod
 is evicted through the Eviction API, as `kubectl drain` does. The same job runs once per mode,

@@ -7,7 +7,7 @@ while worker 0 keeps its pod: worker 0's elastic agent sees its peer fail, resta
 processes into a new rendezvous round and waits there; the new pod's launcher joins, every
 process resumes from the newest checkpoint and the job Succeeds. The cluster has one real
 node, so where the new pod goes (the gang's rack) is shown on kwok nodes only
-(tests/integration/test_worker_replacement.py).
+(tests/integration/test_worker_replacement_api.py).
 """
 
 from __future__ import annotations
