@@ -126,7 +126,7 @@ bench: venv tools ## benchmarks, each on its own local cluster (see README, Perf
 	$(PY) tests/benchmarks/bench_scale.py
 
 .PHONY: bench-scale-xlarge
-bench-scale-xlarge: venv tools ## 2,000 jobs x 4 workers on 4,096 nodes against as many bare pods, same run: apply to all Running, per-job p99, operator RSS and CPU per job (~30 min)
+bench-scale-xlarge: venv tools ## 2,000 jobs x 4 workers on 4,096 nodes against as many bare pods, same run: apply to all Running, per-job p99, operator RSS and CPU per job (15-30 min)
 	BENCH_TOPOLOGY=xlarge $(PY) tests/benchmarks/bench_scale.py
 
 .PHONY: bench-saturation
