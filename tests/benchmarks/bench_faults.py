@@ -59,6 +59,7 @@ from benchmarks.fault_injection import (  # noqa: E402
     training_processes,
 )
 from benchmarks.fault_report import render_markdown  # noqa: E402
+from benchmarks.operator_cluster import fresh_namespace  # noqa: E402
 from benchmarks.provenance import git_commit, write_results  # noqa: E402
 from cluster.controlplane import DEFAULT_TOPOLOGY, Cluster, ensure_cluster  # noqa: E402
 from cluster.deploy import install_chart  # noqa: E402
@@ -172,10 +173,7 @@ def run_mode(cluster: Cluster, mode: str, faults: list[tuple[str, int]]) -> dict
         directory.mkdir(parents=True, exist_ok=True)
         for old in directory.iterdir():
             old.unlink()
-    cluster.kubectl(
-        "delete", "namespace", namespace, "--ignore-not-found", "--wait=true", timeout=180
-    )
-    cluster.kubectl("create", "namespace", namespace)
+    fresh_namespace(cluster, namespace)
     in_place = 3 if mode == "in-place" else 0
     created = time.time()
     apply(cluster, namespace, worker_job(name, in_place, steps_dir, checkpoints))

@@ -44,6 +44,7 @@ REPO = Path(__file__).resolve().parents[2]
 sys.path[:0] = [str(REPO / "tests"), str(REPO / "operator")]
 
 from benchmarks.fault_timeline import PodWatch, render_markdown, timeline  # noqa: E402
+from benchmarks.operator_cluster import fresh_namespace  # noqa: E402
 from benchmarks.provenance import git_commit, write_results  # noqa: E402
 from cluster.controlplane import DEFAULT_TOPOLOGY, Cluster, ensure_cluster  # noqa: E402
 from e2e.conftest import install_release  # noqa: E402
@@ -83,10 +84,7 @@ def run_mode(cluster: Cluster, core: client.CoreV1Api, mode: str, round_: int) -
     checkpoints.mkdir(parents=True, exist_ok=True)
     for old in checkpoints.iterdir():
         old.unlink()
-    cluster.kubectl(
-        "delete", "namespace", namespace, "--ignore-not-found", "--wait=true", timeout=180
-    )
-    cluster.kubectl("create", "namespace", namespace)
+    fresh_namespace(cluster, namespace)
     load_before = os.getloadavg()
     apply(cluster, namespace, job_for(mode, name, checkpoints))
     wait_until(lambda: [s for s in checkpoint_steps(checkpoints) if s >= 2 * EVERY], 400,

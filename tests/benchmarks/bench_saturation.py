@@ -59,6 +59,7 @@ from benchmarks.saturation_stream import (  # noqa: E402
     NODE_GPUS,
     SatJob,
     make_stream,
+    send_at_arrivals,
     training_job,
 )
 from benchmarks.saturation_watch import HoldWatch, PodWatch  # noqa: E402
@@ -156,13 +157,9 @@ def main() -> int:
 def submit(client: ApiClient, stream: list[SatJob], t0: float) -> dict[str, float]:
     """Create each job at its arrival time; its arrival is when the create was sent."""
     path = f"/apis/{contract.API_VERSION}/namespaces/{NAMESPACE}/trainingjobs"
-    arrivals = {}
-    for job in stream:
-        delay = t0 + job.arrival - time.time()
-        if delay > 0:
-            time.sleep(delay)
-        arrivals[job.name] = time.time() - t0
-        client.request("POST", path, training_job(job, NAMESPACE))
+    arrivals = send_at_arrivals(
+        lambda job: client.request("POST", path, training_job(job, NAMESPACE)), stream, t0
+    )
     print(f"submitted {len(stream)} jobs in {time.time() - t0:.0f}s", flush=True)
     return arrivals
 

@@ -39,6 +39,7 @@ from benchmarks.saturation_stream import (
     MEMORY_GIB_PER_GPU,
     NODE_GPUS,
     SatJob,
+    send_at_arrivals,
 )
 from benchmarks.saturation_watch import PodWatch, WorkloadWatch
 from cluster.api import ApiClient
@@ -251,13 +252,9 @@ def submit_jobs(
 ) -> dict[str, float]:
     """Create each Job at its arrival time (as submit() does the TrainingJobs)."""
     path = f"/apis/batch/v1/namespaces/{namespace}/jobs"
-    arrivals = {}
-    for job in stream:
-        delay = t0 + job.arrival - time.time()
-        if delay > 0:
-            time.sleep(delay)
-        arrivals[job.name] = time.time() - t0
-        client.request("POST", path, batch_job(job, namespace, tas=tas))
+    arrivals = send_at_arrivals(
+        lambda job: client.request("POST", path, batch_job(job, namespace, tas=tas)), stream, t0
+    )
     print(f"peer: submitted {len(stream)} Jobs in {time.time() - t0:.0f}s", flush=True)
     return arrivals
 

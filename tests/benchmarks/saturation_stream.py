@@ -16,6 +16,8 @@ sim.trainwave.io annotations).
 from __future__ import annotations
 
 import random
+import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -111,3 +113,19 @@ def training_job(job: SatJob, namespace: str) -> dict[str, Any]:
             "template": {"metadata": {"annotations": annotations}},
         },
     }
+
+
+def send_at_arrivals(
+    send: Callable[[SatJob], object], stream: list[SatJob], t0: float
+) -> dict[str, float]:
+    """Send each job at its arrival time (seconds after t0), both sides alike; a job's
+    arrival is when its create was sent, so a slow create delays the ones behind it as
+    it would a user's script."""
+    arrivals = {}
+    for job in stream:
+        delay = t0 + job.arrival - time.time()
+        if delay > 0:
+            time.sleep(delay)
+        arrivals[job.name] = time.time() - t0
+        send(job)
+    return arrivals
