@@ -32,12 +32,14 @@ REPO = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(REPO / "tests"))
 
 from benchmarks import bench_scale as scale  # noqa: E402
+from benchmarks import scale_measures as measures  # noqa: E402
+from benchmarks import scale_settings as settings  # noqa: E402
 from benchmarks.operator_cluster import operator_cluster  # noqa: E402
 from benchmarks.provenance import git_commit, write_results  # noqa: E402
 from cluster.controlplane import cache_dir  # noqa: E402
 
-JOBS = scale.JOBS
-TOPOLOGY_NAME = scale.TOPOLOGY_NAME
+JOBS = settings.JOBS
+TOPOLOGY_NAME = settings.TOPOLOGY_NAME
 STATE_NAME = os.environ.get("BENCH_STATE", "bench-memory-cluster")
 TAG = os.environ.get("BENCH_TAG", "")
 TRACING = os.environ.get("TRAINWAVE_TRACEMALLOC", "0") not in ("", "0")
@@ -52,7 +54,7 @@ RESULTS = (
 
 def main() -> int:
     started = time.monotonic()
-    load = scale.LoadSampler()
+    load = measures.LoadSampler()
     load.start()
     heap_file = cache_dir() / STATE_NAME / "heap-report.txt"
     heap_file.parent.mkdir(parents=True, exist_ok=True)
@@ -60,15 +62,15 @@ def main() -> int:
     if TRACING:
         os.environ["TRAINWAVE_TRACEMALLOC_OUT"] = str(heap_file)
     with operator_cluster(
-        scale.TOPOLOGY,
+        settings.TOPOLOGY,
         STATE_NAME,
-        scale.NAMESPACE,
+        settings.NAMESPACE,
         # Audited as bench_scale audits: a cluster kept by it (BENCH_STATE) is reused, not
         # restarted for a different audit policy (4,096 nodes take minutes to come up).
-        audit_users=[scale.OPERATOR_USER],
-        keep_cluster=scale.KEEP_CLUSTER,
+        audit_users=[measures.OPERATOR_USER],
+        keep_cluster=settings.KEEP_CLUSTER,
         start_timeout=600 if TRACING else 60,
-        cluster_timeout=scale.CLUSTER_TIMEOUT,
+        cluster_timeout=settings.CLUSTER_TIMEOUT,
     ) as bench:
         api = scale.Api(bench.cluster)
         nodes = len(api.names("/api/v1/nodes"))
@@ -80,10 +82,10 @@ def main() -> int:
         load.enter("trainwave")
         applied = time.time()
         apply_seconds = scale.apply(bench.cluster, scale.job_manifests())
-        all_running, running = scale.wait_running(api, JOBS * scale.WORKERS, applied)
+        all_running, running = scale.wait_running(api, JOBS * settings.WORKERS, applied)
         reported = wait_all_running_reported(api, time.time() + 120)
         loaded = status_mib(pid)
-        cpu = scale.process_cpu_seconds(pid)
+        cpu = measures.process_cpu_seconds(pid)
         heap = ""
         if TRACING:
             os.kill(pid, signal.SIGUSR2)
@@ -92,7 +94,7 @@ def main() -> int:
         scale.clear(bench.cluster, api, load)
     result = {
         "jobs": JOBS,
-        "pods": JOBS * scale.WORKERS,
+        "pods": JOBS * settings.WORKERS,
         "nodes": nodes,
         "tracemalloc": TRACING,
         "apply_seconds": round(apply_seconds, 1),
@@ -106,8 +108,8 @@ def main() -> int:
         "conditions": {
             "date": time.strftime("%Y-%m-%d %H:%M %Z"),
             "commit": git_commit(),
-            "topology": f"{scale.TOPOLOGY.relative_to(REPO)}: {nodes} nodes",
-            "job_shape": f"{JOBS} TrainingJobs x {scale.WORKERS} workers x {scale.GPUS} GPU",
+            "topology": f"{settings.TOPOLOGY.relative_to(REPO)}: {nodes} nodes",
+            "job_shape": f"{JOBS} TrainingJobs x {settings.WORKERS} workers x {settings.GPUS} GPU",
             "machine": f"{os.cpu_count()} cores, Python {platform.python_version()}, shared",
             "load_average_1m": {"trainwave": load.during("trainwave")},
             "run_seconds": round(time.monotonic() - started, 1),
@@ -131,14 +133,14 @@ def status_mib(pid: int) -> dict[str, float]:
 def wait_all_running_reported(api: scale.Api, deadline: float) -> int:
     """Until every job's status has allRunningTime (the operator's last write of the
     burst) or the deadline; how many have it."""
-    path = f"/apis/trainwave.io/v1alpha1/namespaces/{scale.NAMESPACE}/trainingjobs"
+    path = f"/apis/trainwave.io/v1alpha1/namespaces/{settings.NAMESPACE}/trainingjobs"
     done = 0
     while time.time() < deadline:
         jobs = api.full(path)
         done = sum(1 for j in jobs if (j.get("status") or {}).get("allRunningTime"))
         if done >= JOBS:
             break
-        time.sleep(scale.POLL_SECONDS)
+        time.sleep(settings.POLL_SECONDS)
     return done
 
 

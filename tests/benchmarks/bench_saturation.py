@@ -36,7 +36,6 @@ from typing import Any
 REPO = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(REPO / "tests"))
 
-from benchmarks.bench_scale import LoadSampler, parse_metrics  # noqa: E402
 from benchmarks.operator_cluster import operator_cluster  # noqa: E402
 from benchmarks.provenance import git_commit, write_results  # noqa: E402
 from benchmarks.saturation_analysis import (  # noqa: E402
@@ -63,6 +62,7 @@ from benchmarks.saturation_stream import (  # noqa: E402
     training_job,
 )
 from benchmarks.saturation_watch import HoldWatch, PodWatch  # noqa: E402
+from benchmarks.scale_measures import LoadSampler, parse_metrics  # noqa: E402
 from cluster.api import ApiClient  # noqa: E402
 from cluster.components import Layout  # noqa: E402
 from cluster.kueue import KUEUE_VERSION  # noqa: E402

@@ -42,8 +42,8 @@ sys.path.insert(0, str(REPO / "tests"))
 
 import yaml  # noqa: E402
 
-from benchmarks.bench_scale import process_cpu_seconds  # noqa: E402
 from benchmarks.provenance import git_commit, write_results  # noqa: E402
+from benchmarks.scale_measures import process_cpu_seconds  # noqa: E402
 from cluster.api import ApiClient, ApiError  # noqa: E402
 from cluster.components import Layout  # noqa: E402
 from cluster.controlplane import ensure_cluster, stop_cluster  # noqa: E402
