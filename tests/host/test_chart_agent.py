@@ -8,7 +8,7 @@ from __future__ import annotations
 from typing import Any
 
 import pytest
-from test_chart import NAMESPACE, RELEASE, find, granted, one, render, render_error
+from chart_render import NAMESPACE, RELEASE, find, granted, one, render, render_error
 
 pytestmark = pytest.mark.timeout(20)
 

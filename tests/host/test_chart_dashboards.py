@@ -16,8 +16,8 @@ import json
 from typing import Any
 
 import pytest
+from chart_render import CHART, ROOT, find, render
 from prometheus_client import REGISTRY, CollectorRegistry, generate_latest
-from test_chart import CHART, ROOT, find, render
 
 from trainwave.controller import metrics
 from trainwave.placement.occupancy import DomainGpus
