@@ -1,6 +1,6 @@
 """Chart tests for the node agent: DaemonSet, its ServiceAccount and its least-privilege RBAC.
 
-Rendering helpers come from test_chart.py; `agent=True` selects the agent's objects.
+Rendering helpers come from chart_render.py; `agent=True` selects the agent's objects.
 """
 
 from __future__ import annotations
