@@ -59,9 +59,9 @@ from benchmarks.fault_injection import (  # noqa: E402
     training_processes,
 )
 from benchmarks.fault_report import render_markdown  # noqa: E402
-from benchmarks.operator_cluster import fresh_namespace  # noqa: E402
+from benchmarks.operator_cluster import fresh_namespace, real_node_cluster  # noqa: E402
 from benchmarks.provenance import git_commit, write_results  # noqa: E402
-from cluster.controlplane import DEFAULT_TOPOLOGY, Cluster, ensure_cluster  # noqa: E402
+from cluster.controlplane import Cluster  # noqa: E402
 from cluster.deploy import install_chart  # noqa: E402
 from e2e.conftest import ON_REAL_NODE, WORKER_IMAGE, Release, install_release  # noqa: E402
 from integration.trainwave_fixtures import apply, job_manifest  # noqa: E402
@@ -278,16 +278,11 @@ def main() -> int:
     if os.geteuid() != 0:
         print("bench_faults needs root (the real node)", file=sys.stderr)
         return 2
-    cluster = ensure_cluster(DEFAULT_TOPOLOGY, real_nodes=1, timeout=600)
-    try:
+    with real_node_cluster() as cluster:
         poll_status_every(cluster, install_release(cluster), STATUS_INTERVAL)
         faults = schedule(SEED)
         load_before = os.getloadavg()
         runs = [run_mode(cluster, mode, faults) for mode in MODES]
-    finally:
-        # The real node must not outlive the run (one per machine), as in the e2e tier.
-        if cluster.started and os.environ.get("TRAINWAVE_KEEP_CLUSTER") != "1":
-            cluster.stop()
     result = {
         "benchmark": "faults",
         "commit": git_commit(),

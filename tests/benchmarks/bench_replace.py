@@ -44,9 +44,9 @@ REPO = Path(__file__).resolve().parents[2]
 sys.path[:0] = [str(REPO / "tests"), str(REPO / "operator")]
 
 from benchmarks.fault_timeline import PodWatch, render_markdown, timeline  # noqa: E402
-from benchmarks.operator_cluster import fresh_namespace  # noqa: E402
+from benchmarks.operator_cluster import fresh_namespace, real_node_cluster  # noqa: E402
 from benchmarks.provenance import git_commit, write_results  # noqa: E402
-from cluster.controlplane import DEFAULT_TOPOLOGY, Cluster, ensure_cluster  # noqa: E402
+from cluster.controlplane import Cluster  # noqa: E402
 from e2e.conftest import install_release  # noqa: E402
 from e2e.test_training import checkpoint_steps, training_job  # noqa: E402
 from integration.trainwave_fixtures import apply, wait_for_phase, wait_until  # noqa: E402
@@ -133,16 +133,11 @@ def main() -> int:
     if os.geteuid() != 0:
         print("bench_replace needs root (the real node)", file=sys.stderr)
         return 2
-    cluster = ensure_cluster(DEFAULT_TOPOLOGY, real_nodes=1, timeout=600)
-    try:
+    with real_node_cluster() as cluster:
         install_release(cluster)
         api = config.new_client_from_config(config_file=str(cluster.kubeconfig))
         core = client.CoreV1Api(api)
         runs = [run_mode(cluster, core, m, r) for r in range(ROUNDS) for m in MODES]
-    finally:
-        # The real node must not outlive the run (one per machine), as in the e2e tier.
-        if cluster.started and os.environ.get("TRAINWAVE_KEEP_CLUSTER") != "1":
-            cluster.stop()
     result = {
         "benchmark": "replace",
         "commit": git_commit(),

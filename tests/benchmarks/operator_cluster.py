@@ -8,13 +8,20 @@ as the chart's ServiceAccount, exactly as in the integration tests.
 
 from __future__ import annotations
 
+import os
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
 from datetime import datetime
 from pathlib import Path
 
-from cluster.controlplane import START_TIMEOUT, Cluster, cache_dir, ensure_cluster
+from cluster.controlplane import (
+    DEFAULT_TOPOLOGY,
+    START_TIMEOUT,
+    Cluster,
+    cache_dir,
+    ensure_cluster,
+)
 from cluster.deploy import OperatorProcess, install_chart, service_account_kubeconfig
 
 
@@ -65,6 +72,18 @@ def operator_cluster(
         cluster.kubectl("delete", "namespace", namespace, "--wait=false", check=False)
     finally:
         if not keep_cluster:
+            cluster.stop()
+
+
+@contextmanager
+def real_node_cluster() -> Iterator[Cluster]:
+    """The local cluster with one real node (root only), stopped afterwards unless
+    TRAINWAVE_KEEP_CLUSTER=1: one real node per machine, as in the e2e tier."""
+    cluster = ensure_cluster(DEFAULT_TOPOLOGY, real_nodes=1, timeout=600)
+    try:
+        yield cluster
+    finally:
+        if cluster.started and os.environ.get("TRAINWAVE_KEEP_CLUSTER") != "1":
             cluster.stop()
 
 
