@@ -13,6 +13,8 @@ export TRAINWAVE_CACHE := $(CACHE)
 export PYTHONPATH := $(CURDIR)/operator$(if $(PYTHONPATH),:$(PYTHONPATH))
 CLUSTER := $(PY) -m cluster
 PYTEST := $(PY) -m pytest
+# import every test module of a session, print only the last lines (the errors, or the count)
+COLLECT = set -o pipefail; $(PYTEST) --collect-only -q -p no:cacheprovider $(1) 2>&1 | tail -n 25
 
 .PHONY: help
 help: ## list the targets
@@ -63,7 +65,7 @@ check-generated: generate ## fail if generated files differ from what is committ
 	  || { echo "generated files drifted: run 'make generate' and commit"; exit 1; }
 
 .PHONY: lint
-lint: venv ## ruff, mypy (strict on the pure packages and the controller), import-linter, yamllint, helm lint
+lint: venv ## ruff, mypy (strict on the pure packages and the controller), import-linter, yamllint, helm lint, every test module collects
 	$(PY) -m ruff check operator tests hack
 	$(PY) -m ruff format --check operator tests hack
 	$(PY) -m mypy
@@ -71,6 +73,10 @@ lint: venv ## ruff, mypy (strict on the pure packages and the controller), impor
 	$(PY) -m yamllint -s .
 	tests/cluster/install-tools.sh kubectl-helm
 	$(BIN)/helm lint --strict charts/trainwave
+	# every test module imports, in the sessions `make test` runs: a moved helper fails here, in seconds
+	$(call COLLECT,tests/unit tests/host tests/integration)
+	$(call COLLECT,tests/e2e)
+	$(call COLLECT,tests/chaos)
 
 .PHONY: fmt
 fmt: venv ## format the code

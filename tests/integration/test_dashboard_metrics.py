@@ -12,7 +12,7 @@ import subprocess
 import pytest
 import yaml
 
-from host.test_chart import CHART, helm
+from host.chart_render import CHART, helm
 from integration.trainwave_fixtures import apply, job_manifest, wait_for_phase, wait_until
 from unit.promql import chart_queries, problems
 
