@@ -114,11 +114,14 @@ chaos: venv tools ## seeded faults (operator kills, API server/kwok restarts, no
 # own: tests/conftest.py refuses a session holding two of them, which would start two
 # operators; unit and host start none and share integration's session (one collection).
 # e2e needs the images: it installs the chart on the real node (docs/e2e.md).
+# Each session ends with its slowest tests (setup, call and teardown apart), so a CI log
+# says where `make test`'s minutes went; DURATIONS= turns it off.
+DURATIONS ?= --durations=25
 .PHONY: test
 test: venv tools images check-generated ## all tests: generated-file drift, unit, host, integration (kwok), e2e (real node, built images), chaos
-	$(PYTEST) tests/unit tests/host tests/integration
-	flock /tmp/realnode.lock $(PYTEST) tests/e2e  # one real node per machine: wait for any other
-	$(PYTEST) tests/chaos
+	$(PYTEST) $(DURATIONS) tests/unit tests/host tests/integration
+	flock /tmp/realnode.lock $(PYTEST) $(DURATIONS) tests/e2e  # one real node per machine: wait for any other
+	$(PYTEST) $(DURATIONS) tests/chaos
 
 .PHONY: demo
 demo: venv tools ## the main job: cluster, chart, operator, every example to its terminal state
