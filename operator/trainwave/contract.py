@@ -229,8 +229,12 @@ RUNTIME_FEATURES: Final = (
     "cuda_graphs",
     "compile",
     "submodel",
+    "warm_start",
 )
 FEATURE_MODES: Final = ("on", "off", "auto")
+# Extra modules (comma-separated) the warm start imports before the first generation,
+# beside torch: a worker's own heavy imports (transformers, ...) then cost nothing on restart.
+ENV_WARM_PRELOAD: Final = "TRAINWAVE_WARM_PRELOAD"
 COMPRESSION_MODES: Final = ("off", "auto", "fp16", "bf16", "powersgd")
 ENV_CHECKPOINT_DIR: Final = "TRAINWAVE_CHECKPOINT_DIR"
 ENV_CHECKPOINT_EVERY_STEPS: Final = "TRAINWAVE_CHECKPOINT_EVERY_STEPS"

@@ -56,6 +56,14 @@ class Features(ApiModel):
         "measured peak exceeds the budget (auto), always (on), or not at all (off). Without a "
         "budget (whole GPUs) it does nothing.",
     )
+    warm_start: Mode = Field(
+        default="auto",
+        description="warmStart: with in-place restarts, start each new generation of training "
+        "processes by forking a process that already imported torch (torch's forkserver start "
+        "method, the script run in it as torchrun --run-path does), instead of a fresh python "
+        "that imports torch again; auto and on do this for a Python script (`train.py`, "
+        "`python train.py`, `torchrun train.py`), off starts a fresh interpreter each time.",
+    )
 
 
 class Checkpointing(ApiModel):

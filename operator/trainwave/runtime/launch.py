@@ -20,6 +20,7 @@ import dataclasses
 import importlib.util
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -43,9 +44,19 @@ EXIT_DOCTOR = 3
 FORWARDED = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGUSR1, signal.SIGUSR2)
 
 
-def child_command(command: Sequence[str], nproc_per_node: int, in_place: bool = False) -> list[str]:
+WARM_MODULE = "trainwave.runtime.launcher.warm"
+_PYTHON = re.compile(r"python(\d+(\.\d+)?)?")
+
+
+def child_command(
+    command: Sequence[str], nproc_per_node: int, in_place: bool = False, warm: bool = False
+) -> list[str]:
     """CMD itself, or CMD under torch.distributed.run, which reads the PET_* variables:
-    always with in-place restarts (one process per worker too: its agent restarts it)."""
+    always with in-place restarts (one process per worker too: its agent restarts it),
+    and then warm-started (launcher/warm.py) when `warm` and CMD is a Python script."""
+    script = warm_arguments(command) if in_place and warm else None
+    if script is not None:
+        return [sys.executable, "-m", WARM_MODULE, *script]
     if (nproc_per_node <= 1 and not in_place) or Path(command[0]).name in ("torchrun",):
         return list(command)
     run = [sys.executable, "-m", "torch.distributed.run"]
@@ -53,6 +64,38 @@ def child_command(command: Sequence[str], nproc_per_node: int, in_place: bool = 
         return [*run, *command]
     # torchrun starts non-script commands (`python -u train.py`, `bash x.sh`) as is.
     return [*run, "--no-python", *command]
+
+
+def warm_arguments(command: Sequence[str]) -> list[str] | None:
+    """torchrun's arguments for CMD when it runs a Python script: `train.py ARGS`,
+    `python [-u] train.py ARGS` or `torchrun [OPTIONS] train.py ARGS`; None otherwise
+    (another program, or interpreter options a forked process could not honour)."""
+    head = Path(command[0]).name
+    if head == "torchrun":
+        return list(command[1:])  # warm.py parses OPTIONS as torchrun would
+    if command[0].endswith(".py"):
+        return list(command)
+    if _PYTHON.fullmatch(head):
+        rest = list(command[1:])
+        while rest[:1] == ["-u"]:  # unbuffered output: warm.py's children write unbuffered
+            rest = rest[1:]
+        if rest and rest[0].endswith(".py"):
+            return rest
+    return None
+
+
+def warm_state(settings: Settings, command: Sequence[str]) -> str:
+    mode = settings.feature("warm_start")
+    if mode == "off":
+        return "off"
+    if not settings.in_place.enabled:
+        return f"{mode}: not used, in-place restarts are off"
+    if WARM_MODULE in command[:3]:
+        return (
+            f"{mode}: each generation forked from a process that imported torch "
+            f"({WARM_MODULE}; {contract.ENV_WARM_PRELOAD} adds modules)"
+        )
+    return f"{mode}: not used, the command is not a Python script; fresh interpreters"
 
 
 NO_TORCH = (
@@ -196,12 +239,21 @@ def main(argv: Sequence[str] | None = None, environ: Mapping[str, str] | None = 
     launcher.run_doctor(child_env)
     server = _start_status(settings, launcher)
     command = child_command(
-        args, settings.identity.nproc_per_node, in_place=settings.in_place.enabled
+        args,
+        settings.identity.nproc_per_node,
+        in_place=settings.in_place.enabled,
+        warm=settings.feature("warm_start") != "off",
     )
+    if WARM_MODULE in command[:3]:  # forked processes keep the server's stdout: unbuffered, as -u
+        child_env.setdefault("PYTHONUNBUFFERED", "1")
     log_line(
         "settings",
         settings=settings.as_dict(),
-        features={**prepared.states, "doctor": launcher.doctor_state},
+        features={
+            **prepared.states,
+            "doctor": launcher.doctor_state,
+            "warm_start": warm_state(settings, command),
+        },
         worker_env=sorted(worker_env),
         status_port=None if server is None else server.port,
         command=command,

@@ -18,6 +18,9 @@ PROGRESS_PREFIX = "progress-rank"
 # NCCL expands %h (host) and %p (pid) itself; the doctor reads these files.
 NCCL_LOG_PATTERN = "nccl.%h.%p.log"
 NCCL_LOG_GLOB = "nccl.*.log"
+# Warm-started training processes write their rank and generation here, one file per pid
+# (launcher/warm_child.py), since their /proc environ is the forkserver's.
+IDENTITY_DIR = "processes"
 
 
 def write_json_atomic(path: Path, document: Any) -> None:

@@ -22,7 +22,7 @@ from trainwave.runtime.settings import Settings
 TORCH_TF32_OVERRIDE = "TORCH_ALLOW_TF32_CUBLAS_OVERRIDE"
 NVIDIA_TF32_OVERRIDE = "NVIDIA_TF32_OVERRIDE"
 TF32_MIN_CAPABILITY = (8, 0)  # Ampere
-LAUNCHER_FEATURES = ("tf32", "prefetch", "doctor", "telemetry")
+LAUNCHER_FEATURES = ("tf32", "prefetch", "doctor", "telemetry", "warm_start")
 # ProcessGroupNCCL's watchdog: tear the process down on a failed or timed-out
 # collective, and the heartbeat monitor's limit on a stuck watchdog thread.
 NCCL_ASYNC_ERROR_HANDLING = "TORCH_NCCL_ASYNC_ERROR_HANDLING"

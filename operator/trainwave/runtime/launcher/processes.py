@@ -4,6 +4,8 @@ The launcher's child is torch's elastic agent (torch.distributed.run); the agent
 children are the training processes, one per local rank, each started with
 RANK and TORCHELASTIC_RESTART_COUNT in its environment
 (torch/distributed/elastic/agent/server/local_elastic_agent.py, _start_workers).
+Warm-started (warm.py), they are the children of the agent's forkserver instead and
+write both to a file, since a forked process's /proc environ is its server's.
 A container shares one pid namespace, and the launcher runs as the same user
 as its grandchildren, so their /proc/<pid>/stat and environ are readable.
 Parsing is pure; reading takes the /proc root so tests use a directory.
@@ -11,6 +13,7 @@ Parsing is pure; reading takes the /proc root so tests use a directory.
 
 from __future__ import annotations
 
+import json
 import os
 from dataclasses import dataclass
 from pathlib import Path
@@ -90,19 +93,22 @@ def state_of(pid: int, proc: Path = PROC) -> str:
     return EXITED if stat is None else stat.state
 
 
-def workers_of(agent_pid: int, proc: Path = PROC) -> list[Worker]:
-    """The agent's children that torch started as training processes, by pid."""
+def workers_of(agent_pid: int, proc: Path = PROC, identities: Path | None = None) -> list[Worker]:
+    """The training processes torch's agent started, by pid: its children, started with
+    RANK and TORCHELASTIC_RESTART_COUNT in their environment, or, warm-started, the
+    children of its forkserver, which left both in `identities/<pid>.json` (warm_child.py)."""
+    stats = [stat for entry in _pids(proc) if (stat := read_stat(entry, proc)) is not None]
+    children = {stat.pid for stat in stats if stat.ppid == agent_pid}
     found = []
-    for entry in _pids(proc):
-        stat = read_stat(entry, proc)
-        if stat is None or stat.ppid != agent_pid:
+    for stat in stats:
+        if stat.ppid == agent_pid:
+            env = _environ(stat.pid, proc)
+        elif identities is not None and stat.ppid in children:
+            env = _identity(identities / f"{stat.pid}.json")
+        else:
             continue
-        try:
-            env = parse_environ((proc / str(entry) / "environ").read_bytes())
-        except OSError:
-            continue
-        if RESTART_COUNT_ENV not in env:
-            continue  # not a training process (the agent has none other today)
+        if env is None or RESTART_COUNT_ENV not in env:
+            continue  # not a training process (the forkserver, torch's resource tracker)
         found.append(
             Worker(
                 pid=stat.pid,
@@ -112,6 +118,24 @@ def workers_of(agent_pid: int, proc: Path = PROC) -> list[Worker]:
             )
         )
     return sorted(found, key=lambda w: w.pid)
+
+
+def _environ(pid: int, proc: Path) -> dict[str, str] | None:
+    try:
+        return parse_environ((proc / str(pid) / "environ").read_bytes())
+    except OSError:
+        return None
+
+
+def _identity(path: Path) -> dict[str, str] | None:
+    """{"rank": .., "generation": ..} as the environment's names; None until it is written."""
+    try:
+        found = json.loads(path.read_text())
+    except (OSError, ValueError):
+        return None
+    if not isinstance(found, dict) or found.get("generation") is None:
+        return None
+    return {"RANK": str(found.get("rank")), RESTART_COUNT_ENV: str(found["generation"])}
 
 
 def _pids(proc: Path) -> list[int]:

@@ -203,6 +203,8 @@ class Monitor:
         self.lock = threading.Lock()
         self._log, self._interval, self._proc = log, interval, proc
         self._clock, self._kill = clock, kill
+        # warm-started processes name themselves there (warm_child.py)
+        self._identities = report_dir / report_files.IDENTITY_DIR
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
 
@@ -225,7 +227,7 @@ class Monitor:
                 self._log("monitor-error", error=repr(error))
 
     def poll(self, agent_pid: int) -> None:
-        workers = processes.workers_of(agent_pid, self._proc)
+        workers = processes.workers_of(agent_pid, self._proc, self._identities)
         reports = report_files.all_progress(self.report_dir)
         now = self._clock()
         with self.lock:

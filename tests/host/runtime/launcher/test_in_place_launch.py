@@ -1,4 +1,6 @@
-"""The launcher over torch's real elastic agent on this host: in-place restarts and hangs.
+"""The launcher over torch's real elastic agent on this host: in-place restarts and hangs,
+each with the processes warm-started (forked from torch's forkserver, the default) and
+cold (a fresh interpreter per process, `warmStart: off`).
 
 Two training processes (one worker, c10d rendezvous on loopback) step in lockstep
 through files, the way a collective holds ranks together; the second one SIGKILLs
@@ -28,11 +30,13 @@ STEPS = 16
 TRAIN = """
 import os, signal, sys, time
 from pathlib import Path
+torch_already_imported = "torch" in sys.modules  # before this script imports anything heavy
 from trainwave.runtime.settings import load_settings
 from trainwave.runtime.telemetry import Progress
 
 work, fault = Path(sys.argv[1]), sys.argv[2]
 rank, generation = int(os.environ["RANK"]), int(os.environ["TORCHELASTIC_RESTART_COUNT"])
+(work / f"warm-{rank}-{generation}").write_text(str(torch_already_imported))
 progress = Progress.from_settings(load_settings(os.environ), gpus=list, gpu_status="off")
 checkpoint = work / "checkpoint"
 start = int(checkpoint.read_text()) if checkpoint.exists() else 0
@@ -94,16 +98,36 @@ def run_launcher(tmp_path: Path, fault: str, **extra: str) -> tuple[int, list[di
     return done.returncode, lines
 
 
+def warm_starts(tmp_path: Path) -> dict[str, bool]:
+    """Per `rank-generation`: whether the process found torch imported when it started."""
+    return {
+        path.name.removeprefix("warm-"): path.read_text() == "True"
+        for path in sorted((tmp_path / "work").glob("warm-*"))
+    }
+
+
+WARM = {"warm": "auto", "cold": "off"}
+
+
 def launcher_events(lines: list[dict[str, Any]], event: str) -> list[dict[str, Any]]:
     return [line for line in lines if line.get("event") == event]
 
 
-def test_a_killed_process_restarts_the_gang_in_place_and_resumes(tmp_path: Path) -> None:
-    code, lines = run_launcher(tmp_path, "kill")
+@pytest.mark.parametrize("mode", WARM.values(), ids=WARM.keys())
+def test_a_killed_process_restarts_the_gang_in_place_and_resumes(tmp_path: Path, mode: str) -> None:
+    code, lines = run_launcher(tmp_path, "kill", TRAINWAVE_FEATURE_WARM_START=mode)
     assert code == 0
     (settings,) = launcher_events(lines, "settings")
-    assert settings["command"][1:3] == ["-m", "torch.distributed.run"]
     assert settings["features"]["in_place"].startswith("on: torch's elastic agent")
+    if mode == "off":
+        assert settings["command"][1:3] == ["-m", "torch.distributed.run"]
+        assert settings["features"]["warm_start"] == "off"
+    else:  # both generations forked from the server that had imported torch
+        assert settings["command"][1:3] == ["-m", "trainwave.runtime.launcher.warm"]
+        assert settings["features"]["warm_start"].startswith("auto: each generation forked")
+    expected = mode != "off"
+    assert warm_starts(tmp_path) == {"0-0": expected, "1-0": expected, "0-1": expected,
+                                     "1-1": expected}  # fmt: skip
     (restart,) = launcher_events(lines, "restart")
     assert (restart["count"], restart["cause"], restart["step_before"]) == (1, "failure", 6)
     (resumed,) = launcher_events(lines, "resumed")
@@ -113,13 +137,16 @@ def test_a_killed_process_restarts_the_gang_in_place_and_resumes(tmp_path: Path)
                                                  "exit_code": 0}]  # fmt: skip
 
 
+@pytest.mark.parametrize("mode", WARM.values(), ids=WARM.keys())
 def test_a_stopped_process_is_killed_by_the_watchdog_and_the_gang_resumes(
-    tmp_path: Path,
+    tmp_path: Path, mode: str
 ) -> None:
     # 8 s, not less: on 2 loaded cores a healthy step of the new generation (two processes
     # in lockstep through files) took over 3 s, and a 3 s watchdog then killed it a second
     # time (seen in three runs at load 12-19).
-    code, lines = run_launcher(tmp_path, "stop", TRAINWAVE_HANG_TIMEOUT_SECONDS="8")
+    code, lines = run_launcher(
+        tmp_path, "stop", TRAINWAVE_HANG_TIMEOUT_SECONDS="8", TRAINWAVE_FEATURE_WARM_START=mode
+    )
     assert code == 0
     (hang,) = launcher_events(lines, "hang")
     assert hang["last_steps"] == {"0": 5, "1": 6} or hang["last_steps"] == {"0": 6, "1": 6}

@@ -122,7 +122,9 @@ def test_prepare_keeps_user_values_and_reports_every_feature() -> None:
     assert prepared.env[contract.ENV_LOADER_PREFETCH_FACTOR] == "4"
     assert "NCCL_DEBUG_FILE" not in prepared.env  # the user chose NCCL's logging
     assert prepared.env["NCCL_IB_HCA"] == "=mlx5_0"
-    assert set(contract.RUNTIME_FEATURES) - {"doctor"} <= set(prepared.states)
+    # main() adds the two that depend on more than the environment: the doctor's verdict
+    # and whether the command can be warm-started
+    assert set(contract.RUNTIME_FEATURES) - {"doctor", "warm_start"} <= set(prepared.states)
 
 
 CHILD = """

@@ -77,6 +77,30 @@ def test_the_agents_training_processes_are_its_children_with_a_restart_count(
     assert processes.state_of(99, tmp_path) == "exited"
 
 
+def test_warm_started_processes_are_the_forkservers_children_named_by_their_files(
+    tmp_path: Path,
+) -> None:
+    proc, identities = tmp_path / "proc", tmp_path / "reports" / "processes"
+    server_env = {"PATH": "/usr/bin"}  # a forked process's /proc environ is its server's
+    fake_process(proc, 10, 1, "S", {})  # the agent
+    fake_process(proc, 20, 10, "S", server_env)  # its forkserver
+    fake_process(proc, 21, 20, "S", server_env)
+    fake_process(proc, 22, 20, "T", server_env)
+    fake_process(proc, 23, 20, "S", server_env)  # forked, its file not written yet
+    fake_process(proc, 24, 21, "S", server_env)  # rank 0's loader worker: not a rank
+    fake_process(proc, 30, 99, "S", server_env)  # another agent's process with a stale file
+    write_json_atomic(identities / "21.json", {"rank": "0", "generation": "2"})
+    write_json_atomic(identities / "22.json", {"rank": "1", "generation": "2"})
+    write_json_atomic(identities / "24.json", {"rank": "0", "generation": "2"})
+    write_json_atomic(identities / "30.json", {"rank": "5", "generation": "0"})
+    (identities / "23.json").write_text("{")  # half a file: skipped, not a crash
+    assert workers_of(10, proc, identities) == [
+        Worker(pid=21, rank=0, generation=2, state="running"),
+        Worker(pid=22, rank=1, generation=2, state="stopped"),
+    ]
+    assert workers_of(10, proc) == []  # without the files nothing names them
+
+
 # --- causes and the watchdog ------------------------------------------------------------
 
 

@@ -1,0 +1,104 @@
+"""`python -m trainwave.runtime.launcher.warm [torchrun options] script.py [args]`.
+
+torchrun, with every generation of training processes forked from a process that has
+already imported torch. Under plain torchrun each in-place restart starts fresh
+interpreters that import torch (and torch._dynamo, which building an optimizer pulls
+in) again: most of a restart's time on a busy node (docs/benchmarks.md, "Where an
+in-place restart's time goes").
+
+Only upstream parts: torchrun's own argument parser and elastic agent
+(torch/distributed/run.py), its `--run-path` entry point (the script runs in the
+worker process through runpy, as `run_script_path` there does) and the forkserver
+start method, whose server imports the preload modules once
+(multiprocessing/forkserver.py, set_forkserver_preload). The server starts before the
+rendezvous, so even the first generation's imports overlap the wait for the gang.
+
+A command this cannot run the same way (`--no-python`, `-m module`, a start method the
+user chose, a script that is not a file) runs under plain torchrun, and says why.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+import time
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+
+from trainwave import contract
+
+# torch first; torch.distributed.run is what the workers' _wrap unpickles; torch._dynamo
+# is what torch's optimizers import on first use (torch 2.x wraps them in it).
+BASE_PRELOAD = ("torch", "torch.distributed.run", "torch._dynamo")
+START_METHOD_FLAGS = ("--start-method", "--start_method")
+
+
+def preload_modules(environ: Mapping[str, str]) -> list[str]:
+    """The modules the server imports: torch's, then the job's own (TRAINWAVE_WARM_PRELOAD)."""
+    extra = [name.strip() for name in environ.get(contract.ENV_WARM_PRELOAD, "").split(",")]
+    modules = [*BASE_PRELOAD, *(name for name in extra if name)]
+    bad = [name for name in modules if not all(part.isidentifier() for part in name.split("."))]
+    if bad:
+        raise ValueError(
+            f"{contract.ENV_WARM_PRELOAD}={environ.get(contract.ENV_WARM_PRELOAD)!r}: "
+            f"{bad[0]!r} is not a module name; expected comma-separated dotted names"
+        )
+    return list(dict.fromkeys(modules))
+
+
+def cold_reason(args: object, argv: Sequence[str], environ: Mapping[str, str]) -> str | None:
+    """Why this command must run under plain torchrun; None when it can run warm."""
+    if getattr(args, "no_python", False):
+        return "--no-python: the command is not a Python script"
+    if getattr(args, "module", False):
+        return "-m: a module, not a script file"
+    chosen = any(a.split("=")[0] in START_METHOD_FLAGS for a in argv) or "PET_START_METHOD" in (
+        environ
+    )
+    if chosen and getattr(args, "start_method", None) != "forkserver":
+        return f"the command chose the start method {getattr(args, 'start_method', None)!r}"
+    script = Path(str(getattr(args, "training_script", "")))
+    if not script.is_file():
+        return f"{script} is not a file here"
+    return None
+
+
+def log_line(event: str, **fields: object) -> None:
+    record = {"ts": round(time.time(), 3), "logger": "trainwave.warm", "event": event, **fields}
+    print(json.dumps(record, default=str), file=sys.stderr, flush=True)
+
+
+def main(argv: Sequence[str] | None = None) -> None:
+    import multiprocessing
+    from multiprocessing import forkserver
+
+    from torch.distributed import run as torchrun
+    from torch.distributed.elastic.multiprocessing.errors import record
+    from torch.distributed.launcher.api import elastic_launch
+
+    from trainwave.runtime.launcher import warm_child
+
+    argv = list(sys.argv[1:] if argv is None else argv)
+    args = torchrun.parse_args(argv)  # type: ignore[no-untyped-call]
+    why = cold_reason(args, argv, os.environ)
+    if why is not None:
+        log_line("cold-start", reason=why)
+        torchrun.main(argv)
+        return
+    modules = preload_modules(os.environ)
+    args.run_path, args.start_method = True, "forkserver"
+    args.training_script = os.path.abspath(args.training_script)  # as `python x.py` makes it
+    if args.master_port is None:  # as torchrun's run() does; only the static backend reads it
+        args.master_port = 29500
+    multiprocessing.set_forkserver_preload(modules)
+    forkserver.ensure_running()  # imports in the server now, while the agent rendezvouses
+    log_line("warm-start", preload=modules, script=args.training_script)
+    config, _, script_args = torchrun.config_from_args(args)
+    # warm_child.run in place of torchrun's run_script_path: the same runpy call, after it
+    # leaves the rank and generation where the launcher's monitor looks (see warm_child).
+    record(elastic_launch(config=config, entrypoint=warm_child.run))(*script_args)
+
+
+if __name__ == "__main__":
+    main()
