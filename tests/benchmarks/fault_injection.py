@@ -3,13 +3,16 @@
 The real node's containers run in this machine's pid namespace, so a training process
 is found through /proc like any other: its command line runs fault_worker.py (and is
 neither the elastic agent, `torch.distributed.run`, nor trainwave's launcher) and its
-environment names the job and the global rank torchrun gave it. The `slow` fault needs
+environment names the job and the global rank torchrun gave it. A warm-started process
+(the runtime's default with in-place restarts) keeps its forkserver's command line and
+environment, and names its rank in a file instead (training_processes below). The `slow` fault needs
 cgroup v1's cpu controller (this machine's; a v2 host would write cpu.max instead).
 """
 
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 import signal
 import threading
@@ -20,20 +23,21 @@ from typing import Any
 from kubernetes import client, config
 
 from trainwave import contract
+from trainwave.runtime.reports import IDENTITY_DIR
 
 SCRIPT = "fault_worker.py"
+FORKSERVER = "multiprocessing.forkserver"  # the command line every warm-started process keeps
 NOT_TRAINING = ("torch.distributed.run", "trainwave.runtime.launch")
 
 
 def training_processes(
     namespace: str, job: str, rank: int, proc: Path = Path("/proc")
 ) -> list[int]:
-    """Pids of the live training processes of `job` with global rank `rank`."""
-    wanted = {
-        f"{contract.ENV_JOB_NAMESPACE}={namespace}",
-        f"{contract.ENV_JOB_NAME}={job}",
-        f"RANK={rank}",
-    }
+    """Pids of the live training processes of `job` with global rank `rank`: started by
+    torchrun (their command line and environment say so), or warm-started, forked from
+    the agent's forkserver (its command line, its environment, and the rank in the file
+    the process wrote under its report directory: runtime/launcher/warm_child.py)."""
+    wanted = {f"{contract.ENV_JOB_NAMESPACE}={namespace}", f"{contract.ENV_JOB_NAME}={job}"}
     found = []
     for entry in proc.iterdir():
         if not entry.name.isdigit():
@@ -41,15 +45,42 @@ def training_processes(
         try:
             argv = (entry / "cmdline").read_bytes().split(b"\0")
             command = b" ".join(argv).decode(errors="replace")
-            if SCRIPT not in command or any(marker in command for marker in NOT_TRAINING):
-                continue
             environment = set((entry / "environ").read_bytes().decode(errors="replace").split("\0"))
             state = (entry / "stat").read_text().rsplit(")", 1)[1].split()[0]
         except OSError:  # gone while we looked
             continue
-        if wanted <= environment and state not in ("Z", "X"):
+        if not wanted <= environment or state in ("Z", "X"):
+            continue
+        if FORKSERVER in command:
+            training = warm_rank(entry, environment) == rank
+        else:
+            training = (
+                SCRIPT in command
+                and not any(marker in command for marker in NOT_TRAINING)
+                and f"RANK={rank}" in environment
+            )
+        if training:
             found.append(int(entry.name))
     return found
+
+
+def warm_rank(entry: Path, environment: set[str]) -> int | None:
+    """The rank a forked process wrote, read through its own root (a container's files)
+    under the pid its own namespace gives it; None for the server itself."""
+    prefix = f"{contract.ENV_REPORT_DIR}="
+    report_dir = next((e[len(prefix) :] for e in environment if e.startswith(prefix)), None)
+    if report_dir is None:
+        return None
+    try:
+        status = (entry / "status").read_text()
+        own_pid = next(
+            line.split()[-1] for line in status.splitlines() if line.startswith("NSpid:")
+        )
+        path = entry / "root" / report_dir.lstrip("/") / IDENTITY_DIR / f"{own_pid}.json"
+        rank = json.loads(path.read_text()).get("rank")
+        return None if rank is None else int(rank)
+    except (OSError, StopIteration, ValueError):
+        return None
 
 
 def inject(kind: str, pid: int, done: threading.Event, slow_seconds: float) -> threading.Thread:

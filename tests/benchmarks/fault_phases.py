@@ -16,6 +16,10 @@ step in the new generation, the run stops and the recovery is split into phases:
 Each is given in seconds after the fault, the latest rank's (the gang waits for it).
 
     ~/.cache/trainwave/venv-py311/bin/python tests/benchmarks/fault_phases.py [--repeat N]
+
+Each repeat runs every `--warm` mode (spec.runtime.features.warmStart: auto forks each
+generation from a forkserver that imported torch, off starts fresh interpreters), one
+after the other, so both are measured under the same load.
 Extra torchrun settings go through the PET_* environment (e.g. PET_MONITOR_INTERVAL).
 Prints one JSON document; nothing is written to the repository.
 """
@@ -62,8 +66,9 @@ def free_port() -> int:
         return int(probe.getsockname()[1])
 
 
-def launch(work: Path, node_rank: int, endpoint: str) -> subprocess.Popen[str]:
+def launch(work: Path, node_rank: int, endpoint: str, warm: str) -> subprocess.Popen[str]:
     env = {
+        "TRAINWAVE_FEATURE_WARM_START": warm,
         **{k: v for k, v in os.environ.items() if k.startswith("PET_")},
         "PATH": "/usr/bin:/bin",
         "PYTHONPATH": str(REPO / "operator"),
@@ -133,12 +138,12 @@ def new_generation(work: Path, ranks: int, fault_at: float) -> list[dict[str, An
     return found
 
 
-def one_run(victim: int) -> dict[str, Any]:
+def one_run(victim: int, warm: str) -> dict[str, Any]:
     ranks = 2 * PROCESSES
     work = Path(tempfile.mkdtemp(prefix="fault-phases-"))  # kept: the launchers' logs
     if True:
         endpoint = f"127.0.0.1:{free_port()}"
-        launchers = [launch(work, node, endpoint) for node in (0, 1)]
+        launchers = [launch(work, node, endpoint, warm) for node in (0, 1)]
         try:
             deadline = time.monotonic() + 600
             while time.monotonic() < deadline:
@@ -176,6 +181,7 @@ def one_run(victim: int) -> dict[str, Any]:
         if times:
             seconds[name] = round(max(times) - fault_at, 2)
     return {
+        "warm_start": warm,
         "victim_rank": victim,
         "seconds_after_fault": seconds,
         "steps_lost": step_before - (phases[0]["step"] - 1),
@@ -183,17 +189,29 @@ def one_run(victim: int) -> dict[str, Any]:
     }
 
 
-def main() -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--repeat", type=int, default=1)
-    args = parser.parse_args()
-    runs = [one_run(victim=1 + 2 * (n % 2)) for n in range(args.repeat)]
+def medians(runs: list[dict[str, Any]]) -> dict[str, float]:
     names = {name for run in runs for name in run["seconds_after_fault"]}
-    median = {
+    return {
         name: round(statistics.median(r["seconds_after_fault"].get(name, 0) for r in runs), 2)
         for name in sorted(names, key=lambda n: runs[0]["seconds_after_fault"].get(n, 0))
     }
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--repeat", type=int, default=1)
+    parser.add_argument(
+        "--warm",
+        default="auto,off",
+        help="warmStart modes to run, alternating in each repeat (default: auto,off)",
+    )
+    args = parser.parse_args()
+    modes = [mode.strip() for mode in args.warm.split(",") if mode.strip()]
+    runs = [
+        one_run(victim=1 + 2 * (n % 2), warm=mode) for n in range(args.repeat) for mode in modes
+    ]
     pet = {k: v for k, v in os.environ.items() if k.startswith("PET_")}
+    median = {mode: medians([r for r in runs if r["warm_start"] == mode]) for mode in modes}
     print(json.dumps({"pet_env": pet, "median": median, "runs": runs}, indent=1))
     return 0
 

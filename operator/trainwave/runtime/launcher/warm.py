@@ -19,9 +19,11 @@ user chose, a script that is not a file) runs under plain torchrun, and says why
 
 from __future__ import annotations
 
+import importlib
 import json
 import os
 import sys
+import threading
 import time
 from collections.abc import Mapping, Sequence
 from pathlib import Path
@@ -64,6 +66,13 @@ def cold_reason(args: object, argv: Sequence[str], environ: Mapping[str, str]) -
     return None
 
 
+def _import_quietly(module: str) -> None:
+    try:
+        importlib.import_module(module)
+    except Exception as error:  # an optional speed-up: the failure path imports it anyway
+        log_line("preload-failed", module=module, error=repr(error))
+
+
 def log_line(event: str, **fields: object) -> None:
     record = {"ts": round(time.time(), 3), "logger": "trainwave.warm", "event": event, **fields}
     print(json.dumps(record, default=str), file=sys.stderr, flush=True)
@@ -93,6 +102,11 @@ def main(argv: Sequence[str] | None = None) -> None:
         args.master_port = 29500
     multiprocessing.set_forkserver_preload(modules)
     forkserver.ensure_running()  # imports in the server now, while the agent rendezvouses
+    # The agent logs a failed worker with logger.exception, and torch's log formatter
+    # imports torch._dynamo to format it (torch/_logging/_internal.py, format): seconds of
+    # imports between a failure and the restart, measured 7-9 s on 2 busy cores. Import
+    # it now, beside the rendezvous; the main thread only waits meanwhile.
+    threading.Thread(target=_import_quietly, args=("torch._dynamo",), daemon=True).start()
     log_line("warm-start", preload=modules, script=args.training_script)
     config, _, script_args = torchrun.config_from_args(args)
     # warm_child.run in place of torchrun's run_script_path: the same runpy call, after it
