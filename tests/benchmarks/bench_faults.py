@@ -7,7 +7,9 @@ schedule: 2 workers x 2 processes of tests/benchmarks/fault_worker.py (DDP over 
 CPUs, a checkpoint every CHECKPOINT_EVERY steps), under trainwave's runtime,
 `runPolicy.hangTimeoutSeconds` set and straggler detection at its defaults:
 - mode `in-place`: `spec.runtime.inPlaceRestarts: 3` (the default);
-- mode `recreate`: `spec.runtime.inPlaceRestarts: 0`, so every repair recreates the gang.
+- mode `recreate`: `spec.runtime.inPlaceRestarts: 0`, so every repair recreates the gang;
+- mode `in-place-cold` (not in the default modes): in place, with
+  `spec.runtime.features.warmStart: off`, so each generation starts fresh interpreters.
 Faults, injected from the host into one training process (picked by the seed):
 - `kill`: SIGKILL;
 - `stop`: SIGSTOP (the process hangs; its peers block in the next collective);
@@ -82,7 +84,9 @@ STEPS = 1500  # enough for the schedule at ~0.1 s a step; the job ends when it r
 SITE_PACKAGES = Path(sys.prefix) / "lib" / "python3.11" / "site-packages"
 
 
-def worker_job(name: str, in_place: int, steps_dir: Path, checkpoints: Path) -> dict[str, Any]:
+def worker_job(
+    name: str, in_place: int, steps_dir: Path, checkpoints: Path, warm: str = "auto"
+) -> dict[str, Any]:
     def host(volume: str, path: Path, mount: str, read_only: bool = True) -> tuple[dict, dict]:
         kind = "Directory" if read_only else "DirectoryOrCreate"
         return (
@@ -113,6 +117,7 @@ def worker_job(name: str, in_place: int, steps_dir: Path, checkpoints: Path) -> 
             "checkpoint": {"path": "/checkpoints", "everySteps": CHECKPOINT_EVERY, "keep": 3},
             "totalSteps": STEPS,
             "inPlaceRestarts": in_place,
+            "features": {"warmStart": warm},
         },
         run_policy={
             "hangTimeoutSeconds": HANG_TIMEOUT,
@@ -174,9 +179,10 @@ def run_mode(cluster: Cluster, mode: str, faults: list[tuple[str, int]]) -> dict
         for old in directory.iterdir():
             old.unlink()
     fresh_namespace(cluster, namespace)
-    in_place = 3 if mode == "in-place" else 0
+    in_place = 0 if mode == "recreate" else 3
     created = time.time()
-    apply(cluster, namespace, worker_job(name, in_place, steps_dir, checkpoints))
+    warm = "off" if mode == "in-place-cold" else "auto"
+    apply(cluster, namespace, worker_job(name, in_place, steps_dir, checkpoints, warm))
     watch = StatusWatch(cluster.kubeconfig, namespace, name).start()
     results = []
     try:

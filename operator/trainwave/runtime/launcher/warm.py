@@ -101,7 +101,12 @@ def main(argv: Sequence[str] | None = None) -> None:
     if args.master_port is None:  # as torchrun's run() does; only the static backend reads it
         args.master_port = 29500
     multiprocessing.set_forkserver_preload(modules)
-    forkserver.ensure_running()  # imports in the server now, while the agent rendezvouses
+    try:
+        forkserver.ensure_running()  # imports in the server now, while the agent rendezvouses
+    except OSError as error:  # e.g. no writable temp directory for its socket (TMPDIR)
+        log_line("cold-start", reason=f"the forkserver did not start: {error}")
+        torchrun.main(argv)
+        return
     # The agent logs a failed worker with logger.exception, and torch's log formatter
     # imports torch._dynamo to format it (torch/_logging/_internal.py, format): seconds of
     # imports between a failure and the restart, measured 7-9 s on 2 busy cores. Import
