@@ -3,9 +3,9 @@
 The job of test_training.py (2 workers x 2 processes, DDP over gloo, checkpoints on a
 hostPath) with the runtime's in-place restarts (`spec.runtime.inPlaceRestarts`, default 3).
 The test finds ONE training process from the host, through /proc: the node's containers
-share this machine's pid namespace, and a training process is the one whose environment
-holds the job's name and namespace, its RANK and torch's TORCHELASTIC_RESTART_COUNT (the
-launcher and the elastic agent hold the first three only). Then:
+share this machine's pid namespace. The runtime warm-starts the processes (the default
+`features.warmStart: auto`): each is forked from the agent's forkserver and names its rank
+in a file under its report directory (training_process below). Then:
 
 - SIGKILL it: the pods stay (same UIDs, attempt 0), torch's elastic agents restart every
   process of the gang in place, training resumes from the newest checkpoint and the job
@@ -30,6 +30,7 @@ from typing import Any
 
 import pytest
 
+from benchmarks.fault_injection import FORKSERVER, warm_rank
 from e2e.conftest import Release
 from e2e.test_training import checkpoint_steps, events, training_job
 from integration.trainwave_fixtures import apply, job, wait_for_phase, wait_until, worker_pods
@@ -40,23 +41,28 @@ HANG_TIMEOUT = 20
 
 
 def training_process(namespace: str, name: str, rank: int) -> int:
-    """The pid of global rank `rank`'s training process of job namespace/name, from /proc."""
-    wanted = {
-        contract.ENV_JOB_NAME: name,
-        contract.ENV_JOB_NAMESPACE: namespace,
-        contract.ENV_RANK: str(rank),
-    }
+    """The pid of global rank `rank`'s training process of job namespace/name, from /proc:
+    started by torchrun (RANK and TORCHELASTIC_RESTART_COUNT in its environment), or
+    warm-started, forked from the agent's forkserver, which keeps the server's command line
+    and environment and names its rank in a file (runtime/launcher/warm_child.py)."""
+    wanted = {contract.ENV_JOB_NAME: name, contract.ENV_JOB_NAMESPACE: namespace}
     found = []
     for entry in os.listdir("/proc"):
         if not entry.isdigit():
             continue
         try:
             raw = Path(f"/proc/{entry}/environ").read_bytes()
+            command = Path(f"/proc/{entry}/cmdline").read_bytes().replace(b"\0", b" ").decode()
         except OSError:
             continue
-        env = dict(item.split("=", 1) for item in raw.decode(errors="replace").split("\0")
-                   if "=" in item)  # fmt: skip
-        if "TORCHELASTIC_RESTART_COUNT" in env and all(env.get(k) == v for k, v in wanted.items()):
+        pairs = raw.decode(errors="replace").split("\0")
+        env = dict(item.split("=", 1) for item in pairs if "=" in item)
+        if not all(env.get(k) == v for k, v in wanted.items()):
+            continue
+        if FORKSERVER in command:
+            if warm_rank(Path(f"/proc/{entry}"), set(pairs)) == rank:
+                found.append(int(entry))
+        elif "TORCHELASTIC_RESTART_COUNT" in env and env.get(contract.ENV_RANK) == str(rank):
             found.append(int(entry))
     assert len(found) == 1, f"training processes of rank {rank} of {namespace}/{name}: {found}"
     return found[0]
@@ -161,6 +167,8 @@ def test_a_killed_training_process_restarts_the_gang_in_place(
     first_at, first_step = first_step_after(log, fault)
     print(f"in place: kill -> first new step {first_step} in {first_at - fault:.1f} s")
     killed_worker = timestamped_log(release, namespace, f"{name}-a0-worker-1")
+    (settings,) = launcher_events(killed_worker, "settings")
+    assert settings["features"]["warm_start"].startswith("auto: each generation forked")
     (restart,) = launcher_events(killed_worker, "restart")
     assert (restart["count"], restart["cause"]) == (1, "failure"), restart
     (resumed,) = launcher_events(killed_worker, "resumed")

@@ -183,7 +183,13 @@ def test_gang_trains_with_ddp_and_succeeds(
     log = pod_logs(cluster, namespace, name, contract.WORKER_CONTAINER)
     settings = launcher_settings(log)
     assert settings["settings"]["checkpoint"]["dir"] == CHECKPOINTS
-    assert settings["command"][1:4] == ["-m", "torch.distributed.run", "--no-python"]
+    # in-place restarts are on by default, and with them warm starts: torchrun's agent with
+    # each generation forked from a server that imported torch (runtime/launcher/warm.py)
+    assert settings["command"][1:4] == [
+        "-m",
+        "trainwave.runtime.launcher.warm",
+        "/scripts/regression_ddp.py",
+    ]
     (start,) = events(log, "start")
     assert start["world_size"] == 4
     done_steps = [e["step"] for e in events(log, "step")]
