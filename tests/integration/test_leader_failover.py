@@ -11,7 +11,13 @@ import pytest
 from cluster.deploy import OperatorProcess
 from integration.ledgers import PodLedger
 from integration.node_pools import node_pool
-from integration.trainwave_fixtures import apply, job, job_manifest, lease_holder, wait_until
+from integration.trainwave_fixtures import (
+    apply,
+    job_manifest,
+    jobs_by_name,
+    lease_holder,
+    wait_until,
+)
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(420)]
 
@@ -78,12 +84,13 @@ def test_standby_takes_over_from_a_killed_leader_without_double_booking(
             takeovers.append(kill_leader_and_time_takeover(cluster, replicas))
 
             def all_terminal():
-                phases = {name: job(cluster, namespace, name).get("status", {}).get("phase")
+                found = jobs_by_name(cluster, namespace)
+                phases = {name: found.get(name, {}).get("status", {}).get("phase")
                           for name, *_ in _jobs()}  # fmt: skip
                 terminal = all(p in ("Succeeded", "Failed") for p in phases.values())
                 return phases if terminal else None
 
-            wait_until(all_terminal, 240, "all 20 jobs terminal", interval=2)
+            wait_until(all_terminal, 240, "all 20 jobs terminal", interval=1)
         finally:
             pods.stop()
             standby.stop()  # releases the lease if it leads, so the session operator resumes
@@ -96,8 +103,9 @@ def test_standby_takes_over_from_a_killed_leader_without_double_booking(
         assert took <= TAKEOVER_BOUND + SLACK, f"takeover took {took:.1f}s"
     assert pods.errors == [], pods.errors[:5]
     assert max(pods.peak.values()) == 8  # the pool was full at times: the check had teeth
+    ended = jobs_by_name(cluster, namespace)
     for name, _, phase, reason, attempts in _jobs():
-        status = job(cluster, namespace, name)["status"]
+        status = ended[name]["status"]
         assert (status["phase"], status["reason"]) == (phase, reason), name
         assert status["attempt"] == attempts - 1, name
     expected = {

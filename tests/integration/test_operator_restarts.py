@@ -7,7 +7,8 @@ import time
 import pytest
 
 from cluster.controlplane import tool
-from integration.trainwave_fixtures import apply, job, job_manifest, wait_until, worker_pods
+from integration.trainwave_fixtures import apply, get_json, job_manifest, jobs_by_name, wait_until
+from trainwave.contract import LABEL_JOB_NAME
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(300)]
 
@@ -47,13 +48,15 @@ def test_sigkill_during_reconcile_loses_and_duplicates_nothing(
             running_operator.start()
 
         def all_terminal():
-            phases = {name: job(cluster, namespace, name).get("status", {}).get("phase")
+            found = jobs_by_name(cluster, namespace)
+            phases = {name: found.get(name, {}).get("status", {}).get("phase")
                       for name, *_ in _jobs()}  # fmt: skip
             return phases if all(p in ("Succeeded", "Failed") for p in phases.values()) else None
 
-        wait_until(all_terminal, 180, "all 20 jobs terminal", interval=2)
+        wait_until(all_terminal, 180, "all 20 jobs terminal", interval=1)
+        ended = jobs_by_name(cluster, namespace)
         for name, _, phase, reason, attempts in _jobs():
-            status = job(cluster, namespace, name)["status"]
+            status = ended[name]["status"]
             assert (status["phase"], status["reason"]) == (phase, reason), name
             assert status["attempt"] == attempts - 1, name
             assert status["restarts"] == (
@@ -85,7 +88,7 @@ def test_sigkill_during_reconcile_loses_and_duplicates_nothing(
     assert missing <= may_miss, f"missing: {missing - may_miss}"
 
     cluster.kubectl("delete", "tj", "--all", "-n", namespace, "--wait=true", timeout=120)
-    wait_until(lambda: all(worker_pods(cluster, namespace, n) == [] for n, *_ in _jobs()), 90,
-               "every pod garbage-collected")  # fmt: skip
+    wait_until(lambda: get_json(cluster, namespace, "pods", "-l", LABEL_JOB_NAME)["items"] == [],
+               90, "every pod garbage-collected")  # fmt: skip
     services = cluster.kubectl("get", "svc", "-n", namespace, "-o", "name").stdout.split()
     assert services == []

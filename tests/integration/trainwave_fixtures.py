@@ -119,6 +119,13 @@ def job(cluster: Cluster, namespace: str, name: str) -> dict[str, Any]:
     return found
 
 
+def jobs_by_name(cluster: Cluster, namespace: str) -> dict[str, dict[str, Any]]:
+    """Every TrainingJob in `namespace` by name, in ONE list call: a poll over 20 jobs
+    costs one kubectl, not 20 (about 0.1 s of CPU each on this machine)."""
+    items: list[dict[str, Any]] = get_json(cluster, namespace, "trainingjobs")["items"]
+    return {item["metadata"]["name"]: item for item in items}
+
+
 def worker_pods(cluster: Cluster, namespace: str, name: str) -> list[dict[str, Any]]:
     items: list[dict[str, Any]] = get_json(
         cluster, namespace, "pods", "-l", f"trainwave.io/job-name={name}"
