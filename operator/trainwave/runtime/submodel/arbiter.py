@@ -29,6 +29,7 @@ import contextlib
 import json
 import logging
 import os
+import signal
 import socket
 import sys
 from collections import deque
@@ -271,6 +272,10 @@ def main(argv: list[str] | None = None) -> int:
             f"give --directory, or --capacity with --socket or {contract.ENV_ARBITER_SOCKET}"
         )
     logging.basicConfig(level="INFO", format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    # In the agent pod's container the arbiter is PID 1, and the kernel gives PID 1 no
+    # signal it has no handler for: the kubelet's SIGTERM was ignored, so every stop of
+    # the pod (an upgrade, a drain) waited out its 30 s grace period for the SIGKILL.
+    signal.signal(signal.SIGTERM, signal.default_int_handler)  # raises KeyboardInterrupt
     with contextlib.suppress(KeyboardInterrupt):
         if options.directory is not None:
             asyncio.run(serve_directory(options.directory))

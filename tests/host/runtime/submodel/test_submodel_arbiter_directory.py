@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import json
+import os
+import signal
 import socket as sockets
 import stat
 import subprocess
@@ -97,3 +99,29 @@ def test_sockets_of_gpus_no_longer_listed_are_removed(tmp_path: Path) -> None:
     finally:
         server.kill()
         server.wait()
+
+
+def test_the_arbiter_as_pid_1_stops_at_sigterm(tmp_path: Path) -> None:
+    """In the agent pod's container the arbiter is PID 1, which the kernel sends no signal
+    it has no handler for: without one, the kubelet's SIGTERM is ignored and every stop of
+    the pod waits its whole grace period. Here it is PID 1 of a PID namespace of its own."""
+    write_arbiter_gpus(tmp_path, [gpu(0, 1)])
+    holder = subprocess.Popen(
+        ["unshare", "--user", "--map-root-user", "--pid", "--fork", sys.executable, "-m",
+         "trainwave.runtime.submodel.arbiter", "--directory", str(tmp_path)],
+        env={"PYTHONPATH": str(OPERATOR)}, stderr=subprocess.DEVNULL,
+    )  # fmt: skip
+    arbiter = 0
+    try:
+        wait_for(tmp_path / "GPU-0.sock")
+        children = Path(f"/proc/{holder.pid}/task/{holder.pid}/children").read_text().split()
+        (arbiter,) = map(int, children)
+        assert "\t1" in Path(f"/proc/{arbiter}/status").read_text().split("NSpid:")[1]
+        os.kill(arbiter, signal.SIGTERM)
+        assert holder.wait(timeout=10) == 0, "the arbiter did not exit cleanly at SIGTERM"
+    finally:
+        if holder.poll() is None:  # ignored: SIGKILL, which PID 1 cannot ignore
+            if arbiter:
+                os.kill(arbiter, signal.SIGKILL)
+            holder.kill()
+            holder.wait()
