@@ -79,6 +79,7 @@ HANG_TIMEOUT = 20  # the smallest hangTimeoutSeconds allows is 10
 SLOW_SECONDS = 40
 REPORT_SECONDS = 2  # TRAINWAVE_TELEMETRY_INTERVAL_SECONDS in the workers
 STATUS_INTERVAL = 5  # the operator's --status-interval-seconds
+DETECT_WAIT = 6 * STATUS_INTERVAL  # how long after a repair its status change is awaited
 WARMUP_STEPS = 30  # healthy steps before the first fault and after each recovery
 STEPS = 1500  # enough for the schedule at ~0.1 s a step; the job ends when it reaches them
 SITE_PACKAGES = Path(sys.prefix) / "lib" / "python3.11" / "site-packages"
@@ -216,7 +217,8 @@ def run_mode(cluster: Cluster, mode: str, faults: list[tuple[str, int]]) -> dict
                 )
                 done.set()
                 injector.join()
-                detected = watch.first_change_after(fault_at)
+                # the status may show the repair after it is over: wait for it, bounded
+                detected = watch.wait_change_after(fault_at, DETECT_WAIT)
                 result |= {
                     "detect_seconds": None if detected is None else detected - fault_at,
                     "recovery_seconds": records.seconds,

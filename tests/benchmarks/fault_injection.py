@@ -245,6 +245,14 @@ class StatusWatch:
         """When the status first showed a repair or a hang after `since`."""
         return first_change_after(self._changes, since)
 
+    def wait_change_after(self, since: float, timeout: float) -> float | None:
+        """first_change_after, waiting up to `timeout` s for it: a repair can complete
+        before the operator's next read of the workers' reports shows it."""
+        deadline = time.monotonic() + timeout
+        while (found := self.first_change_after(since)) is None and time.monotonic() < deadline:
+            time.sleep(0.25)
+        return found
+
     def wait_condition(self, kind: str, text: str, since: float, timeout: float) -> float | None:
         """When condition `kind` first showed True with `text` in its message after `since`."""
         deadline = time.monotonic() + timeout
