@@ -33,7 +33,7 @@ from trainwave import contract, signatures
 from trainwave.runtime import reports
 from trainwave.runtime.data.loader_defaults import cuda_present, resolve_loader_defaults
 from trainwave.runtime.doctor import DoctorReport, Host, Status, run_doctor
-from trainwave.runtime.launcher import environment, podinfo, preflight
+from trainwave.runtime.launcher import environment, podinfo, preflight, warm
 from trainwave.runtime.launcher.restarts import Monitor
 from trainwave.runtime.launcher.status import StatusServer
 from trainwave.runtime.settings import Settings, SettingsError, load_settings
@@ -237,7 +237,6 @@ def main(argv: Sequence[str] | None = None, environ: Mapping[str, str] | None = 
     child_env = {**environ, **prepared.env}
     launcher.environ = child_env
     launcher.run_doctor(child_env)
-    server = _start_status(settings, launcher)
     command = child_command(
         args,
         settings.identity.nproc_per_node,
@@ -246,6 +245,12 @@ def main(argv: Sequence[str] | None = None, environ: Mapping[str, str] | None = 
     )
     if WARM_MODULE in command[:3]:  # forked processes keep the server's stdout: unbuffered, as -u
         child_env.setdefault("PYTHONUNBUFFERED", "1")
+        try:  # refused here, before anything starts, rather than by the agent's crash
+            warm.preload_modules(child_env)
+        except ValueError as error:
+            log_line("invalid-settings", error=str(error))
+            return EXIT_USAGE
+    server = _start_status(settings, launcher)
     log_line(
         "settings",
         settings=settings.as_dict(),

@@ -270,3 +270,22 @@ def test_in_place_restarts_step_aside_where_torch_is_missing() -> None:
     assert off.in_place.reason == NO_TORCH
     command = ["python", "-c", "print(1)"]
     assert child_command(command, 1, in_place=off.in_place.enabled) == command
+
+
+def test_a_bad_warm_preload_stops_the_launcher_naming_it(tmp_path: Path) -> None:
+    env = {
+        "PATH": "/usr/bin:/bin",
+        "PYTHONPATH": str(REPO / "operator"),
+        "TRAINWAVE_REPORT_DIR": str(tmp_path / "reports"),
+        "TRAINWAVE_PODINFO_DIR": str(tmp_path / "no-podinfo"),
+        "TRAINWAVE_FEATURE_DOCTOR": "off",
+        contract.ENV_PET_RDZV_BACKEND: contract.RDZV_BACKEND,
+        contract.ENV_PET_MAX_RESTARTS: "1",
+        contract.ENV_WARM_PRELOAD: "numpy,not a module",
+    }
+    command = [sys.executable, "-m", contract.RUNTIME_LAUNCHER, "--", "python", "train.py"]
+    done = subprocess.run(command, env=env, capture_output=True, text=True, timeout=60, check=False)
+    assert done.returncode == 2, done.stderr[-2000:]
+    assert contract.ENV_WARM_PRELOAD in done.stderr
+    assert "'not a module'" in done.stderr
+    assert '"event": "settings"' not in done.stderr  # nothing started
