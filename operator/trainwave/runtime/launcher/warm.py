@@ -25,10 +25,11 @@ import os
 import sys
 import threading
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 
 from trainwave import contract
+from trainwave.runtime import reports
 
 # torch first; torch.distributed.run is what the workers' _wrap unpickles; torch._dynamo
 # is what torch's optimizers import on first use (torch 2.x wraps them in it).
@@ -66,7 +67,19 @@ def cold_reason(args: object, argv: Sequence[str], environ: Mapping[str, str]) -
     return None
 
 
-def _import_quietly(module: str) -> None:
+def _first_generation_started(environ: Mapping[str, str]) -> Callable[[], bool]:
+    """True once a training process wrote its identity (warm_child.py), or at once
+    without a report directory."""
+    report_dir = environ.get(contract.ENV_REPORT_DIR)
+    if not report_dir:
+        return lambda: True
+    identities = Path(report_dir) / reports.IDENTITY_DIR
+    return lambda: identities.is_dir() and any(identities.iterdir())
+
+
+def _import_quietly(module: str, ready: Callable[[], bool], poll: float = 0.5) -> None:
+    while not ready():
+        time.sleep(poll)
     try:
         importlib.import_module(module)
     except Exception as error:  # an optional speed-up: the failure path imports it anyway
@@ -109,9 +122,11 @@ def main(argv: Sequence[str] | None = None) -> None:
         return
     # The agent logs a failed worker with logger.exception, and torch's log formatter
     # imports torch._dynamo to format it (torch/_logging/_internal.py, format): seconds of
-    # imports between a failure and the restart, measured 7-9 s on 2 busy cores. Import
-    # it now, beside the rendezvous; the main thread only waits meanwhile.
-    threading.Thread(target=_import_quietly, args=("torch._dynamo",), daemon=True).start()
+    # imports between a failure and the restart, measured 7-9 s on 2 busy cores. Imported
+    # ahead, once the first generation runs: not during the rendezvous, where it took the
+    # agent's CPU (and GIL) while a whole gang waited for it.
+    started = _first_generation_started(os.environ)
+    threading.Thread(target=_import_quietly, args=("torch._dynamo", started), daemon=True).start()
     log_line("warm-start", preload=modules, script=args.training_script)
     config, _, script_args = torchrun.config_from_args(args)
     # warm_child.run in place of torchrun's run_script_path: the same runpy call, after it

@@ -113,3 +113,11 @@ def test_numpy_is_reseeded_as_a_fresh_import_would_be() -> None:
     numpy.random.seed(7)
     warm_child.reseed_numpy()
     assert numpy.random.random() != first
+
+
+def test_the_agent_imports_ahead_once_the_first_generation_runs(tmp_path: Path) -> None:
+    started = warm._first_generation_started({contract.ENV_REPORT_DIR: str(tmp_path)})
+    assert not started()  # rendezvous: the agent's CPU is the gang's
+    warm_child.record_identity({contract.ENV_REPORT_DIR: str(tmp_path), "RANK": "0"}, 7)
+    assert started()
+    assert warm._first_generation_started({})()  # no report directory: at once
