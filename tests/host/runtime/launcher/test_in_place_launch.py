@@ -45,7 +45,9 @@ for step in range(start + 1, STEPS + 1):
     (work / f"step-{rank}").write_text(str(step))
     while True:  # a collective: wait for the other rank to reach this step
         other = work / f"step-{1 - rank}"
-        if other.exists() and other.read_text() and int(other.read_text()) >= step:
+        # one read: write_text truncates first, so a second read may find the file empty
+        seen = other.read_text() if other.exists() else ""
+        if seen and int(seen) >= step:
             break
         time.sleep(0.02)
     progress.update(step)
