@@ -247,6 +247,18 @@ def test_nccl_tests_bus_bandwidth() -> None:
     assert measuring.ring_peers(0, 2, 2) is None
 
 
+@pytest.mark.parametrize("workers", range(2, 10))
+def test_no_worker_sends_and_receives_in_the_same_phase(workers: int) -> None:
+    # The acknowledgements of a worker's receive leave on the link its own send fills.
+    for phase in range(measuring.phases(workers)):
+        senders = {w for w in range(workers) if measuring.send_phase(w, workers) == phase}
+        receivers = {(w + 1) % workers for w in senders}
+        assert senders and not senders & receivers, (workers, phase, senders)
+    assert {measuring.send_phase(w, workers) for w in range(workers)} == set(
+        range(measuring.phases(workers))
+    )
+
+
 def test_the_test_has_its_own_static_rendezvous_and_port() -> None:
     environ = {
         contract.ENV_PET_MASTER_ADDR: "demo-worker-0.demo",

@@ -12,10 +12,15 @@ Two measurements, bandwidths in Gbit/s (10^9 bits per second):
   links' speed whatever the number of ranks. Every rank waits for the slowest link
   of the ring, so this names a slow gang, not a slow node.
 - `sendrecv_gbps`: each rank sends the same buffer to the rank with its local rank on
-  the next worker and receives from the previous one, all at once (every worker's
-  link carries its local ranks' streams, as in training); the time until ITS receive
+  the next worker and receives from the previous one; the time until ITS receive
   completes is its figure (nccl-tests' sendrecv: busbw = algbw). A slow link into one
   worker shows in that worker's ranks only. Needs two workers or more.
+  All local ranks of a worker send at once (its link carries their streams, as in
+  training), but a worker never sends and receives in the same phase (send_phase):
+  TCP's acknowledgements for what a worker receives leave on the link its own stream
+  fills, so over one slowed link the receive the other way slowed to the same figure
+  (0.096 Gbit/s on both workers behind a 0.2 Gbit/s token bucket, 2 runs of 4,
+  tests/e2e/test_preflight_link.py) and neither worker could be named.
 
 Each rank writes its figures to `<report dir>/preflight-rank-<rank>.json` for its
 launcher, which serves them in /status for the operator to judge.
@@ -23,6 +28,7 @@ launcher, which serves them in /status for the operator to judge.
 
 from __future__ import annotations
 
+import functools
 import json
 import os
 import statistics
@@ -61,6 +67,20 @@ def ring_peers(rank: int, world: int, local_world: int) -> tuple[int, int] | Non
     if local_world < 1 or world <= local_world or world % local_world:
         return None
     return (rank + local_world) % world, (rank - local_world) % world
+
+
+def send_phase(worker: int, workers: int) -> int:
+    """The phase in which `worker` sends to the next worker: even workers in phase 0, odd
+    ones in phase 1 and, in an odd ring of three or more, the last one alone in phase 2,
+    so that no worker sends and receives in the same phase (a 2- or 3-colouring of the
+    ring's links)."""
+    if workers % 2 and workers > 1 and worker == workers - 1:
+        return 2
+    return worker % 2
+
+
+def phases(workers: int) -> int:
+    return 3 if workers % 2 and workers > 1 else 2
 
 
 def measure(size_mib: int, timeout_seconds: float) -> dict[str, Any]:
@@ -104,7 +124,14 @@ def measure(size_mib: int, timeout_seconds: float) -> dict[str, Any]:
         local_world = int(os.environ.get(contract.ENV_LOCAL_WORLD_SIZE, "1"))
         peers = ring_peers(rank, world, local_world)
         if peers is not None:
-            received = _ring_shift(buffer, peers, timed, sync)
+            received = _ring_shift(
+                buffer,
+                peers=peers,
+                worker=rank // local_world,
+                workers=world // local_world,
+                timed=timed,
+                sync=sync,
+            )
             result["sendrecv_gbps"] = round(sendrecv_gbps(size, received), 3)
             result["sendrecv_from"] = peers[1]
         dist.barrier()
@@ -115,33 +142,37 @@ def measure(size_mib: int, timeout_seconds: float) -> dict[str, Any]:
 
 def _ring_shift(
     buffer: Any,
+    *,
     peers: tuple[int, int],
+    worker: int,
+    workers: int,
     timed: Callable[[Callable[[], object]], float],
     sync: Callable[[], None],
 ) -> float:
-    """Median seconds until this rank's receive from `peers[1]` completed, while it sends
-    to `peers[0]` (after one warm-up)."""
+    """Median seconds until this rank's receive from `peers[1]` completed; it sends to
+    `peers[0]` in its worker's own phase (after one warm-up round of every phase)."""
     import torch
     import torch.distributed as dist
 
     inbox = torch.empty_like(buffer)
+    sends_in = send_phase(worker, workers)
+    receives_in = send_phase((worker - 1) % workers, workers)
     received: list[float] = []
 
-    def shift() -> None:
-        start = time.perf_counter()
-        sending = dist.isend(buffer, peers[0])
-        receiving = dist.irecv(inbox, peers[1])
-        assert sending is not None  # None only for a rank outside the group
-        assert receiving is not None
-        receiving.wait()
-        sync()
-        received.append(time.perf_counter() - start)
-        sending.wait()
+    def shift(phase: int) -> None:
+        if phase == sends_in:
+            dist.send(buffer, peers[0])
+        elif phase == receives_in:
+            start = time.perf_counter()
+            dist.recv(inbox, peers[1])
+            sync()
+            received.append(time.perf_counter() - start)
 
-    timed(shift)
-    received.clear()
-    for _ in range(ITERATIONS):
-        timed(shift)
+    for round_ in range(1 + ITERATIONS):
+        if round_ == 1:
+            received.clear()  # the first round warmed up
+        for phase in range(phases(workers)):
+            timed(functools.partial(shift, phase))
     return statistics.median(received)
 
 
