@@ -239,10 +239,13 @@ def ensure_tools(commands: Mapping[str, str]) -> None:
         return
     if os.geteuid() != 0:
         sys.exit(f"images: {', '.join(missing)} missing; install them (apt-get install) as root")
-    install = ["apt-get", "install", "-y", "--no-install-recommends", *missing]
+    # Wait for dpkg's lock rather than fail: .ci/run builds the tools, which may install
+    # the real node's packages, at the same time.
+    apt = ["apt-get", "-o", "DPkg::Lock::Timeout=600"]
+    install = [*apt, "install", "-y", "--no-install-recommends", *missing]
     env = {**os.environ, "DEBIAN_FRONTEND": "noninteractive"}
     if subprocess.run(install, env=env, check=False).returncode != 0:
-        run(["apt-get", "update"], env=env)  # a fresh machine has no package lists yet
+        run([*apt, "update"], env=env)  # a fresh machine has no package lists yet
         run(install, env=env)
 
 

@@ -203,10 +203,11 @@ install_node_packages() {
   [ -f "$(gcc -print-file-name=libc.a 2>/dev/null)" ] || missing+=(libc6-dev)
   [ ${#missing[@]} -eq 0 ] && return
   log "installing Debian packages: ${missing[*]}"
-  local apt=(apt-get)
+  # The lock timeout: .ci/run installs these while hack/images.py may be running apt-get too.
+  local apt=(apt-get -o DPkg::Lock::Timeout=600)
   if [ "$(id -u)" -ne 0 ]; then
     sudo -n true 2>/dev/null || { log "the real node needs these Debian packages: ${missing[*]}; run as root or install them"; return 1; }
-    apt=(sudo -n env DEBIAN_FRONTEND=noninteractive apt-get)
+    apt=(sudo -n env DEBIAN_FRONTEND=noninteractive apt-get -o DPkg::Lock::Timeout=600)
   fi
   export DEBIAN_FRONTEND=noninteractive
   "${apt[@]}" install -y -q "${missing[@]}" >/dev/null \
