@@ -253,7 +253,8 @@ def test_no_worker_sends_and_receives_in_the_same_phase(workers: int) -> None:
     for phase in range(measuring.phases(workers)):
         senders = {w for w in range(workers) if measuring.send_phase(w, workers) == phase}
         receivers = {(w + 1) % workers for w in senders}
-        assert senders and not senders & receivers, (workers, phase, senders)
+        assert senders, (workers, phase)
+        assert not senders & receivers, (workers, phase, senders)
     assert {measuring.send_phase(w, workers) for w in range(workers)} == set(
         range(measuring.phases(workers))
     )
