@@ -38,4 +38,5 @@ def reference_params(steps: int, seed: int = 0) -> list[torch.Tensor]:
 
 
 def max_abs_diff(a: list[torch.Tensor], b: list[torch.Tensor]) -> float:
-    return max(float((x - y).abs().max()) for x, y in zip(a, b, strict=True))
+    # detach: a caller may compare parameters that still require grad
+    return max(float((x - y).detach().abs().max()) for x, y in zip(a, b, strict=True))
