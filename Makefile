@@ -30,7 +30,7 @@ $(VENV)/.stamp: pyproject.toml
 venv: $(VENV)/.stamp ## create or refresh the cached virtualenv (outside the repo)
 
 .PHONY: tools
-tools: ## install or build the pinned tools into the cache: control plane, kwok, Kueue, the real node (kubelet, kube-proxy, containerd, CNI, crictl, CoreDNS), dashboard schema types (cold: ~45 min, warm: instant)
+tools: ## install or build the pinned tools into the cache: control plane, kwok, Kueue, the real node (kubelet, kube-proxy, containerd, CNI, crictl, CoreDNS), dashboard schema types (cold: ~20 min on 2 idle cores, warm: instant)
 	tests/cluster/install-tools.sh all
 
 # Stdlib only, so the system python3 will do: no virtualenv needed. See docs/images.md.

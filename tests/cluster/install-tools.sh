@@ -60,7 +60,7 @@ build_kubernetes() {
   local out="$cache/k8s-$K8S_VERSION" want
   want="$K8S_VERSION $(go env GOVERSION) $(sha256sum "$here/k8s-build/go.mod" "$here/k8s-build/go.sum" "$here/k8s-build/draclient/main.go" | sha256sum | cut -c1-16)"
   if ! stamp_ok "$out/.stamp" "$want"; then
-    log "building kube-apiserver, kube-controller-manager, kube-scheduler $K8S_VERSION and draclient (the kubelet's DRA plugin client, for tests) (cold: ~20-30 min)"
+    log "building kube-apiserver, kube-controller-manager, kube-scheduler $K8S_VERSION and draclient (the kubelet's DRA plugin client, for tests) (cold: ~6 min on 2 idle cores)"
     mkdir -p "$out/bin"
     (cd "$here/k8s-build" && go build -ldflags "$(k8s_ldflags)" -o "$out/bin/" \
       k8s.io/kubernetes/cmd/kube-apiserver \
@@ -99,7 +99,7 @@ build_kueue() {
   local out="$cache/kueue-$KUEUE_VERSION" want
   want="$KUEUE_VERSION $(go env GOVERSION) metrics-cert-dir"
   if ! stamp_ok "$out/.stamp" "$want"; then
-    log "building kueue $KUEUE_VERSION (cold: ~5-10 min on 2 cores)"
+    log "building kueue $KUEUE_VERSION (cold: ~4 min on 2 idle cores)"
     local dir tmp
     dir=$(cd / && go mod download -json "sigs.k8s.io/kueue@$KUEUE_VERSION" \
       | python3 -c 'import json,sys; print(json.load(sys.stdin)["Dir"])')
@@ -239,7 +239,7 @@ build_containerd() {
   local pkg=github.com/containerd/containerd/v2
   want="$CONTAINERD_VERSION $(go env GOVERSION) $tags"
   if ! stamp_ok "$out/.stamp" "$want"; then
-    log "building containerd $CONTAINERD_VERSION, containerd-shim-runc-v2 and ctr (cold: ~6 min on 2 cores)"
+    log "building containerd $CONTAINERD_VERSION, containerd-shim-runc-v2 and ctr (cold: ~2 min on 2 idle cores)"
     local ld="-s -w -X $pkg/version.Version=$CONTAINERD_VERSION -X $pkg/version.Package=github.com/containerd/containerd"
     GOBIN="$out/bin" go install -tags "$tags" -ldflags "$ld" \
       "$pkg/cmd/containerd@$CONTAINERD_VERSION" "$pkg/cmd/ctr@$CONTAINERD_VERSION"
