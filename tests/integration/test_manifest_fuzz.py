@@ -5,9 +5,10 @@ purpose, wrong types inside the pod template above all) is either refused by the
 API server with a message naming the field, or accepted and then brought by the
 operator to a terminal or clearly-reasoned state: Succeeded, Failed with a reason
 (InvalidSpec naming the field, exactly what resolve() says of the stored body),
-Scheduling with the placement's reason, Running. Beside them a healthy job must
-still succeed, the operator must stay alive with no traceback in its log, and no
-job may show ReconcileError. The figures are printed (run with -s) for the README.
+Scheduling with the placer's reason (not `Placing`, which means the placer has not
+answered for the gang yet), Running. Beside them a healthy job must still succeed,
+the operator must stay alive with no traceback in its log, and no job may show
+ReconcileError. The figures are printed (run with -s) for the README.
 """
 
 from __future__ import annotations
@@ -85,7 +86,9 @@ def verdict(job: dict[str, Any]) -> str | None:
     if phase in ("Succeeded", "Running") or (phase == "Failed" and reason and message):
         return f"{phase}/{reason}"
     scheduled = conditions.get("Scheduled", {})
-    if phase == "Scheduling" and scheduled.get("status") == "False" and scheduled.get("message"):
+    # Placing: the placer has not answered for the gang yet, so it is still on its way.
+    answered = scheduled.get("reason") not in (None, "Placing") and scheduled.get("message")
+    if phase == "Scheduling" and scheduled.get("status") == "False" and answered:
         return f"{phase}/{scheduled['reason']}"
     return None
 
