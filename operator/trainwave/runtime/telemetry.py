@@ -29,7 +29,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from trainwave.runtime.reports import progress_path, write_json_atomic
+from trainwave.runtime.reports import keep_previous, progress_path, write_json_atomic
 from trainwave.runtime.settings import Settings
 
 Clock = Callable[[], float]
@@ -188,6 +188,8 @@ class Progress:
         if report["compute_seconds"]:  # positive only: the reader drops a history with a 0
             self._compute_history.append(report["compute_seconds"])
         report["compute_history"] = list(self._compute_history)
+        if not self.writes:
+            keep_previous(self.path.parent, self.rank)
         write_json_atomic(self.path, report)
         self._last_write = now
         self._window = (now, self._samples)

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from trainwave.runtime.reports import latest_progress
+from trainwave.runtime.reports import PREVIOUS_PREFIX, all_progress, latest_progress
 from trainwave.runtime.settings import load_settings
 from trainwave.runtime.telemetry import GpuReader, GpuSample, Progress
 
@@ -199,3 +199,18 @@ def test_generation_is_torchs_restart_count(
 ) -> None:
     monkeypatch.setenv("TORCHELASTIC_RESTART_COUNT", "3")
     assert make_progress(tmp_path, FakeClock()).generation == 3
+
+
+def test_a_new_process_moves_its_ranks_last_report_aside(tmp_path: Path) -> None:
+    """So the launcher can still read the last step of the generation before (restarts.py)."""
+    clock = FakeClock()
+    old = make_progress(tmp_path, clock, rank=3, interval_seconds=0.0)
+    old.update(9, force=True)
+    new = make_progress(tmp_path, clock, rank=3, interval_seconds=0.0)
+    new.update(5, force=True)
+    new.update(6, force=True)  # later writes leave the kept report alone
+    kept = all_progress(tmp_path, PREVIOUS_PREFIX)
+    assert list(kept) == [3]
+    assert kept[3]["step"] == 9
+    assert all_progress(tmp_path)[3]["step"] == 6
+    assert (tmp_path / "previous-rank3.json").exists()

@@ -109,11 +109,15 @@ class Restarts:
         self._killed_at: float | None = None
 
     def observe(
-        self, workers: list[Worker], reports: Reports, now: float
+        self, workers: list[Worker], reports: Reports, now: float, previous: Reports | None = None
     ) -> list[tuple[str, dict[str, Any]]]:
-        """Take one look; returns the log events it implies ("restart", "resumed")."""
+        """Take one look; returns the log events it implies ("restart", "resumed").
+
+        `previous`: each rank's report from before its current process started, which
+        holds the old generation's last step once the new one has reported."""
         events: list[tuple[str, dict[str, Any]]] = []
-        for report in of_generation(reports, self.pids):
+        old = of_generation(previous or {}, self.pids)
+        for report in [*of_generation(reports, self.pids), *old]:
             step = _integer(report.get("step"))
             if step is not None and (self._step is None or step > self._step):
                 self._step = step
@@ -229,9 +233,11 @@ class Monitor:
     def poll(self, agent_pid: int) -> None:
         workers = processes.workers_of(agent_pid, self._proc, self._identities)
         reports = report_files.all_progress(self.report_dir)
+        # Read after the current reports: a report moved aside in between is found here.
+        previous = report_files.all_progress(self.report_dir, report_files.PREVIOUS_PREFIX)
         now = self._clock()
         with self.lock:
-            events = self.restarts.observe(workers, reports, now)
+            events = self.restarts.observe(workers, reports, now, previous)
             due = self.restarts.hang_due(reports, now, self.in_place.hang_timeout_seconds)
             if due:
                 self.restarts.killed(now)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import shutil
 import signal
 from pathlib import Path
 from typing import Any
@@ -18,7 +19,7 @@ from trainwave.runtime.launcher.restarts import (
     hang_due,
     rank_entries,
 )
-from trainwave.runtime.reports import progress_path, write_json_atomic
+from trainwave.runtime.reports import keep_previous, progress_path, write_json_atomic
 from trainwave.runtime.settings import InPlace
 
 pytestmark = pytest.mark.timeout(30)
@@ -244,3 +245,32 @@ def test_status_holds_each_ranks_report_and_process_state(tmp_path: Path) -> Non
     assert fields["last_steps"] == {"2": 7, "3": 7}
     assert fields["states"] == {"2": "running", "3": "stopped"}
     json.dumps(document)  # served as JSON
+
+
+def test_the_old_generations_last_step_counts_when_the_new_one_reported_before_a_poll(
+    tmp_path: Path,
+) -> None:
+    """The monitor polls every 0.5 s; a restart can be quicker. The old generation's last
+    report, moved aside by the new process's first write, still gives step_before."""
+    proc, reports = tmp_path / "proc", tmp_path / "reports"
+    fake_process(proc, 10, 1, "S", {})
+    for pid, rank in ((11, 0), (12, 1)):
+        fake_process(proc, pid, 10, "S", {"RANK": str(rank), "TORCHELASTIC_RESTART_COUNT": "0"})
+        write_json_atomic(progress_path(reports, rank), report(pid, 4, 50.0))
+    logged: list[tuple[str, dict[str, Any]]] = []
+    monitor = Monitor(InPlace(enabled=True, max_restarts=3), reports,
+                      lambda event, **fields: logged.append((event, fields)),
+                      proc=proc, clock=lambda: 60.0)  # fmt: skip
+    monitor.poll(10)  # finds the generation
+    monitor.poll(10)  # sees its step 4
+    # Between two polls: steps 5 and 6, rank 1 killed, the new generation started.
+    for pid, rank in ((11, 0), (12, 1)):
+        write_json_atomic(progress_path(reports, rank), report(pid, 6, 51.0))
+        shutil.rmtree(proc / str(pid))
+    for pid, rank in ((21, 0), (22, 1)):
+        fake_process(proc, pid, 10, "S", {"RANK": str(rank), "TORCHELASTIC_RESTART_COUNT": "1"})
+        keep_previous(reports, rank)  # what telemetry.Progress does before its first write
+        write_json_atomic(progress_path(reports, rank), report(pid, 5, 58.0, first_step=5))
+    monitor.poll(10)
+    assert [event for event, _ in logged] == ["restart", "resumed"]
+    assert (logged[0][1]["step_before"], logged[1][1]["resumed_from"]) == (6, 4)
