@@ -86,7 +86,10 @@ def last_step_at(reports: Reports, pids: frozenset[int]) -> float | None:
 @dataclass
 class Restart:
     cause: str
-    at: float  # when the fault was seen (the watchdog's kill, or a process gone)
+    # When the fault was seen: the watchdog's kill, or a process gone. When the whole
+    # restart fell between two looks, the old generation's last report: a lower bound, so
+    # the recovery time is the gap in progress, never less than the real one.
+    at: float
     step_before: int | None  # the last step the old generation reported here
     resumed_from: int | None = None  # the step the new generation started after
     first_step_at: float | None = None  # when it reported its first completed step
@@ -105,6 +108,7 @@ class Restarts:
         self.pids: frozenset[int] = frozenset()  # the current generation's processes
         self.generation = 0
         self._step: int | None = None  # the newest step of the current generation
+        self._step_at: float | None = None  # the time of its report
         self._fault_at: float | None = None
         self._killed_at: float | None = None
 
@@ -120,21 +124,22 @@ class Restarts:
         for report in [*of_generation(reports, self.pids), *old]:
             step = _integer(report.get("step"))
             if step is not None and (self._step is None or step > self._step):
-                self._step = step
+                self._step, self._step_at = step, _number(report.get("time"))
         alive = frozenset(w.pid for w in workers if w.state != EXITED)
-        if self.pids and self.pids - alive and self._fault_at is None:
-            self._fault_at = now
-        if alive and not alive & self.pids:
+        replaced = bool(alive) and not alive & self.pids  # a new generation runs
+        if self.pids and self.pids - alive and self._fault_at is None and not replaced:
+            self._fault_at = now  # seen between the fault and the new generation
+        if replaced:
             generation = max(w.generation for w in workers if w.pid in alive)
             if self.pids:
                 cause = classify(self.generation, generation, self._killed_at is not None)
                 self.count += 1
                 self.causes[cause] += 1
-                at = self._killed_at or self._fault_at or now
+                at = self._killed_at or self._fault_at or self._step_at or now
                 self.last = Restart(cause=cause, at=at, step_before=self._step)
                 events.append(("restart", {"count": self.count, **self.last.as_dict()}))
             self.pids, self.generation = alive, generation
-            self._step = self._fault_at = self._killed_at = None
+            self._step = self._step_at = self._fault_at = self._killed_at = None
         last = self.last
         if last is not None and last.first_step_at is None:
             fresh = of_generation(reports, self.pids)

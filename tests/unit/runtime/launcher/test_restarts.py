@@ -247,11 +247,12 @@ def test_status_holds_each_ranks_report_and_process_state(tmp_path: Path) -> Non
     json.dumps(document)  # served as JSON
 
 
-def test_the_old_generations_last_step_counts_when_the_new_one_reported_before_a_poll(
+def test_a_restart_between_two_polls_counts_the_old_generations_last_report(
     tmp_path: Path,
 ) -> None:
     """The monitor polls every 0.5 s; a restart can be quicker. The old generation's last
-    report, moved aside by the new process's first write, still gives step_before."""
+    report, moved aside by the new process's first write, still gives step_before, and
+    its time bounds when the fault was."""
     proc, reports = tmp_path / "proc", tmp_path / "reports"
     fake_process(proc, 10, 1, "S", {})
     for pid, rank in ((11, 0), (12, 1)):
@@ -274,3 +275,5 @@ def test_the_old_generations_last_step_counts_when_the_new_one_reported_before_a
     monitor.poll(10)
     assert [event for event, _ in logged] == ["restart", "resumed"]
     assert (logged[0][1]["step_before"], logged[1][1]["resumed_from"]) == (6, 4)
+    # No look saw the fault itself: it came after the old generation's last report.
+    assert (logged[0][1]["at"], logged[1][1]["seconds_from_fault"]) == (51.0, 7.0)
