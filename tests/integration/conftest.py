@@ -3,6 +3,7 @@
 `cluster` (session): the control plane with the small topology, started on
 demand. A cluster that was already running is reused and left running; one
 this session started is stopped at the end unless TRAINWAVE_KEEP_CLUSTER=1.
+Under pytest-xdist (`make test`, `make integration`) each worker has its own.
 
 `namespace` (per test): a fresh namespace whose `default` ServiceAccount
 exists (pods are refused until it does), deleted after the test without
@@ -15,15 +16,29 @@ import os
 import re
 import uuid
 from collections.abc import Iterator
+from pathlib import Path
 
 import pytest
 
-from cluster.controlplane import DEFAULT_TOPOLOGY, Cluster, ensure_cluster
+from cluster.controlplane import DEFAULT_TOPOLOGY, Cluster, default_state_dir, ensure_cluster
+
+
+def session_state_dir() -> Path | None:
+    """Where this session's cluster lives: the default (TRAINWAVE_CLUSTER_DIR, else the
+    cache's `cluster`), or, in a pytest-xdist worker, a directory of the worker's own
+    (`cluster-gw0`, ...). Each worker is a session with its own chart and operator, so it
+    needs a cluster of its own: two operators on one cluster would place onto the same
+    nodes, and a test that kills or upgrades its operator would cut the other's jobs short."""
+    worker = os.environ.get("PYTEST_XDIST_WORKER")
+    if not worker:
+        return None
+    shared = default_state_dir()
+    return shared.with_name(f"{shared.name}-{worker}")
 
 
 @pytest.fixture(scope="session")
 def cluster() -> Iterator[Cluster]:
-    running = ensure_cluster(DEFAULT_TOPOLOGY)
+    running = ensure_cluster(DEFAULT_TOPOLOGY, session_state_dir())
     yield running
     if running.started and os.environ.get("TRAINWAVE_KEEP_CLUSTER") != "1":
         running.stop()

@@ -72,7 +72,11 @@ def test_chart_deployment_is_available(trainwave_installed):
 
 
 def test_metrics_and_health(cluster, namespace, running_operator):
-    apply(cluster, namespace, job_manifest("measured"))
+    # Long enough to be seen Running: a worker that runs 1 s can end before the operator
+    # sees it Running, and then no time to all workers Running is observed (a test run
+    # first in its session, as under pytest-xdist, found that).
+    apply(cluster, namespace, job_manifest("measured", run_for="6s"))
+    wait_for_phase(cluster, namespace, "measured", "Running")
     wait_for_phase(cluster, namespace, "measured", "Succeeded")
     assert running_operator.healthy()
     text = running_operator.metrics()
