@@ -91,8 +91,9 @@ UNIT_FUZZ_EXAMPLES ?= 300
 UNIT_WORKERS ?= 2
 # Integration (and `make test`'s first session) runs in INTEGRATION_WORKERS pytest-xdist
 # processes, a test file each at a time, each worker with a control plane, chart and operator
-# of its own (tests/integration/conftest.py): the tests mostly wait on the cluster (15-30% of
-# 2 cores busy), so two streams overlap. 0: one process on the shared cluster.
+# of its own (tests/integration/conftest.py): the tests mostly wait on the cluster (serially,
+# the 2 cores were a third busy), so two streams overlap: 908 -> 527-579 s for the session at
+# load ~1. 0: one process on the shared cluster.
 INTEGRATION_WORKERS ?= 2
 PARALLEL = -n $(INTEGRATION_WORKERS) --dist loadfile
 
@@ -124,9 +125,9 @@ chaos: venv tools ## seeded faults (operator kills, API server/kwok restarts, no
 # says where `make test`'s minutes went; DURATIONS= turns it off.
 DURATIONS ?= --durations=25
 # e2e (the real node) and chaos (kwok nodes) run beside each other, chaos on a control plane
-# of its own (CHAOS_CLUSTER_DIR): both mostly wait on their clusters (measured side by side:
-# e2e 484 s, chaos 279 s; one after the other in a .ci/run: 489 and 265 s). Chaos's output
-# goes to a file, printed once e2e is done, so the two logs do not interleave.
+# of its own (CHAOS_CLUSTER_DIR): both mostly wait on their clusters (side by side in a warm
+# .ci/run: e2e 533 s, chaos 287 s; one after the other in the one before: 489 and 265 s).
+# Chaos's output goes to a file, printed once e2e is done, so the two logs do not interleave.
 CHAOS_CLUSTER_DIR ?= $(or $(TRAINWAVE_CLUSTER_DIR),$(CACHE)/cluster)-chaos
 .PHONY: test
 test: venv tools images check-generated ## all tests: generated-file drift, unit + host + integration (kwok, 2 processes), then e2e (real node, built images) beside chaos
@@ -136,7 +137,7 @@ test: venv tools images check-generated ## all tests: generated-file drift, unit
 	trap 'kill $$chaos 2>/dev/null' INT TERM; \
 	flock /tmp/realnode.lock $(PYTEST) $(DURATIONS) tests/e2e; e2e=$$?; \
 	wait $$chaos; status=$$?; \
-	echo "=== tests/chaos, run beside e2e (exit $$status; log $$log) ==="; cat "$$log"; \
+	echo "=== tests/chaos, run beside e2e (exit $$status) ==="; cat "$$log"; rm -f "$$log"; \
 	exit $$(( e2e || status ))
 
 .PHONY: demo
