@@ -13,15 +13,17 @@ says the worker "was deleted before it finished", not that it vanished.
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import re
 import signal
 import urllib.request
+from collections.abc import Iterator
 
 import pytest
 
 from cluster.controlplane import Cluster
-from cluster.deploy import OperatorProcess
+from cluster.deploy import OperatorProcess, free_port
 from cluster.restarts import restart_api_server
 from integration.trainwave_fixtures import (
     apply,
@@ -35,14 +37,38 @@ from integration.trainwave_fixtures import (
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(240)]
 
 
+@pytest.fixture
+def patient_operator(running_operator: OperatorProcess) -> Iterator[OperatorProcess]:
+    """The session operator restarted with a renew deadline longer than any gap here.
+
+    With the default 10 s a leader stopped longer than that exits when it wakes, as it
+    must (a standby may hold the Lease by then), and no new attempt comes: restarting
+    the API server took longer than that on loaded cores (seen under pytest-xdist). The
+    same pod name takes the Lease back at once, and the session operator is started
+    again afterwards."""
+    running_operator.stop()
+    patient = dataclasses.replace(
+        running_operator,
+        process=None,
+        metrics_port=free_port(),
+        health_port=free_port(),
+        extra_args=(*running_operator.extra_args, "--leader-elect-lease-duration", "300",
+                    "--leader-elect-renew-deadline", "240"),
+    )  # fmt: skip
+    patient.start()
+    yield patient
+    patient.stop()
+    running_operator.start()
+
+
 def test_worker_deleted_during_a_watch_gap_restarts_the_gang(
-    cluster: Cluster, namespace: str, running_operator: OperatorProcess
+    cluster: Cluster, namespace: str, patient_operator: OperatorProcess
 ) -> None:
     apply(cluster, namespace, job_manifest("gap", workers=2, result=None))
     wait_for_phase(cluster, namespace, "gap", "Running", timeout=90)
-    relists_before = worker_pod_relists(running_operator)
-    assert running_operator.process is not None
-    group = running_operator.process.pid
+    relists_before = worker_pod_relists(patient_operator)
+    assert patient_operator.process is not None
+    group = patient_operator.process.pid
     os.killpg(group, signal.SIGSTOP)
     try:
         restart_api_server(cluster.state_dir)
@@ -56,7 +82,7 @@ def test_worker_deleted_during_a_watch_gap_restarts_the_gang(
         return status if status.get("attempt", 0) >= 1 else None
 
     wait_until(restarted, 90, "a new attempt after the worker lost in the gap")
-    assert worker_pod_relists(running_operator) > relists_before, "seen by a relist"
+    assert worker_pod_relists(patient_operator) > relists_before, "seen by a relist"
     # Reported as a deletion carrying the worker's last state (rank, name), not as a
     # worker missing for no known reason ("vanished before it finished").
     deleted = "worker 1 (gap-a0-worker-1) was deleted before it finished"
@@ -66,7 +92,7 @@ def test_worker_deleted_during_a_watch_gap_restarts_the_gang(
         f"an Event saying {deleted!r}",
     )  # fmt: skip
     wait_for_phase(cluster, namespace, "gap", "Running", timeout=90)
-    assert running_operator.alive()
+    assert patient_operator.alive()
 
 
 def worker_pod_relists(operator: OperatorProcess) -> int:
