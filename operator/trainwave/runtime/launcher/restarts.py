@@ -120,12 +120,19 @@ class Restarts:
         `previous`: each rank's report from before its current process started, which
         holds the old generation's last step once the new one has reported."""
         events: list[tuple[str, dict[str, Any]]] = []
+        alive = frozenset(w.pid for w in workers if w.state != EXITED)
+        if alive & self.pids:
+            # Members seen after the others (a warm-started process names itself only
+            # after its fork) are of this generation: the agent starts the next one only
+            # once every process of the last has stopped (SimpleElasticAgent._restart_workers
+            # stops the workers, then starts new ones).
+            self.pids |= {w.pid for w in workers if w.pid in alive
+                          and w.generation == self.generation}  # fmt: skip
         old = of_generation(previous or {}, self.pids)
         for report in [*of_generation(reports, self.pids), *old]:
             step = _integer(report.get("step"))
             if step is not None and (self._step is None or step > self._step):
                 self._step, self._step_at = step, _number(report.get("time"))
-        alive = frozenset(w.pid for w in workers if w.state != EXITED)
         replaced = bool(alive) and not alive & self.pids  # a new generation runs
         if self.pids and self.pids - alive and self._fault_at is None and not replaced:
             self._fault_at = now  # seen between the fault and the new generation

@@ -277,3 +277,15 @@ def test_a_restart_between_two_polls_counts_the_old_generations_last_report(
     assert (logged[0][1]["step_before"], logged[1][1]["resumed_from"]) == (6, 4)
     # No look saw the fault itself: it came after the old generation's last report.
     assert (logged[0][1]["at"], logged[1][1]["seconds_from_fault"]) == (51.0, 7.0)
+
+
+def test_a_process_seen_after_the_others_joins_their_generation() -> None:
+    """A warm-started process names itself after its fork, so one look can find rank 0 of
+    a generation without rank 1; the watchdog must still judge by both ranks' steps."""
+    restarts = Restarts()
+    restarts.observe(workers(11), {}, now=100.0)  # rank 1 not named yet
+    steps = {0: report(11, 5, 110.0), 1: report(12, 6, 120.0)}
+    assert restarts.observe(workers(11, 12), steps, now=121.0) == []  # no restart
+    assert restarts.pids == {11, 12}
+    assert not restarts.hang_due(steps, 127.0, 8.0)  # rank 1 stepped at 120
+    assert restarts.hang_due(steps, 128.0, 8.0)
