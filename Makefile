@@ -127,13 +127,15 @@ DURATIONS ?= --durations=25
 # e2e (the real node) and chaos (kwok nodes) run beside each other, chaos on a control plane
 # of its own (CHAOS_CLUSTER_DIR): both mostly wait on their clusters (side by side in a warm
 # .ci/run: e2e 533 s, chaos 287 s; one after the other in the one before: 489 and 265 s).
-# Chaos's output goes to a file, printed once e2e is done, so the two logs do not interleave.
+# Chaos's output goes to a file, printed once e2e is done, so the two logs do not interleave;
+# its figures go to the cache (CHAOS_RESULTS), not over the tracked results of `make chaos`.
 CHAOS_CLUSTER_DIR ?= $(or $(TRAINWAVE_CLUSTER_DIR),$(CACHE)/cluster)-chaos
 .PHONY: test
 test: venv tools images check-generated ## all tests: generated-file drift, unit + host + integration (kwok, 2 processes), then e2e (real node, built images) beside chaos
 	$(PYTEST) $(PARALLEL) $(DURATIONS) tests/unit tests/host tests/integration
 	log=$$(mktemp -t trainwave-chaos.XXXXXX); \
-	TRAINWAVE_CLUSTER_DIR=$(CHAOS_CLUSTER_DIR) $(PYTEST) $(DURATIONS) tests/chaos >"$$log" 2>&1 & chaos=$$!; \
+	TRAINWAVE_CLUSTER_DIR=$(CHAOS_CLUSTER_DIR) CHAOS_RESULTS=$(CACHE)/chaos-last.json \
+	  $(PYTEST) $(DURATIONS) tests/chaos >"$$log" 2>&1 & chaos=$$!; \
 	trap 'kill $$chaos 2>/dev/null' INT TERM; \
 	flock /tmp/realnode.lock $(PYTEST) $(DURATIONS) tests/e2e; e2e=$$?; \
 	wait $$chaos; status=$$?; \
@@ -164,7 +166,7 @@ bench-crd-cost: venv tools ## diagnostic: kube-apiserver CPU per TrainingJob sta
 	$(PY) tests/benchmarks/crd_write_cost.py
 
 .PHONY: bench-faults
-bench-faults: venv tools images ## faults on the real node (kill, SIGSTOP, slowed rank): in-place repair vs gang recreation, same seeded schedule (root; ~15 min)
+bench-faults: venv tools images ## faults on the real node (kill, SIGSTOP, slowed rank, a worker evicted): in-place repair vs gang recreation, same seeded schedule (root; ~15 min)
 	flock /tmp/realnode.lock $(PY) tests/benchmarks/bench_faults.py
 
 .PHONY: bench-replace

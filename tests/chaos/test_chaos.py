@@ -11,7 +11,8 @@ Faults (plan.FAULTS) run one after another; each recovers before the next. At th
 - nothing is orphaned: every pod and Service is owned by a job of the run, each Service named
   after its job, no worker still active under a finished job, and deleting the jobs removes
   every pod and Service.
-The figures go to tests/benchmarks/results/chaos.json. CHAOS_SEED picks another schedule.
+The figures go to tests/benchmarks/results/chaos.json (CHAOS_RESULTS: another path). CHAOS_SEED
+picks another schedule.
 """
 
 from __future__ import annotations
@@ -43,9 +44,11 @@ WAVES = 6
 LOW_WATER = 6
 LAST_WAVE = 4
 WORKER_NAME = re.compile(r"(.+)-a\d+-worker-\d+")
-# Another seed's figures go beside the default run's, not over them.
-RESULTS = (
-    Path(__file__).resolve().parents[1]
+# Another seed's figures go beside the default run's, not over them. CHAOS_RESULTS puts
+# them elsewhere: `make test` keeps its run's out of the tracked results (Makefile).
+RESULTS = Path(
+    os.environ.get("CHAOS_RESULTS")
+    or Path(__file__).resolve().parents[1]
     / "benchmarks"
     / "results"
     / ("chaos.json" if SEED == DEFAULT_SEED else f"chaos-seed-{SEED}.json")
