@@ -97,7 +97,7 @@ def counter(operator: Any, name: str) -> float:
 
 
 def start_job(cluster: Any, namespace: str, name: str, port: int, tmp_path: Path, *,
-              run_policy: dict[str, Any]) -> tuple[dict[str, Any], Any]:  # fmt: skip
+              run_policy: dict[str, Any], in_place: int = 3) -> tuple[dict[str, Any], Any]:  # fmt: skip
     """The job Running with one hostNetwork worker; (its pod, the signer its launcher
     would sign its /status with)."""
     manifest = job_manifest(
@@ -106,7 +106,7 @@ def start_job(cluster: Any, namespace: str, name: str, port: int, tmp_path: Path
         run_for="600s",
         processesPerWorker=2,
         masterPort=free_port(),
-        runtime={"statusPort": port},
+        runtime={"statusPort": port, "inPlaceRestarts": in_place},
         run_policy=run_policy,
         template_spec={"hostNetwork": True},
     )
@@ -243,6 +243,38 @@ def test_a_hang_the_launchers_do_not_repair_recreates_the_gang(
                  if not p["metadata"].get("deletionTimestamp")} == {"1"},
         60, "only attempt 1's worker left",
     )  # fmt: skip
+
+
+def test_without_in_place_restarts_a_hang_recreates_the_gang_when_found(
+    cluster, namespace, running_operator, tmp_path: Path
+):
+    # No launcher watchdog runs without in-place restarts, so the operator does not wait
+    # a second timeout for one: the gang is recreated in the reconcile that finds it hung.
+    name, port = "stuck-alone", free_port()
+    policy = {"hangTimeoutSeconds": 10}
+    _, signer = start_job(cluster, namespace, name, port, tmp_path, run_policy=policy, in_place=0)
+    training = Training(namespace, name)
+    with _serving(port, training, signer):
+        wait_until(
+            lambda: job(cluster, namespace, name)["status"].get("goodput"), 60, "status.goodput"
+        )
+        with training.lock:
+            training.moving = False
+        restarted = wait_until(
+            lambda: (s := job(cluster, namespace, name)["status"]).get("restarts") == 1 and s,
+            90, "the gang recreated",
+        )  # fmt: skip
+    assert restarted["attempt"] == 1
+    events_about(
+        cluster, namespace,
+        lambda e: e.get("reason") == "Hung" and e.get("type") == "Warning"
+        and "launchers do not restart it in place (spec.runtime.inPlaceRestarts is 0)"
+        in e.get("note", "") and "restarting the gang (restart 1 of" in e.get("note", ""),
+        "the restart's Event",
+    )  # fmt: skip
+    notes = [e.get("note", "") for e in get_json(cluster, namespace, "events.events.k8s.io")["items"]
+             if e["regarding"]["name"] == name]  # fmt: skip
+    assert not any("still hung" in note for note in notes), notes
 
 
 def _check_goodput_panel(text: str, namespace: str, name: str) -> None:

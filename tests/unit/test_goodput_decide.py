@@ -44,10 +44,14 @@ def hung_condition(since: datetime) -> dict[str, Any]:
 
 
 def job(*, timeout: int | None = 60, conditions: tuple[dict[str, Any], ...] = (),
-        stragglers: dict[str, Any] | None = None, **options: Any) -> TrainingJob:  # fmt: skip
-    """A Running job with hangTimeoutSeconds `timeout`, started 1000 s ago."""
+        stragglers: dict[str, Any] | None = None, in_place: int = 3,
+        **options: Any) -> TrainingJob:  # fmt: skip
+    """A Running job with hangTimeoutSeconds `timeout`, started 1000 s ago, with the runtime
+    (whose reports these are) and `in_place` in-place restarts."""
     body = make_body(
         phase="Running",
+        runtime={"inPlaceRestarts": in_place},
+        command=["python", "train.py"],
         start_time=ago(1000),
         status_extra={
             "conditions": [
@@ -128,6 +132,25 @@ def test_still_hung_a_full_timeout_later_recreates_the_gang_counted_as_a_restart
     hung = found.status.condition(ConditionType.HUNG)
     assert hung is not None
     assert hung.status == "False"
+
+
+def test_without_in_place_restarts_a_hang_recreates_the_gang_when_found() -> None:
+    # No launcher watchdog runs without in-place restarts: waiting a second timeout for
+    # one would only idle the gang (the fault benchmark's recreate mode waited 2 x 20 s).
+    memory = stale_memory((120, 118), ago(61))
+    reports = {0: report(0, 120), 1: report(1, 118, state="stopped")}
+    found = decided(job(in_place=0), reports, memory=memory)
+    assert found.status.phase == Phase.RESTARTING
+    assert found.status.reason == Reason.HUNG
+    assert (found.status.restarts, found.status.attempt) == (1, 1)
+    assert "launchers do not restart it in place (spec.runtime.inPlaceRestarts is 0)" in (
+        found.status.message
+    )
+    assert "stopped (SIGSTOP): rank 1" in found.status.message
+    assert [e.reason for e in found.events][:1] == [Reason.HUNG]
+    # With them, the same gang is only marked Hung: the launchers get their timeout first.
+    waits = decided(job(), reports, memory=memory)
+    assert waits.status.phase == Phase.RUNNING
 
 
 def test_a_hang_past_max_restarts_fails_the_job() -> None:
@@ -300,7 +323,7 @@ def test_an_in_place_restart_is_news_once() -> None:
         })  # fmt: skip
         assert found is not None
         reports[rank] = found
-    running_job = job(timeout=None, runtime={}, command=["python", "train.py"])
+    running_job = job(timeout=None)
     first = decided(running_job, reports)
     [news] = [e for e in first.events if e.reason == Reason.RESTARTED_IN_PLACE]
     assert news.type == "Warning"

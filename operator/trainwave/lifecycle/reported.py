@@ -102,14 +102,29 @@ def apply_reports(
     if hung_since is None:
         draft.condition(ConditionType.HUNG, True, Reason.HUNG, verdict.message)
         draft.events.append(JobEvent("Warning", Reason.HUNG, verdict.message))
-    if not verdict.recreate:
+    if hung_since is None and not _launchers_restart(job):
+        # Nobody else will act: without in-place restarts the launchers run no watchdog
+        # (builders/runtime.py in_place_env), so a second timeout would only idle the gang.
+        what = (
+            f"the gang is hung and its launchers do not restart it in place "
+            f"(spec.runtime.inPlaceRestarts is 0): {verdict.message}"
+        )
+    elif not verdict.recreate:
         return memory, None
-    what = (
-        f"the gang is still hung {timeout}s after it was found hung (the launchers did "
-        f"not restart it in place): {verdict.message}"
-    )
+    else:
+        what = (
+            f"the gang is still hung {timeout}s after it was found hung (the launchers did "
+            f"not restart it in place): {verdict.message}"
+        )
     draft.condition(ConditionType.HUNG, False, Reason.HUNG, f"gang recreated: {verdict.message}")
     return memory, Repair(Cause.HANG, what)
+
+
+def _launchers_restart(job: TrainingJob) -> bool:
+    """Whether the workers' launchers restart hung processes in place: their watchdog
+    runs only with in-place restarts on."""
+    runtime = job.spec.runtime
+    return runtime is not None and runtime.enabled and runtime.in_place_restarts > 0
 
 
 def _in_place_news(
