@@ -13,7 +13,8 @@ Environment: BENCH_SATURATION (small: 64 nodes, a few minutes; uniform: the issu
 at 1/16 the scale, about 2 minutes; large: the 1,024-node
 topology), BENCH_SEED (2027), BENCH_TAG (appended to the results' name, e.g. "before"),
 BENCH_KEEP_CLUSTER (0; 1 leaves the cluster up for a quick re-run), BENCH_STATE (the cluster's
-state directory under the cache, bench-saturation-cluster). Writes
+state directory under the cache, bench-saturation-cluster), BENCH_MAX_SKIPS (the operator's
+--queue-max-skips; unset: its default, 4). Writes
 tests/benchmarks/results/saturation-<config>[-vs-kueue][-<tag>].{json,md}.
 
 BENCH_PEER=kueue runs the peer in the same invocation, right after trainwave's side, on the
@@ -82,6 +83,9 @@ TOPOLOGY = REPO / "tests" / "cluster" / "topologies" / f"{CONFIG.topology}.yaml"
 NAMESPACE = "bench-saturation"
 PEER_NAMESPACE = "bench-saturation-kueue"
 STATE_NAME = os.environ.get("BENCH_STATE", "bench-saturation-cluster")
+# The operator's --queue-max-skips (the chart's queue.maxSkips); unset: the operator's default.
+MAX_SKIPS = os.environ.get("BENCH_MAX_SKIPS", "")
+OPERATOR_ARGS = ("--queue-max-skips", MAX_SKIPS) if MAX_SKIPS else ()
 RESULTS = (
     REPO
     / "tests"
@@ -104,7 +108,9 @@ def main() -> int:
     load = LoadSampler()
     load.start()
     stream = make_stream(CONFIG)
-    with operator_cluster(TOPOLOGY, STATE_NAME, NAMESPACE, keep_cluster=KEEP_CLUSTER) as bench:
+    with operator_cluster(
+        TOPOLOGY, STATE_NAME, NAMESPACE, keep_cluster=KEEP_CLUSTER, operator_args=OPERATOR_ARGS
+    ) as bench:
         client = ApiClient(bench.cluster.server, Layout(bench.cluster.state_dir).pki, timeout=60)
         print(f"cluster ready in {time.monotonic() - started:.0f}s", flush=True)
         metrics_before = parse_metrics(bench.operator.metrics())
@@ -148,6 +154,7 @@ def main() -> int:
             stream, gangs, finished=finished, watcher=watcher, peer=peer, load=load
         )
     result["conditions"]["run_seconds"] = round(time.monotonic() - started, 1)
+    result["conditions"]["queue_max_skips"] = int(MAX_SKIPS) if MAX_SKIPS else "default"
     text = report(result) + (peer_report(result["peer"]) if peer is not None else "")
     write_results(RESULTS, result, text)
     print(text)

@@ -31,6 +31,7 @@ DEFAULT_ARGS = [
     "--runtime-image", "trainwave/runtime:0.1.0",
     "--status-key-secret", f"{NAMESPACE}/{RELEASE}-trainwave-status-key",
     "--status-interval-seconds", "15",
+    "--queue-max-skips", "4",
 ]  # fmt: skip
 # The agent's arbiter is on by default: shared workers mount its sockets.
 ARBITER_ARGS = ["--arbiter-dir", "/run/trainwave/arbiter"]
@@ -71,8 +72,13 @@ LEADER_ARGS = [
         ),
         pytest.param(
             ("--set", "runtime.statusIntervalSeconds=2"),
-            [*DEFAULT_ARGS[:-1], "2"],
+            [*DEFAULT_ARGS[:-3], "2", *DEFAULT_ARGS[-2:]],
             id="status-interval",
+        ),
+        pytest.param(
+            ("--set", "queue.maxSkips=0"),
+            [*DEFAULT_ARGS[:-1], "0"],
+            id="queue-max-skips",
         ),
     ],
 )  # fmt: skip

@@ -87,6 +87,7 @@ def test_service_monitor_needs_the_service() -> None:
         pytest.param(
             ("--set", "runtime.statusIntervalSeconds=0"), "minimum", id="status-interval-zero"
         ),
+        pytest.param(("--set", "queue.maxSkips=-1"), "minimum", id="max-skips-negative"),
         pytest.param(("--set", "podAnnotations.a=1"), "want string", id="annotation-not-string"),
         pytest.param(
             ("--set-json", 'watchNamespaces=["team-*"]'),

@@ -285,3 +285,18 @@ def test_rule_8a_a_protected_gang_starts_spread_once_its_room_is_complete() -> N
     assert outcome(schedule(snapshot, [not_yet], QueuePolicy(max_skips=4))) == {
         "big": "WaitingForPreferredLevel"
     }
+
+
+def test_the_operator_flag_sets_the_backfill_bound(capsys: pytest.CaptureFixture[str]) -> None:
+    import argparse
+
+    from trainwave.cli.operator import add_operator_parser
+
+    parser = argparse.ArgumentParser()
+    add_operator_parser(parser.add_subparsers(dest="command"))
+    assert parser.parse_args(["operator"]).queue_max_skips == QueuePolicy().max_skips
+    assert parser.parse_args(["operator", "--queue-max-skips", "0"]).queue_max_skips == 0
+    for bad in ("-1", "two", "1.5"):
+        with pytest.raises(SystemExit):
+            parser.parse_args(["operator", "--queue-max-skips", bad])
+        assert f"{bad!r}: expected a whole number, 0 or more" in capsys.readouterr().err

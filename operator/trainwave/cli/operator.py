@@ -11,6 +11,7 @@ from typing import TYPE_CHECKING
 
 from trainwave import contract
 from trainwave.cli.arguments import LOG_LEVELS, SubCommands, positive_seconds
+from trainwave.placement.queueing import DEFAULT_MAX_SKIPS
 
 if TYPE_CHECKING:
     from trainwave.kube.leadership import LeaderElector
@@ -58,6 +59,15 @@ def add_operator_parser(commands: SubCommands) -> None:
         "the DRAConsumableCapacity feature gate)",
     )
     add_status_flags(operator)
+    operator.add_argument(
+        "--queue-max-skips",
+        type=_max_skips,
+        default=DEFAULT_MAX_SKIPS,
+        metavar="N",
+        help="how many gangs may start on room a blocked, larger gang could use before that "
+        "gang is protected and every node it could use is held for it (bounded backfill; 0 "
+        f"is strict first-come first-served; default {DEFAULT_MAX_SKIPS})",
+    )
     operator.add_argument(
         "--kueue",
         action="store_true",
@@ -131,6 +141,16 @@ def add_leader_election_flags(operator: argparse.ArgumentParser) -> None:
         )
 
 
+def _max_skips(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        value = -1
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"{text!r}: expected a whole number, 0 or more")
+    return value
+
+
 def _status_interval(text: str) -> float:
     try:
         value = float(text)
@@ -179,6 +199,7 @@ def run_operator(options: argparse.Namespace) -> int:
         print(f"trainwave operator: {error}", file=sys.stderr)
         return 2
     handlers.OPTIONS.status_interval_seconds = options.status_interval_seconds
+    handlers.OPTIONS.queue_max_skips = options.queue_max_skips
     handlers.OPTIONS.namespaces = tuple(options.namespace or ())
     handlers.OPTIONS.kueue = options.kueue
     secret = options.status_key_secret or (

@@ -43,6 +43,7 @@ from trainwave.controller.workloads import WorkloadCache
 from trainwave.kube.leadership import LeaderElector
 from trainwave.kube.queue import WorkQueue
 from trainwave.kube.recorder import EventRecorder, Rate
+from trainwave.placement.queueing import DEFAULT_MAX_SKIPS, QueuePolicy
 from trainwave.placement.topology import DEFAULT_LEVELS
 
 logger = logging.getLogger(__name__)
@@ -63,6 +64,7 @@ class Options:
     status_key_secret: tuple[str, str] = ("trainwave-system", contract.DEFAULT_STATUS_KEY_SECRET)
     leadership: LeaderElector | None = None  # None: act alone (no leader election)
     kueue: bool = False  # admit queue-labelled jobs through Kueue Workloads
+    queue_max_skips: int = DEFAULT_MAX_SKIPS  # the queue's backfill bound (queueing.py rule 3)
 
 
 # Reasons whose news comes from outside and may flap: Kueue rewrites a pending
@@ -129,7 +131,13 @@ async def start(*, settings: kopf.OperatorSettings, memo: Any, **_: Any) -> None
     guards = AdmissionGuards(kube, namespaces=OPTIONS.namespaces)
     guards.start()
     _CACHE["guards"] = guards
-    placer = Placer(kube, OPTIONS.topology_levels, _wake, cache.view)
+    placer = Placer(
+        kube,
+        OPTIONS.topology_levels,
+        _wake,
+        cache.view,
+        policy=QueuePolicy(max_skips=OPTIONS.queue_max_skips),
+    )
     # Any pod or node change may free room (a foreign pod too): the cache's thread
     # pokes the placer on the loop.
     cache.on_change(lambda: loop.call_soon_threadsafe(placer.poke))

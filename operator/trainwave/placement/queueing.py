@@ -79,9 +79,14 @@ class PendingJob:
     may_spread: bool = True  # False: rule 8, wait for one preferred domain with room
 
 
+# Rule 3's bound: enough for small gangs to fill the room a large gang cannot use yet, few
+# enough that the large gang's wait stays bounded (the operator's --queue-max-skips).
+DEFAULT_MAX_SKIPS = 4
+
+
 @dataclass(frozen=True)
 class QueuePolicy:
-    max_skips: int = 4
+    max_skips: int = DEFAULT_MAX_SKIPS
 
 
 @dataclass(frozen=True)

@@ -1,0 +1,100 @@
+"""The queue's bounded backfill end to end: at the default bound a small gang starts on room
+a blocked, larger gang could use; with the operator's `--queue-max-skips 0` (the chart's
+`queue.maxSkips`) the larger gang is protected at once and the small one is held for it
+(placement/queueing.py rule 3).
+
+Each test gets a private pool of two simulated 8-GPU nodes; a plain pod fills one of them,
+so a 2-node gang is blocked and a 1-node gang arriving after it finds room only on the other.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Iterator
+
+import pytest
+
+from cluster.deploy import OperatorProcess, free_port
+from integration.node_pools import Pool, blocker_pod, node_pool
+from integration.trainwave_fixtures import (
+    apply,
+    condition,
+    job,
+    job_manifest,
+    wait_for_phase,
+    wait_until,
+)
+
+pytestmark = [pytest.mark.integration, pytest.mark.timeout(240)]
+
+
+@pytest.fixture
+def strict_fifo_operator(running_operator: OperatorProcess) -> Iterator[OperatorProcess]:
+    """The session operator restarted with --queue-max-skips 0, and started again after."""
+    running_operator.stop()
+    strict = dataclasses.replace(
+        running_operator,
+        process=None,
+        metrics_port=free_port(),
+        health_port=free_port(),
+        extra_args=(*running_operator.extra_args, "--queue-max-skips", "0"),
+    )
+    strict.start()
+    yield strict
+    strict.stop()
+    running_operator.start()
+
+
+def pool_job(name: str, pool: Pool, workers: int) -> dict:
+    return job_manifest(name, workers=workers, gpus=8, run_for="120s",
+                        template_spec={"nodeSelector": pool.selector})  # fmt: skip
+
+
+def scheduled(cluster, namespace: str, name: str) -> dict:
+    return condition(job(cluster, namespace, name), "Scheduled") or {}
+
+
+def block_a_large_gang(cluster, namespace: str, pool: Pool) -> None:
+    """One node full, a 2-node gang waiting for it with the placer's answer given."""
+    apply(cluster, namespace, blocker_pod("hold", pool.nodes[0], 8))
+    apply(cluster, namespace, pool_job("large", pool, workers=2))
+    wait_until(
+        lambda: (
+            (found := scheduled(cluster, namespace, "large")).get("status") == "False"
+            and found.get("reason") != "Placing"
+        ),
+        60,
+        "the large gang blocked",
+    )
+
+
+def test_a_small_gang_backfills_behind_a_blocked_one(cluster, namespace, running_operator):
+    with node_pool(cluster, rack_sizes=(2,)) as pool:
+        block_a_large_gang(cluster, namespace, pool)
+        apply(cluster, namespace, pool_job("small", pool, workers=1))
+        wait_for_phase(cluster, namespace, "small", "Running", timeout=60)
+        assert scheduled(cluster, namespace, "large").get("status") == "False"
+
+
+def test_max_skips_0_holds_the_small_gang_for_the_earlier_one(
+    cluster, namespace, strict_fifo_operator
+):
+    with node_pool(cluster, rack_sizes=(2,)) as pool:
+        block_a_large_gang(cluster, namespace, pool)
+        apply(cluster, namespace, pool_job("small", pool, workers=1))
+        held = wait_until(
+            lambda: (
+                (found := scheduled(cluster, namespace, "small")).get("reason")
+                == "HeldForEarlierJob"
+                and found
+            ),
+            60,
+            "the small gang held",
+        )
+        assert held["status"] == "False"
+        assert f"waiting for {namespace}/large" in held["message"]
+        assert job(cluster, namespace, "small")["status"]["phase"] != "Running"
+        # The room kept for it is the large gang's once the node frees up.
+        cluster.kubectl("delete", "pod", "-n", namespace, "hold", "--grace-period=0", "--force")
+        wait_for_phase(cluster, namespace, "large", "Running", timeout=60)
+        assert scheduled(cluster, namespace, "small").get("status") == "False"
