@@ -327,8 +327,9 @@ class RunPolicy(ApiModel):
         le=86_400,
         description="hangTimeoutSeconds: with the runtime, a job whose workers all run but "
         "none completes a training step for this long is hung: the Hung condition names the "
-        "stalled ranks and their last steps, and the processes restart in place (cause hang). "
-        "Unset (default): no hang detection.",
+        "stalled ranks and their last steps, and the processes restart in place (cause hang); "
+        "with spec.runtime.inPlaceRestarts 0, or still hung a timeout later, the gang is "
+        "recreated. Unset (default): no hang detection.",
     )
     stragglers: Stragglers = Field(
         default_factory=Stragglers,
