@@ -96,6 +96,34 @@ def test_the_service_waits_until_every_worker_has_an_address(cluster, namespace,
     assert service_of(cluster, namespace, "held") is None
 
 
+def test_a_restarted_gang_s_service_selects_only_the_new_gang(cluster, namespace, running_operator):
+    """Hostnames are the same in every attempt, so the old gang's pods, terminating, must
+    leave the Service before the new gang starts (builders/service.py)."""
+    apply(cluster, namespace, job_manifest("again", workers=2, result=None))
+    wait_for_phase(cluster, namespace, "again", "Running")
+
+    def selects(attempt):
+        found = service_of(cluster, namespace, "again")
+        return found and found["spec"]["selector"].get("trainwave.io/attempt") == str(attempt)
+
+    wait_until(lambda: selects(0), 20, "the Service selecting attempt 0")
+    cluster.kubectl("delete", "pod", "-n", namespace, "again-a0-worker-1", "--wait=false")
+    wait_until(lambda: job(cluster, namespace, "again")["status"].get("attempt") == 1, 60,
+               "attempt 1")  # fmt: skip
+    wait_until(lambda: selects(1), 20, "the Service selecting attempt 1")
+
+    def endpoint_pods():
+        slices = get_json(cluster, namespace, "endpointslices",
+                          "-l", "kubernetes.io/service-name=again")["items"]  # fmt: skip
+        names = sorted(e["targetRef"]["name"] for s in slices for e in s.get("endpoints") or [])
+        return names if len(names) == 2 else None
+
+    assert wait_until(endpoint_pods, 30, "2 endpoints") == [
+        "again-a1-worker-0",
+        "again-a1-worker-1",
+    ]
+
+
 def test_worker_failure_restarts_the_whole_gang_until_max_restarts(
     cluster, namespace, running_operator
 ):

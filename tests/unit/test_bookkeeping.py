@@ -66,15 +66,18 @@ def test_pods_never_seen_stop_holding_the_job_after_the_expiry() -> None:
 def test_an_applied_service_counts_as_there_until_watched_or_expired() -> None:
     clock = Clock()
     books = Bookkeeping(clock)
-    assert not books.service_exists(KEY, watched=False)
-    books.applied_service(KEY)
-    assert books.service_exists(KEY, watched=False)
+    assert not books.service_exists(KEY, 0, watched=False)
+    books.applied_service(KEY, 0)
+    assert books.service_exists(KEY, 0, watched=False)
     clock.now += EXPECTATIONS_SECONDS - 1
-    assert books.service_exists(KEY, watched=False)
-    assert books.service_exists(KEY, watched=True)
-    assert not books.service_exists(KEY, watched=False), (
+    assert books.service_exists(KEY, 0, watched=False)
+    assert books.service_exists(KEY, 0, watched=True)
+    assert not books.service_exists(KEY, 0, watched=False), (
         "once watched, a Service gone from the watch is applied again"
     )
-    books.applied_service(KEY)
+    books.applied_service(KEY, 0)
     clock.now += EXPECTATIONS_SECONDS
-    assert not books.service_exists(KEY, watched=False)
+    assert not books.service_exists(KEY, 0, watched=False)
+    books.applied_service(KEY, 1)
+    assert not books.service_exists(KEY, 2, watched=False), "applied for another attempt"
+    assert books.service_exists(KEY, 1, watched=False)

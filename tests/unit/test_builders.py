@@ -289,7 +289,7 @@ def test_check_template_accepts(template: dict[str, Any]) -> None:
 
 
 def test_service_is_headless_and_publishes_not_ready_workers() -> None:
-    service = build_service(make_job(masterPort=23456))
+    service = build_service(make_job(masterPort=23456), 0)
     assert service["metadata"]["name"] == "demo"
     assert service["metadata"]["namespace"] == NAMESPACE
     assert service["metadata"]["labels"] == {contract.LABEL_JOB_NAME: "demo"}
@@ -297,13 +297,20 @@ def test_service_is_headless_and_publishes_not_ready_workers() -> None:
     spec = service["spec"]
     assert spec["clusterIP"] == "None"
     assert spec["publishNotReadyAddresses"] is True
-    assert spec["selector"] == {contract.LABEL_JOB_NAME: "demo", contract.LABEL_ROLE: "worker"}
+    assert spec["selector"] == {
+        contract.LABEL_JOB_NAME: "demo",
+        contract.LABEL_ROLE: "worker",
+        contract.LABEL_ATTEMPT: "0",
+    }
     assert spec["ports"] == [{"name": "rendezvous", "port": 23456, "targetPort": 23456}]
 
 
-def test_service_selects_every_worker_pod() -> None:
+def test_service_selects_every_worker_pod_of_its_attempt_only() -> None:
     job = make_job(workers=3)
-    selector = build_service(job)["spec"]["selector"]
+    selector = build_service(job, 4)["spec"]["selector"]
     for pod in build_worker_pods(resolve_job(job), (0, 1, 2), 4):
         assert selector.items() <= pod["metadata"]["labels"].items()
-        assert pod["spec"]["subdomain"] == build_service(job)["metadata"]["name"]
+        assert pod["spec"]["subdomain"] == build_service(job, 4)["metadata"]["name"]
+    # The gang before it, terminating, must not answer for its hostnames (service.py).
+    for pod in build_worker_pods(resolve_job(job), (0, 1, 2), 3):
+        assert not selector.items() <= pod["metadata"]["labels"].items()

@@ -89,3 +89,26 @@ def test_detection_is_a_count_going_up_or_hung_turning_true() -> None:
     assert first_change_after(changes, 1.0) == 20.0  # None -> 0 and Hung False are not news
     assert first_change_after(changes, 25.0) == 30.0
     assert first_change_after(changes, -1.0) is None  # nothing known before the fault
+    # a drain repaired by replacing one worker keeps the attempt: its counts tell it
+    drained = [(0.0, view()), (4.0, {**view(), "disruptions": 1, "replacements": 1})]
+    assert first_change_after(drained, 1.0) == 4.0
+
+
+def test_a_drain_never_takes_worker_0_and_leaves_the_other_faults_as_they_were() -> None:
+    from benchmarks import bench_faults
+    from benchmarks.fault_report import victim
+
+    processes = bench_faults.PROCESSES
+    for seed in range(50):
+        faults = dict(bench_faults.schedule(seed))
+        assert faults["drain"] // processes >= 1  # worker 0 hosts the rendezvous store
+        assert (
+            victim("drain", faults["drain"], processes) == f"worker {faults['drain'] // processes}"
+        )
+    # the drain comes last, so the seed picks the same ranks for the others as before it
+    import random
+
+    chooser = random.Random(26)
+    earlier = [chooser.randrange(bench_faults.WORKERS * processes) for _ in range(3)]
+    assert [rank for kind, rank in bench_faults.schedule(26)[:3]] == earlier
+    assert victim("kill", 3, processes) == "rank 3"

@@ -27,9 +27,11 @@ def raw_job(name: str, namespace: str = "ns", version: str = "1") -> dict[str, A
     }
 
 
-def raw_service(job: str, namespace: str = "ns") -> dict[str, Any]:
+def raw_service(job: str, namespace: str = "ns", attempt: int | None = None) -> dict[str, Any]:
     labels = {contract.LABEL_JOB_NAME: job}
-    return {"metadata": {"name": job, "namespace": namespace, "labels": labels}}
+    selector = {} if attempt is None else {contract.LABEL_ATTEMPT: str(attempt)}
+    return {"metadata": {"name": job, "namespace": namespace, "labels": labels},
+            "spec": {"selector": {**labels, **selector}}}  # fmt: skip
 
 
 class Cluster:
@@ -66,8 +68,8 @@ def test_first_list_fills_every_store_and_wakes_every_job() -> None:
         assert sorted(cache.job_keys()) == [("ns", "a"), ("ns", "b"), ("other", "c")]
         assert sorted(p.name for p in cache.worker_pods(("ns", "a"))) == ["a-0", "a-1"]
         assert cache.worker_pods(("ns", "b")) == []
-        assert cache.has_service(("ns", "a"))
-        assert not cache.has_service(("ns", "b"))
+        assert cache.service_attempts(("ns", "a")) == {None}, "a selector without the attempt"
+        assert cache.service_attempts(("ns", "b")) == frozenset()
         assert set(fake.woken) == {("ns", "a"), ("ns", "b"), ("other", "c")}
         assert cache.phase_counts() == Counter({"Running": 3})
         assert cache.stats()["worker-pods"] == (2, 0), "the unlabelled pod is not kept"
@@ -126,12 +128,13 @@ def test_a_worker_s_change_wakes_through_wake_pod_and_a_job_s_change_directly() 
 def test_service_count_follows_adds_and_deletes() -> None:
     fake = Cluster([raw_job("a")], [], [])
     with fake as cache:
-        service = raw_service("a")
+        service = raw_service("a", attempt=0)
         cache.services.apply({"type": "ADDED", "object": service})
-        assert cache.has_service(("ns", "a"))
-        cache.services.apply({"type": "MODIFIED", "object": service})
-        cache.services.apply({"type": "DELETED", "object": service})
-        assert not cache.has_service(("ns", "a"))
+        assert cache.service_attempts(("ns", "a")) == {0}
+        cache.services.apply({"type": "MODIFIED", "object": raw_service("a", attempt=2)})
+        assert cache.service_attempts(("ns", "a")) == {2}, "the selector moved to attempt 2"
+        cache.services.apply({"type": "DELETED", "object": raw_service("a", attempt=2)})
+        assert cache.service_attempts(("ns", "a")) == frozenset()
 
 
 def test_namespaces_filter_keeps_only_matching_jobs_and_children() -> None:
@@ -145,7 +148,7 @@ def test_namespaces_filter_keeps_only_matching_jobs_and_children() -> None:
         assert sorted(cache.job_keys()) == [("team-x", "a"), ("team-y", "b")]
         assert cache.worker_pods(("default", "c")) == []
         assert [p.name for p in cache.worker_pods(("team-x", "a"))] == ["a-0"]
-        assert not cache.has_service(("default", "c"))
+        assert cache.service_attempts(("default", "c")) == frozenset()
 
 
 def test_deleted_job_leaves_the_store_and_wakes_its_key() -> None:

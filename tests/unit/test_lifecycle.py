@@ -390,3 +390,13 @@ def test_the_service_is_wanted_once_every_worker_of_the_attempt_has_an_address()
     broken = [up[0], failed(1)]
     restarting = decide(resolve_job(make_job(**RUNNING)), broken, NOW)
     assert (restarting.status.phase, restarting.wants_service) == (Phase.RESTARTING, False)
+
+
+def test_a_service_selecting_another_attempt_is_applied_again_before_the_new_gang_exists() -> None:
+    """The old gang's pods, terminating, must not answer for the new gang's hostnames
+    (builders/service.py): the selector moves at once, not when the new gang has addresses."""
+    restarted = make_job(phase="Restarting", start_time=START, attempt=1, restarts=1)
+    old_gang = [make_pod(r, attempt=0, deleting=True) for r in (0, 1)]
+    stale = decide(resolve_job(restarted), old_gang, NOW, service_stale=True)
+    assert stale.wants_service
+    assert not decide(resolve_job(restarted), old_gang, NOW).wants_service

@@ -55,7 +55,7 @@ class StatusStore:
 
 
 def reconciler(
-    store: StatusStore, pods: Any, has_service: Any = lambda _key: True
+    store: StatusStore, pods: Any, service_attempts: Any = lambda _key: frozenset({0})
 ) -> tuple[Reconciler, list[JobEvent]]:
     events: list[JobEvent] = []
     placer = SimpleNamespace(withdraw=lambda _k: None, submit=lambda _k, _t: None,
@@ -64,7 +64,7 @@ def reconciler(
         store,  # type: ignore[arg-type]
         job_body=lambda _key: store.body,
         worker_pods=pods,
-        has_service=has_service,
+        service_attempts=service_attempts,
         placer=placer,  # type: ignore[arg-type]
         levels=(),
         record_event=lambda _body, event: events.append(event),
@@ -189,7 +189,7 @@ def test_a_departure_the_job_cache_records_reaches_the_reconciler() -> None:
         store,  # type: ignore[arg-type]
         job_body=lambda _key: store.body,
         worker_pods=lambda _key: [make_pod(0)],
-        has_service=lambda _key: True,
+        service_attempts=lambda _key: frozenset({0}),
         placer=placer,  # type: ignore[arg-type]
         levels=(),
         record_event=lambda _body, _event: None,
@@ -225,7 +225,9 @@ def replica_failure(body: dict[str, Any]) -> dict[str, Any]:
 def test_a_refused_service_stays_on_the_job_and_is_retried_until_it_is_created() -> None:
     store = QuotaOnServices(make_body(phase="Starting", start_time=NOW))
     pods = [make_pod(rank, pod_ip=f"10.0.0.{rank + 1}") for rank in (0, 1)]
-    reconcile, events = reconciler(store, lambda _key: pods, lambda _key: store.services > 0)
+    reconcile, events = reconciler(
+        store, lambda _key: pods, lambda _key: frozenset({0}) if store.services else frozenset()
+    )
     for _ in range(3):
         assert (asyncio.run(reconcile(KEY)) or 0) > 0  # a retry with backoff
         failure = replica_failure(store.body)
@@ -247,7 +249,7 @@ def test_a_service_the_watch_has_not_shown_yet_is_not_applied_again(
     store = QuotaOnServices(make_body(phase="Starting", start_time=NOW))
     store.refuse = False
     pods = [make_pod(rank, pod_ip=f"10.0.0.{rank + 1}") for rank in (0, 1)]
-    reconcile, _events = reconciler(store, lambda _key: pods, lambda _key: False)  # watch lags
+    reconcile, _events = reconciler(store, lambda _key: pods, lambda _key: frozenset())  # lags
     now = [1000.0]
     monkeypatch.setattr("trainwave.controller.reconciler.time.monotonic", lambda: now[0])
     for _ in range(3):

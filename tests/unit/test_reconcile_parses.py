@@ -93,7 +93,7 @@ def reconcile(api: Api, pods: list[WorkerPod]) -> float | None:
         api,  # type: ignore[arg-type]
         job_body=lambda _key: api.body,
         worker_pods=lambda _key: pods,
-        has_service=lambda _key: True,
+        service_attempts=lambda _key: frozenset({0}),
         placer=placer,  # type: ignore[arg-type]
         levels=(),
         record_event=lambda _body, _event: None,

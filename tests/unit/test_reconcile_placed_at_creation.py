@@ -104,7 +104,7 @@ class Operator:
             api,  # type: ignore[arg-type]
             job_body=lambda _key: api.body,
             worker_pods=lambda _key: self.pods(),
-            has_service=lambda _key: False,
+            service_attempts=lambda _key: frozenset(),
             placer=placer,  # type: ignore[arg-type]
             levels=(),
             record_event=lambda _body, event: self.events.append(event),

@@ -43,6 +43,7 @@ class Bookkeeping:
         self._written: dict[JobKey, tuple[str, dict[str, Any]]] = {}
         self._pods: Expectations[JobKey] = Expectations(EXPECTATIONS_SECONDS, clock)
         self._services: Expectations[JobKey] = Expectations(EXPECTATIONS_SECONDS, clock)
+        self._service_applied: dict[JobKey, int] = {}  # the attempt it was last applied for
         self._held: dict[JobKey, Held] = {}
         self._refusals: dict[JobKey, int] = {}
         self._memories: dict[JobKey, Memory] = {}
@@ -52,6 +53,7 @@ class Bookkeeping:
         self._written.pop(key, None)
         self._pods.delete(key)
         self._services.delete(key)
+        self._service_applied.pop(key, None)
         self._held.pop(key, None)
         self._refusals.pop(key, None)
         self._memories.pop(key, None)
@@ -89,15 +91,19 @@ class Bookkeeping:
             return None
         return self._pods.wait(key, {p.name for p in pods if p.attempt == expected.tag})
 
-    def applied_service(self, key: JobKey) -> None:
+    def applied_service(self, key: JobKey, attempt: int) -> None:
         self._services.expect(key, {_SERVICE})
+        self._service_applied[key] = attempt
 
-    def service_exists(self, key: JobKey, watched: bool) -> bool:
-        """The watch shows the job's Service (`watched`), or this reconciler applied it
-        less than EXPECTATIONS_SECONDS ago. A Service deleted later is gone from the watch
-        and applied again."""
-        awaited = self._services.wait(key, {_SERVICE} if watched else ())
-        return watched or awaited is not None
+    def service_exists(self, key: JobKey, attempt: int, watched: bool) -> bool:
+        """The watch shows the job's Service selecting `attempt`'s workers (`watched`), or
+        this reconciler applied it so less than EXPECTATIONS_SECONDS ago. A Service deleted
+        later is gone from the watch and applied again."""
+        if watched:
+            self._services.wait(key, {_SERVICE})  # met: forgotten
+            return True
+        awaited = self._services.wait(key, ())
+        return awaited is not None and self._service_applied.get(key) == attempt
 
     # -- a held status ------------------------------------------------------------------------
 

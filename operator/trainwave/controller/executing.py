@@ -146,8 +146,9 @@ class Executor:
         if decision.create_ranks and resolved is not None:
             await self.create_workers(read, decision, with_status(resolved, decision.status))
         if resolved is not None and decision.wants_service:
-            await asyncio.to_thread(kube.apply_service, build_service(resolved.job))
-            self._books.applied_service((meta.namespace, meta.name))
+            attempt = decision.status.attempt
+            await asyncio.to_thread(kube.apply_service, build_service(resolved.job, attempt))
+            self._books.applied_service((meta.namespace, meta.name), attempt)
         if decision.delete_job:
             logger.info(
                 "%s/%s: ttlSecondsAfterFinished passed; deleting", meta.namespace, meta.name

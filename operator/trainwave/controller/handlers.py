@@ -162,7 +162,7 @@ async def start(*, settings: kopf.OperatorSettings, memo: Any, **_: Any) -> None
         record_event=recorder.record,
         job_body=jobs.body,
         worker_pods=jobs.worker_pods,
-        has_service=jobs.has_service,
+        service_attempts=jobs.service_attempts,
         placer=placer,
         levels=OPTIONS.topology_levels,
         runtime_image=OPTIONS.runtime_image,

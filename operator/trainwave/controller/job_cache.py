@@ -47,6 +47,7 @@ logger = logging.getLogger(__name__)
 Wake = Callable[[JobKey], None]
 Departure = Callable[[JobKey, WorkerPod], None]
 Body = dict[str, Any]
+ServiceRecord = tuple[JobKey, int | None]  # owner, attempt selected (None: any)
 
 
 class JobCache(InformerGroup):
@@ -75,8 +76,10 @@ class JobCache(InformerGroup):
         self._namespaces = tuple(namespaces)
         self._bodies: dict[JobKey, Body] = {}
         self._pods: ByOwner[JobKey, WorkerPod] = ByOwner()
-        self._services: dict[str, JobKey] = {}
-        self._service_count: Counter[JobKey] = Counter()
+        # A Service: its owner and the attempt its selector picks (None: every attempt's
+        # workers, as Services applied before the selector named it did).
+        self._services: dict[str, ServiceRecord] = {}
+        self._service_attempts: dict[JobKey, Counter[int | None]] = {}
         labelled = contract.LABEL_JOB_NAME  # a bare key selects "label present"
         common: dict[str, Any] = {"page_size": page_size, "watch_seconds": watch_seconds}
         group = (contract.GROUP, contract.VERSION)
@@ -104,7 +107,7 @@ class JobCache(InformerGroup):
             handlers=EventHandlers(on_delete=_departure_handler(on_departure)),
             **common,
         )
-        self.services: AnyInformer[JobKey] = informer_in(
+        self.services: AnyInformer[ServiceRecord] = informer_in(
             "services",
             self._namespaces,
             everywhere=partial(core.list_service_for_all_namespaces, label_selector=labelled),
@@ -128,9 +131,10 @@ class JobCache(InformerGroup):
         with self._lock:
             return self._pods.of(key)
 
-    def has_service(self, key: JobKey) -> bool:
+    def service_attempts(self, key: JobKey) -> frozenset[int | None]:
+        """The attempts the job's Services select (None: any); empty without a Service."""
         with self._lock:
-            return self._service_count[key] > 0
+            return frozenset(self._service_attempts.get(key, ()))
 
     def jobs_on(self, nodes: set[str]) -> set[JobKey]:
         """The jobs with a worker bound to one of `nodes`."""
@@ -190,9 +194,12 @@ class JobCache(InformerGroup):
         pod = observe_pod(dict(obj))
         return (key, pod) if pod is not None else None
 
-    def _service_record(self, obj: Mapping[str, Any]) -> JobKey | None:
+    def _service_record(self, obj: Mapping[str, Any]) -> ServiceRecord | None:
         key = _owner_key(obj)
-        return key if key is not None and self._watched(key[0]) else None
+        if key is None or not self._watched(key[0]):
+            return None
+        selected = ((obj.get("spec") or {}).get("selector") or {}).get(contract.LABEL_ATTEMPT)
+        return key, int(selected) if str(selected).isdigit() else None
 
     # Store writes, on informer threads; wakes are sent after the lock is released.
 
@@ -225,21 +232,33 @@ class JobCache(InformerGroup):
         for key in {r[0] for r in (old, record) if r is not None}:
             self._wake_pod(key)
 
-    def _replace_services(self, records: Mapping[str, JobKey]) -> None:
+    def _replace_services(self, records: Mapping[str, ServiceRecord]) -> None:
         with self._lock:
             old, self._services = self._services, dict(records)
-            self._service_count = Counter(self._services.values())
-        self._wake_all(set(old.values()) ^ set(records.values()))
+            self._service_attempts = {}
+            for record in self._services.values():
+                self._count_service(record, 1)
+        self._wake_all({key for key, _ in set(old.values()) ^ set(records.values())})
 
-    def _put_service(self, name: str, key: JobKey | None) -> None:
+    def _put_service(self, name: str, record: ServiceRecord | None) -> None:
         with self._lock:
             old = self._services.pop(name, None)
             if old is not None:
-                self._service_count[old] -= 1
-            if key is not None:
-                self._services[name] = key
-                self._service_count[key] += 1
-        self._wake_all({k for k in (old, key) if k is not None and old != key})
+                self._count_service(old, -1)
+            if record is not None:
+                self._services[name] = record
+                self._count_service(record, 1)
+        self._wake_all({r[0] for r in (old, record) if r is not None and old != record})
+
+    def _count_service(self, record: ServiceRecord, change: int) -> None:
+        """Under the lock."""
+        key, attempt = record
+        attempts = self._service_attempts.setdefault(key, Counter())
+        attempts[attempt] += change
+        if attempts[attempt] <= 0:
+            del attempts[attempt]
+        if not attempts:
+            del self._service_attempts[key]
 
     def _wake_all(self, keys: Iterable[JobKey]) -> None:
         for key in keys:

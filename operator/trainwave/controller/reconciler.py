@@ -91,7 +91,8 @@ class Seen:
     pods: list[WorkerPod]
     now: datetime
     waiting: PlacementWait | None
-    service_exists: bool
+    service_exists: bool  # selecting this attempt's workers
+    service_stale: bool  # only one selecting another attempt's (or every attempt's)
 
 
 class Reconciler:
@@ -101,7 +102,7 @@ class Reconciler:
         *,
         job_body: Callable[[JobKey], dict[str, Any] | None],
         worker_pods: Callable[[JobKey], Iterable[WorkerPod]],
-        has_service: Callable[[JobKey], bool],
+        service_attempts: Callable[[JobKey], frozenset[int | None]],
         placer: Placer,
         levels: tuple[str, ...],
         record_event: Callable[[dict[str, Any], JobEvent], None],
@@ -124,7 +125,7 @@ class Reconciler:
         self._master_key = master_key  # each job's status key is derived from it
         self._job_body = job_body
         self._worker_pods = worker_pods
-        self._has_service = has_service
+        self._service_attempts = service_attempts
         self._clock = clock
         self._books = Bookkeeping()
         # Not `departures or ...`: an empty Departures is falsy (it has a length), and the
@@ -188,7 +189,9 @@ class Reconciler:
             if held is not None:  # the watch is late with the pods: write what was held
                 return await self._write_held(key, read, held, unseen)
             return unseen
-        seen = Seen(pods, self._clock(), self._placer.waiting(key), self._service_exists(key))
+        seen = Seen(
+            pods, self._clock(), self._placer.waiting(key), *self._service(key, status.attempt)
+        )
         understood = self._understand(key, read, status)
         if isinstance(understood, str):
             resolved = None
@@ -395,14 +398,19 @@ class Reconciler:
             nodes=self._nodes(seen.pods, attempt),
             admission=understood.admission,
             service_exists=seen.service_exists,
+            service_stale=seen.service_stale,
             memory=self._books.memory(key),
         )
         self._books.remember(key, decision.memory)
         return decision
 
-    def _service_exists(self, key: JobKey) -> bool:
-        """The watch shows the job's Service, or this reconciler applied it moments ago."""
-        return self._books.service_exists(key, self._has_service(key))
+    def _service(self, key: JobKey, attempt: int) -> tuple[bool, bool]:
+        """Whether the job's Service selects `attempt`'s workers (the watch shows it, or this
+        reconciler applied it moments ago), and whether only a Service selecting others
+        exists (builders/service.py: it is applied again at once)."""
+        attempts = self._service_attempts(key)
+        exists = self._books.service_exists(key, attempt, attempt in attempts)
+        return exists, not exists and bool(attempts)
 
     def _admission(self, key: JobKey, job: TrainingJob) -> Admission | None:
         """A job with a queue-name label, when the Kueue integration is on."""

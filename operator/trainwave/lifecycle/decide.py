@@ -54,14 +54,17 @@ def decide(
     nodes: Mapping[str, NodeHealth] | None = None,
     admission: Admission | None = None,
     service_exists: bool = False,
+    service_stale: bool = False,
     memory: Memory | None = None,
 ) -> Decision:
     """`resolved` is the job resolved once by the caller (resolving.py). `nodes`: the
     health of the workers' nodes, as far as the caller knows it (a node missing from it is
     not judged). `admission`: for a job queued in Kueue, its Workload as observed (None:
     not queued, runs as soon as placed). `service_exists`: whether the job's headless
-    Service is observed. `memory`: what the previous decision remembered of the reports
-    (Decision.memory), for hangs and stragglers."""
+    Service is observed selecting this attempt's workers; `service_stale`: whether only
+    one selecting other workers is (applied again at once: builders/service.py).
+    `memory`: what the previous decision remembered of the reports (Decision.memory), for
+    hangs and stragglers."""
     job = resolved.job
     draft = Draft(meta=job.metadata, now=now, status=job.status)
     mine = [p for p in pods if p.owner_uid == job.metadata.uid]
@@ -88,6 +91,9 @@ def decide(
             _count(draft, job, [])
         if draft.status.phase is not None and draft.status.phase.terminal:
             finish(draft, admission)
+        elif service_stale:
+            # Before the new gang's pods exist: the old gang's, terminating, leave its names.
+            draft.wants_service = True
     if reports:
         _reported(draft, job, reports)
     phase = draft.status.phase
