@@ -14,9 +14,14 @@ Faults, injected from the host into one training process (picked by the seed):
 - `kill`: SIGKILL;
 - `stop`: SIGSTOP (the process hangs; its peers block in the next collective);
 - `slow`: for SLOW_SECONDS the process gets half the CPU time it was using: a cgroup v1
-  CPU quota of half its measured share, in 20 ms periods (fault_injection.py).
-A worker-node drain is not injected: all workers share the one real node (one real
-kubelet per machine, docs/real-nodes.md), so a drained node leaves nowhere to go.
+  CPU quota of half its measured share, in 20 ms periods (fault_injection.py);
+- `drain`: the pod of one worker other than worker 0 is evicted through the Eviction API,
+  as `kubectl drain` does. All workers share the one real node (one real kubelet per
+  machine, docs/real-nodes.md), so the node is not cordoned: the new pod comes back to it.
+  Worker 0 is never drained here: it hosts torch's rendezvous store, so a drain of its node
+  recreates the gang in every mode (lifecycle/replacing.py), and the figure would measure
+  recreation twice. In place, the other worker is replaced alone (runPolicy.workerReplacement,
+  on by default); with inPlaceRestarts 0 the gang is recreated.
 Per fault: time to detect (the first change the job's status shows: a new attempt, an
 in-place restart, a Hung or Straggler condition naming it), time from the fault to the
 first step of the new processes, steps lost; per run: goodput (distinct steps x healthy
@@ -33,7 +38,7 @@ Run as root, with nothing else using the real node:
 The cluster is stopped at the end if this run started it (TRAINWAVE_KEEP_CLUSTER=1 keeps it).
 Images must be current: `make images` first (`make bench-faults` does both).
 Env: BENCH_FAULTS_SEED (default 26), BENCH_FAULTS_MODES (default in-place,recreate),
-BENCH_FAULTS_KINDS (default kill,stop,slow). Writes tests/benchmarks/results/faults.{json,md}.
+BENCH_FAULTS_KINDS (default kill,stop,slow,drain). Writes tests/benchmarks/results/faults.{json,md}.
 """
 
 from __future__ import annotations
@@ -57,6 +62,7 @@ sys.path[:0] = [str(REPO / "tests"), str(REPO / "operator")]
 from benchmarks import fault_analysis as analysis  # noqa: E402
 from benchmarks.fault_injection import (  # noqa: E402
     StatusWatch,
+    evict_worker,
     inject,
     training_processes,
 )
@@ -72,7 +78,7 @@ from trainwave import contract  # noqa: E402
 RESULTS = REPO / "tests" / "benchmarks" / "results"
 SEED = int(os.environ.get("BENCH_FAULTS_SEED", "26"))
 MODES = os.environ.get("BENCH_FAULTS_MODES", "in-place,recreate").split(",")
-KINDS = os.environ.get("BENCH_FAULTS_KINDS", "kill,stop,slow").split(",")
+KINDS = os.environ.get("BENCH_FAULTS_KINDS", "kill,stop,slow,drain").split(",")
 WORKERS, PROCESSES = 2, 2
 CHECKPOINT_EVERY = 20
 HANG_TIMEOUT = 20  # the smallest hangTimeoutSeconds allows is 10
@@ -135,9 +141,16 @@ def worker_job(
 
 
 def schedule(seed: int) -> list[tuple[str, int]]:
-    """(kind, global rank) per fault, in KINDS order; the seed picks the ranks."""
+    """(kind, global rank) per fault, in KINDS order; the seed picks the ranks. A drain's
+    rank is the first of the drained worker, never worker 0 (module docstring)."""
     chooser = random.Random(seed)
-    return [(kind, chooser.randrange(WORKERS * PROCESSES)) for kind in KINDS]
+    faults = []
+    for kind in KINDS:
+        rank = chooser.randrange(WORKERS * PROCESSES)
+        if kind == "drain":
+            rank = (1 + rank % (WORKERS - 1)) * PROCESSES
+        faults.append((kind, rank))
+    return faults
 
 
 def rank0_steps(steps_dir: Path) -> list[analysis.StepRecord]:
@@ -198,15 +211,18 @@ def run_mode(cluster: Cluster, mode: str, faults: list[tuple[str, int]]) -> dict
             )
             fault_at = time.time()
             done = threading.Event()
-            injector = inject(kind, process, done, SLOW_SECONDS)
             result: dict[str, Any] = {"kind": kind, "rank": rank, "pid": process, "at": fault_at}
+            injector: threading.Thread | None = None
+            if kind == "drain":
+                result["pod"] = evict_worker(cluster.kubeconfig, namespace, name, rank // PROCESSES)
+            else:
+                injector = inject(kind, process, done, SLOW_SECONDS)
             if kind == "slow":
                 named = watch.wait_condition("Straggler", f"rank {rank}", fault_at, SLOW_SECONDS)
                 result["detect_seconds"] = None if named is None else named - fault_at
                 seen = result["detect_seconds"]
                 result["reports_to_detect"] = None if seen is None else seen / REPORT_SECONDS
-                done.set()
-                injector.join()
+                end_fault(done, injector)
             else:
                 records = wait_for(
                     "the first new step",
@@ -215,8 +231,7 @@ def run_mode(cluster: Cluster, mode: str, faults: list[tuple[str, int]]) -> dict
                     every=0.5,
                     watch=watch,
                 )
-                done.set()
-                injector.join()
+                end_fault(done, injector)
                 # the status may show the repair after it is over: wait for it, bounded
                 detected = watch.wait_change_after(fault_at, DETECT_WAIT)
                 result |= {
@@ -275,6 +290,13 @@ def poll_status_every(cluster: Cluster, release: Release, seconds: int) -> None:
             return
         time.sleep(1)
     raise TimeoutError(f"no operator with --status-interval-seconds {seconds} led within 180 s")
+
+
+def end_fault(done: threading.Event, injector: threading.Thread | None) -> None:
+    """Lift a fault that lasts (a stop, a slowdown) and wait for its thread."""
+    done.set()
+    if injector is not None:
+        injector.join()
 
 
 def _recovered(steps_dir: Path, fault_at: float) -> analysis.Recovery | None:

@@ -6,7 +6,8 @@ neither the elastic agent, `torch.distributed.run`, nor trainwave's launcher) an
 environment names the job and the global rank torchrun gave it. A warm-started process
 (the runtime's default with in-place restarts) keeps its forkserver's command line and
 environment, and names its rank in a file instead (training_processes below). The `slow` fault needs
-cgroup v1's cpu controller (this machine's; a v2 host would write cpu.max instead).
+cgroup v1's cpu controller (this machine's; a v2 host would write cpu.max instead). The
+`drain` fault is what `kubectl drain` does to one worker's pod: an Eviction through the API.
 """
 
 from __future__ import annotations
@@ -81,6 +82,25 @@ def warm_rank(entry: Path, environment: set[str]) -> int | None:
         return None if rank is None else int(rank)
     except (OSError, StopIteration, ValueError):
         return None
+
+
+def evict_worker(kubeconfig: Path, namespace: str, job: str, worker: int) -> str:
+    """Evict the running pod of `worker` (its index, label LABEL_RANK) as `kubectl drain`
+    does to each pod of a node: an Eviction, honouring PodDisruptionBudgets. Its name."""
+    core = client.CoreV1Api(config.new_client_from_config(config_file=str(kubeconfig)))
+    selector = f"{contract.LABEL_JOB_NAME}={job},{contract.LABEL_RANK}={worker}"
+    pods = core.list_namespaced_pod(namespace, label_selector=selector).items
+    live = [
+        p for p in pods if p.metadata.deletion_timestamp is None and p.status.phase == "Running"
+    ]
+    if len(live) != 1:
+        names = [p.metadata.name for p in pods]
+        raise RuntimeError(f"worker {worker} of {namespace}/{job}: expected one running pod, "
+                           f"found {names}")  # fmt: skip
+    name = live[0].metadata.name
+    body = client.V1Eviction(metadata=client.V1ObjectMeta(name=name, namespace=namespace))
+    core.create_namespaced_pod_eviction(name, namespace, body)
+    return name
 
 
 def inject(kind: str, pid: int, done: threading.Event, slow_seconds: float) -> threading.Thread:
@@ -272,6 +292,8 @@ def _view(status: dict[str, Any]) -> dict[str, Any]:
         "attempt": status.get("attempt"),
         "restarts": status.get("restarts"),
         "in_place": goodput.get("inPlaceRestarts"),
+        "disruptions": status.get("disruptions"),
+        "replacements": (status.get("replacements") or {}).get("total"),
         "conditions": {
             c.get("type"): (c.get("status"), c.get("message", ""))
             for c in status.get("conditions") or []
@@ -280,9 +302,12 @@ def _view(status: dict[str, Any]) -> dict[str, Any]:
     }
 
 
+REPAIR_COUNTS = ("attempt", "restarts", "in_place", "disruptions", "replacements")
+
+
 def first_change_after(changes: list[tuple[float, dict[str, Any]]], since: float) -> float | None:
     """The first time after `since` a count of repairs went up (attempt, restarts, in-place
-    restarts) or the Hung condition turned True. Counts that first appear (None -> 0) are
+    restarts, disruptions, workers replaced) or the Hung condition turned True. Counts that first appear (None -> 0) are
     not news."""
     before = next((v for t, v in reversed(changes) if t <= since), None)
     if before is None:
@@ -290,7 +315,7 @@ def first_change_after(changes: list[tuple[float, dict[str, Any]]], since: float
     for t, view in changes:
         if t <= since:
             continue
-        if any((view[k] or 0) > (before[k] or 0) for k in ("attempt", "restarts", "in_place")):
+        if any((view.get(k) or 0) > (before.get(k) or 0) for k in REPAIR_COUNTS):
             return t
         if view["conditions"].get("Hung", ("", ""))[0] == "True":
             return t

@@ -48,24 +48,32 @@ def goals(result: dict[str, Any]) -> list[str]:
     return lines
 
 
+def victim(kind: str, rank: int, processes_per_worker: int) -> str:
+    """Whom a fault hit: a drain takes a whole worker (its pod), the others one rank."""
+    if kind == "drain":
+        return f"worker {rank // processes_per_worker}"
+    return f"rank {rank}"
+
+
 def render_markdown(result: dict[str, Any]) -> str:
     conditions = result["conditions"]
+    per_worker = conditions["processes_per_worker"]
     out = [
         "# Faults: in-place repair against gang recreation (bench_faults.py)",
         "",
         f"Commit {result['commit']}, seed {result['seed']}, schedule "
-        + ", ".join(f"{kind} rank {rank}" for kind, rank in result["schedule"])
+        + ", ".join(f"{kind} {victim(kind, rank, per_worker)}" for kind, rank in result["schedule"])
         + ".",
         "",
         "Conditions: " + "; ".join(f"{k} {v}" for k, v in conditions.items()) + ".",
         "",
-        "| mode | fault | rank | detect (s) | fault to first new step (s) | steps lost |",
+        "| mode | fault | whom | detect (s) | fault to first new step (s) | steps lost |",
         "|---|---|---|---|---|---|",
     ]
     for run in result["runs"]:
         for fault in run["faults"]:
             out.append(
-                f"| {run['mode']} | {fault['kind']} | {fault['rank']} "
+                f"| {run['mode']} | {fault['kind']} | {victim(fault['kind'], fault['rank'], per_worker)} "
                 f"| {_number(fault.get('detect_seconds'))} "
                 f"| {_number(fault.get('recovery_seconds'))} "
                 f"| {_number(fault.get('steps_lost'))} |"
