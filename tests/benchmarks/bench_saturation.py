@@ -154,7 +154,6 @@ def main() -> int:
             stream, gangs, finished=finished, watcher=watcher, peer=peer, load=load
         )
     result["conditions"]["run_seconds"] = round(time.monotonic() - started, 1)
-    result["conditions"]["queue_max_skips"] = int(MAX_SKIPS) if MAX_SKIPS else "default"
     text = report(result) + (peer_report(result["peer"]) if peer is not None else "")
     write_results(RESULTS, result, text)
     print(text)
@@ -297,7 +296,8 @@ def summarize(
             "control_plane": "kube-apiserver/scheduler/controller-manager v1.34.4, etcd 3.5.1, "
             "kwok v0.8.0 (a bound pod Running at once; a worker ends run-for after startTime, "
             "which has 1 s resolution)",
-            "operator": "1 process, default flags, as the chart's ServiceAccount",
+            "operator": f"1 process, {' '.join(OPERATOR_ARGS) or 'default flags'}, as the "
+            "chart's ServiceAccount",
             "machine": f"{os.cpu_count()} cores, {platform.machine()}, Python "
             f"{platform.python_version()}; shared with other engineers' tests",
             "load_average_1m": {
