@@ -198,8 +198,8 @@ class JobCache(InformerGroup):
         key = _owner_key(obj)
         if key is None or not self._watched(key[0]):
             return None
-        selected = ((obj.get("spec") or {}).get("selector") or {}).get(contract.LABEL_ATTEMPT)
-        return key, int(selected) if str(selected).isdigit() else None
+        selected = str(((obj.get("spec") or {}).get("selector") or {}).get(contract.LABEL_ATTEMPT))
+        return key, int(selected) if selected.isdigit() else None
 
     # Store writes, on informer threads; wakes are sent after the lock is released.
 
