@@ -204,12 +204,16 @@ def test_hung_straggler_and_goodput_from_the_runtimes_reports(
         _check_goodput_panel(running_operator.metrics(), namespace, name)
 
 
-def test_a_hang_the_launchers_do_not_repair_recreates_the_gang(
-    cluster, namespace, running_operator, tmp_path: Path
-):
-    name, port = "stuck", free_port()
+def _frozen_until_recreated(
+    cluster: Any, namespace: str, name: str, tmp_path: Path, in_place: int = 3
+) -> dict[str, Any]:
+    """A job whose reported steps stop (hangTimeoutSeconds 10), until the gang is recreated:
+    its status then."""
+    port = free_port()
     policy = {"hangTimeoutSeconds": 10}
-    _, signer = start_job(cluster, namespace, name, port, tmp_path, run_policy=policy)
+    _, signer = start_job(
+        cluster, namespace, name, port, tmp_path, run_policy=policy, in_place=in_place
+    )
     training = Training(namespace, name)
     with _serving(port, training, signer):
         wait_until(
@@ -217,11 +221,19 @@ def test_a_hang_the_launchers_do_not_repair_recreates_the_gang(
         )
         with training.lock:
             training.moving = False
-        # Hung after 10 s without a step, recreated 10 s later: counted as a restart, Hung.
-        restarted = wait_until(
+        restarted: dict[str, Any] = wait_until(
             lambda: (s := job(cluster, namespace, name)["status"]).get("restarts") == 1 and s,
             90, "the gang recreated",
         )  # fmt: skip
+    return restarted
+
+
+def test_a_hang_the_launchers_do_not_repair_recreates_the_gang(
+    cluster, namespace, running_operator, tmp_path: Path
+):
+    name = "stuck"
+    # Hung after 10 s without a step, recreated 10 s later: counted as a restart, Hung.
+    restarted = _frozen_until_recreated(cluster, namespace, name, tmp_path)
     assert restarted["attempt"] == 1
     hung = next(c for c in restarted["conditions"] if c["type"] == "Hung")
     assert hung["status"] == "False"
@@ -250,20 +262,8 @@ def test_without_in_place_restarts_a_hang_recreates_the_gang_when_found(
 ):
     # No launcher watchdog runs without in-place restarts, so the operator does not wait
     # a second timeout for one: the gang is recreated in the reconcile that finds it hung.
-    name, port = "stuck-alone", free_port()
-    policy = {"hangTimeoutSeconds": 10}
-    _, signer = start_job(cluster, namespace, name, port, tmp_path, run_policy=policy, in_place=0)
-    training = Training(namespace, name)
-    with _serving(port, training, signer):
-        wait_until(
-            lambda: job(cluster, namespace, name)["status"].get("goodput"), 60, "status.goodput"
-        )
-        with training.lock:
-            training.moving = False
-        restarted = wait_until(
-            lambda: (s := job(cluster, namespace, name)["status"]).get("restarts") == 1 and s,
-            90, "the gang recreated",
-        )  # fmt: skip
+    name = "stuck-alone"
+    restarted = _frozen_until_recreated(cluster, namespace, name, tmp_path, in_place=0)
     assert restarted["attempt"] == 1
     events_about(
         cluster, namespace,

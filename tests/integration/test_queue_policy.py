@@ -9,18 +9,18 @@ so a 2-node gang is blocked and a 1-node gang arriving after it finds room only 
 
 from __future__ import annotations
 
-import dataclasses
 from collections.abc import Iterator
 
 import pytest
 
-from cluster.deploy import OperatorProcess, free_port
+from cluster.deploy import OperatorProcess
 from integration.node_pools import Pool, blocker_pod, node_pool
 from integration.trainwave_fixtures import (
     apply,
     condition,
     job,
     job_manifest,
+    operator_restarted_with,
     wait_for_phase,
     wait_until,
 )
@@ -31,18 +31,8 @@ pytestmark = [pytest.mark.integration, pytest.mark.timeout(240)]
 @pytest.fixture
 def strict_fifo_operator(running_operator: OperatorProcess) -> Iterator[OperatorProcess]:
     """The session operator restarted with --queue-max-skips 0, and started again after."""
-    running_operator.stop()
-    strict = dataclasses.replace(
-        running_operator,
-        process=None,
-        metrics_port=free_port(),
-        health_port=free_port(),
-        extra_args=(*running_operator.extra_args, "--queue-max-skips", "0"),
-    )
-    strict.start()
-    yield strict
-    strict.stop()
-    running_operator.start()
+    with operator_restarted_with(running_operator, "--queue-max-skips", "0") as strict:
+        yield strict
 
 
 def pool_job(name: str, pool: Pool, workers: int) -> dict:

@@ -13,7 +13,6 @@ says the worker "was deleted before it finished", not that it vanished.
 
 from __future__ import annotations
 
-import dataclasses
 import os
 import re
 import signal
@@ -23,13 +22,14 @@ from collections.abc import Iterator
 import pytest
 
 from cluster.controlplane import Cluster
-from cluster.deploy import OperatorProcess, free_port
+from cluster.deploy import OperatorProcess
 from cluster.restarts import restart_api_server
 from integration.trainwave_fixtures import (
     apply,
     events_about,
     job,
     job_manifest,
+    operator_restarted_with,
     wait_for_phase,
     wait_until,
 )
@@ -46,19 +46,11 @@ def patient_operator(running_operator: OperatorProcess) -> Iterator[OperatorProc
     the API server took longer than that on loaded cores (seen under pytest-xdist). The
     same pod name takes the Lease back at once, and the session operator is started
     again afterwards."""
-    running_operator.stop()
-    patient = dataclasses.replace(
-        running_operator,
-        process=None,
-        metrics_port=free_port(),
-        health_port=free_port(),
-        extra_args=(*running_operator.extra_args, "--leader-elect-lease-duration", "300",
-                    "--leader-elect-renew-deadline", "240"),
-    )  # fmt: skip
-    patient.start()
-    yield patient
-    patient.stop()
-    running_operator.start()
+    with operator_restarted_with(
+        running_operator, "--leader-elect-lease-duration", "300",
+        "--leader-elect-renew-deadline", "240",
+    ) as patient:  # fmt: skip
+        yield patient
 
 
 def test_worker_deleted_during_a_watch_gap_restarts_the_gang(

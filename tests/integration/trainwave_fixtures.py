@@ -7,9 +7,11 @@ again through the same fixture object.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import time
 from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from typing import Any
 
 import pytest
@@ -20,11 +22,34 @@ from cluster.deploy import (
     LEASE,
     NAMESPACE,
     OperatorProcess,
+    free_port,
     install_chart,
     service_account_kubeconfig,
 )
 
 TERMINAL = ("Succeeded", "Failed")
+
+
+@contextmanager
+def operator_restarted_with(running: OperatorProcess, *args: str) -> Iterator[OperatorProcess]:
+    """The session operator stopped and started again with `args` added (same pod name, so
+    it takes the Lease back at once), then restored as it was."""
+    running.stop()
+    changed = dataclasses.replace(
+        running,
+        process=None,
+        metrics_port=free_port(),
+        health_port=free_port(),
+        extra_args=(*running.extra_args, *args),
+    )
+    changed.start()
+    try:
+        yield changed
+    finally:
+        changed.stop()
+        running.start()
+
+
 # The session operator reads a worker's /status every 2 s, not every 15 s (the flag's
 # default): the tests that serve a worker's /status (goodput, stragglers, hangs,
 # preflight, trust) wait for the operator's next poll, up to a whole interval each time.
