@@ -34,7 +34,7 @@ def main(argv: list[str] | None = None) -> int:
         "--real-nodes",
         type=int,
         default=None,
-        help="real kubelets beside the kwok nodes (0 or 1; needs root); default: keep what runs",
+        help="real kubelets beside the kwok nodes (0 to 4; needs root); default: keep what runs",
     )
     commands.add_parser("down", help="stop every process and delete the state dir")
     commands.add_parser("status", help="show the components; exit 0 only when healthy")

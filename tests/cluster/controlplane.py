@@ -145,7 +145,7 @@ def ensure_cluster(
 ) -> Cluster:
     """Start the cluster unless a healthy one runs in `state_dir`; apply `topology` either way.
     With `audit_users` the API server writes an audit log (Layout.audit_log) of their
-    requests; a running cluster audited differently is restarted. `real_nodes` (0 or 1)
+    requests; a running cluster audited differently is restarted. `real_nodes` (0 to 4)
     runs that many real kubelets beside the kwok nodes (realnode.py); None keeps what
     runs. A running cluster with another number of real nodes is restarted: the API
     server must listen on the nodes' bridge, which exists only with real nodes."""

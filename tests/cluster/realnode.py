@@ -1,9 +1,11 @@
 """Real nodes beside the kwok nodes: kubelet, containerd, runc, CNI and kube-proxy.
 
 Like kind's node containers, each real node lives in a network namespace of its own
-(realnode_net.py) but shares the host's filesystem and mount namespace: containerd,
-the kubelet and kube-proxy run as host processes moved into the node's namespace with
-nsenter. The control plane runs on the host and, when real nodes exist, listens on the
+(realnode_net.py) but shares the host's filesystem: containerd, the kubelet and kube-proxy
+run as host processes moved into the node's namespaces with nsenter. The first node
+shares the host's mount namespace too; every further one has a mount namespace and a
+cgroup root of its own (realnode_mounts.py), so that two kubelets never share a path or a
+`kubepods` tree. The control plane runs on the host and, when real nodes exist, listens on the
 nodes' bridge address (components.real_node_apiserver_flags).
 
 `prepare_host` runs before the API server starts (the bridge must exist to bind to),
@@ -27,7 +29,7 @@ from typing import Any
 
 import yaml
 
-from cluster import processes, realnode_dns
+from cluster import processes, realnode_dns, realnode_mounts
 from cluster import realnode_config as config
 from cluster import realnode_host as host
 from cluster.api import ApiClient, ApiError
@@ -39,6 +41,7 @@ from cluster.realnode_net import (
     NodeNetwork,
     ensure_bridge,
     ensure_node_network,
+    ensure_peer_routes,
     nsenter_prefix,
     read_sysctls,
     remove_bridge,
@@ -51,6 +54,8 @@ from cluster.topology import KWOK_NODE_TYPE_LABEL, Topology, build_node
 NODE_PROCESSES = ("containerd", "kubelet", "kube-proxy")
 CNI_PLUGINS = ("bridge", "host-local", "loopback")
 STOP_GRACE = 5.0
+# The address plan has room for more; 2 is what the tests and benchmarks run.
+MAX_REAL_NODES = 4
 
 
 @dataclass(frozen=True)
@@ -86,11 +91,8 @@ def prepare_host(
 ) -> str:
     """Check what real nodes need, claim /var/lib/kubelet, create the bridge; returns the
     address the API server must listen on. Recorded in `state` before each change."""
-    if count != 1:
-        raise RuntimeError(
-            f"--real-nodes {count}: only 0 or 1 is supported; two kubelets on one machine "
-            "would share /var/lib/kubelet/device-plugins and the kubepods cgroups"
-        )
+    if not 1 <= count <= MAX_REAL_NODES:
+        raise RuntimeError(f"--real-nodes {count}: 0 to {MAX_REAL_NODES} are supported")
     host.check_prerequisites()
     host.claim_kubelet_root(layout.root)
     state["real_nodes"] = {
@@ -112,10 +114,17 @@ def start_nodes(context: Context, topology: Topology, client: ApiClient) -> None
     layout, state = context.layout, context.state
     count = state["real_nodes"]["count"]
     environment = _environment(context)
-    for node in node_layouts(layout, count):
+    nodes = node_layouts(layout, count)
+    # Every node's namespaces before any node's processes: a mount namespace made later
+    # would hold copies of the earlier nodes' pod mounts.
+    for node in nodes:
         _write_node_files(context, node)
         ensure_node_network(node.network)
-        prefix = nsenter_prefix(node.network)
+        ensure_peer_routes(node.network, [other.network for other in nodes if other != node])
+        realnode_mounts.ensure_namespace(node)
+        realnode_mounts.ensure_cgroup_root(node)
+    for node in nodes:
+        prefix = nsenter_prefix(node.network, realnode_mounts.namespace_of(node))
         context.launch(
             f"{node.name}/containerd",
             prefix + config.containerd_command(context.tool("containerd"), node),
@@ -137,7 +146,7 @@ def start_nodes(context: Context, topology: Topology, client: ApiClient) -> None
             prefix + config.proxy_command(context.tool("kube-proxy"), node),
             environment,
         )
-    for node in node_layouts(layout, count):
+    for node in nodes:
         _wait(context, f"Node {node.name} Ready", partial(_node_ready, client, node.name))
         advertise_capacity(client, node.name, topology)
     realnode_dns.apply(context.tool("kubectl"), layout.kubeconfig, _image_refs())

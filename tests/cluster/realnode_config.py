@@ -116,6 +116,17 @@ class NodeLayout:
     def proxy_kubeconfig(self) -> Path:
         return self.path("kube-proxy", "kubeconfig")
 
+    @property
+    def isolated(self) -> bool:
+        """Whether the node has a mount namespace and cgroup root of its own: every node
+        but the first (realnode_mounts.py says why)."""
+        return self.network.index > 1
+
+    @property
+    def cgroup_root(self) -> str | None:
+        """The kubelet's cgroupRoot, None for the default ("/": kubepods at the top)."""
+        return f"/{self.network.netns}" if self.isolated else None
+
 
 def containerd_config(
     node: NodeLayout, *, major_version: int, sandbox_image: str, runc: Path, cni_bin: Path
@@ -273,7 +284,7 @@ def kubelet_config(
         "imageGCHighThresholdPercent": 100,
         "imageGCLowThresholdPercent": 99,
         "featureGates": feature_gates,
-    }
+    } | ({"cgroupRoot": node.cgroup_root} if node.cgroup_root else {})
 
 
 def kubelet_command(binary: Path, node: NodeLayout, labels: dict[str, str]) -> list[str]:
@@ -296,7 +307,9 @@ def proxy_config(node: NodeLayout) -> dict[str, Any]:
         "clientConnection": {"kubeconfig": str(node.proxy_kubeconfig)},
         "mode": "iptables",
         "hostnameOverride": node.name,
-        "clusterCIDR": node.network.pod_subnet,
+        # Every node's pods, not only this node's: kube-proxy masquerades Service
+        # traffic from outside this range, and another node's pod is inside the cluster.
+        "clusterCIDR": POD_SUPERNET,
         "bindAddress": node.network.node_ip,
         "healthzBindAddress": "127.0.0.1:10256",
         "metricsBindAddress": "127.0.0.1:10249",

@@ -25,6 +25,7 @@ from cluster.realnode_config import KUBELET_MARKER, KUBELET_ROOT
 
 CGROUP_ROOT = Path("/sys/fs/cgroup")
 KUBEPODS = "kubepods"
+NODE_CGROUP_PREFIX = "twnode-"  # realnode_config.NodeLayout.cgroup_root
 # Host paths a node creates when missing (kubelet, CNI's result cache, `ip netns`, the
 # CDI dir for the agent); `down` removes those that did not exist before `up`. containerd
 # is configured to leave /run/containerd, /opt/containerd and /run/nri alone.
@@ -144,12 +145,13 @@ def _unescape(field: str) -> str:
 
 def kubepods_cgroups() -> list[Path]:
     """`kubepods` in every mounted v1 controller hierarchy (each once: cpu and cpuacct
-    share one through symlinks)."""
+    share one through symlinks), at the top for the first node and under each further
+    node's cgroup root (`twnode-N`, realnode_mounts.py)."""
     seen: set[Path] = set()
     for controller in sorted(CGROUP_ROOT.iterdir()) if CGROUP_ROOT.is_dir() else []:
-        path = controller / KUBEPODS
-        if path.is_dir() and path.resolve() not in seen:
-            seen.add(path.resolve())
+        for path in (controller / KUBEPODS, *controller.glob(f"{NODE_CGROUP_PREFIX}*/{KUBEPODS}")):
+            if path.is_dir() and path.resolve() not in seen:
+                seen.add(path.resolve())
     return sorted(seen)
 
 
@@ -178,8 +180,11 @@ def kill_pod_processes(problems: list[str]) -> None:
 
 
 def remove_kubepods_cgroups(problems: list[str]) -> None:
-    """rmdir every kubepods cgroup bottom-up (a cgroup is removed with rmdir, not rm)."""
-    for top in kubepods_cgroups():
+    """rmdir every kubepods cgroup bottom-up (a cgroup is removed with rmdir, not rm),
+    then the further nodes' cgroup roots."""
+    controllers = sorted(CGROUP_ROOT.iterdir()) if CGROUP_ROOT.is_dir() else []
+    node_roots = {p.resolve() for c in controllers for p in c.glob(f"{NODE_CGROUP_PREFIX}*")}
+    for top in [*kubepods_cgroups(), *sorted(node_roots)]:
         directories = sorted(
             (p for p in top.rglob("*") if p.is_dir()), key=lambda p: len(p.parts), reverse=True
         )

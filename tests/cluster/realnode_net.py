@@ -136,15 +136,28 @@ def _try(problems: list[str], *argv: str, ignore: str = "") -> None:
         problems.append(f"`{' '.join(argv)}`: {result.stderr.strip()}")
 
 
-def nsenter_prefix(node: NodeNetwork) -> list[str]:
-    """Run a process in the node's network namespace only.
+def nsenter_prefix(node: NodeNetwork, mount_namespace: Path | None = None) -> list[str]:
+    """Run a process in the node's network namespace (and its mount namespace, if given).
 
-    Not `ip netns exec`: that also gives the process a private mount namespace with
-    its own /sys, so mounts the kubelet makes for pod volumes would be invisible to
-    containerd and runc. nsenter switches the network namespace and nothing else;
-    it execs the command, so the recorded pid is the command's own.
+    Not `ip netns exec`: that also gives each process a private mount namespace with its
+    own /sys, so mounts the kubelet makes for pod volumes would be invisible to
+    containerd and runc. nsenter switches the namespaces it is told and nothing else; a
+    node's processes all enter the same ones. It execs the command, so the recorded pid
+    is the command's own.
     """
-    return ["nsenter", f"--net={node.netns_path}", "--"]
+    mount = [f"--mount={mount_namespace}"] if mount_namespace else []
+    return ["nsenter", f"--net={node.netns_path}", *mount, "--"]
+
+
+def ensure_peer_routes(node: NodeNetwork, peers: list[NodeNetwork]) -> None:
+    """Inside the node's namespace, each other node's pod subnet via that node's address
+    on the bridge, as kindnet routes between kind's nodes: pod to pod across nodes goes
+    node to node over twbr0, with no forwarding by the host."""
+    for peer in peers:
+        run(
+            "ip", "route", "replace", peer.pod_subnet, "via", peer.node_ip,
+            "dev", node.node_veth, netns=node.netns,
+        )  # fmt: skip
 
 
 # Kernel settings the kubelet changes on the host at start (pkg/kubelet/cm

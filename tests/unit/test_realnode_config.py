@@ -8,11 +8,18 @@ import ipaddress
 import tomllib
 from pathlib import Path
 
-from cluster import components
+from cluster import components, realnode_mounts
 from cluster.components import Layout, Ports
 from cluster.realnode import node_labels
-from cluster.realnode_config import CDI_SPEC_DIRS, NodeLayout, cni_config, containerd_config
-from cluster.realnode_net import BRIDGE_IP, NodeNetwork
+from cluster.realnode_config import (
+    CDI_SPEC_DIRS,
+    NodeLayout,
+    cni_config,
+    containerd_config,
+    kubelet_config,
+    proxy_config,
+)
+from cluster.realnode_net import BRIDGE_IP, NodeNetwork, nsenter_prefix
 from cluster.topology import load_topology
 
 SMALL = Path(__file__).resolve().parents[1] / "cluster" / "topologies" / "small.yaml"
@@ -82,3 +89,33 @@ def test_api_server_flags_change_only_with_real_nodes(tmp_path: Path) -> None:
         f"--advertise-address={BRIDGE_IP}",
         "--endpoint-reconciler-type=lease",
     ]
+
+
+def test_only_further_nodes_get_their_own_mount_namespace_and_cgroup_root(tmp_path: Path) -> None:
+    first = node(tmp_path)
+    second = NodeLayout(tmp_path / "realnode-2", NodeNetwork(2), tmp_path / "containerd-2")
+    gates = {"DynamicResourceAllocation": True}
+    # The first node keeps the host's paths and the kubelet's default cgroup root.
+    assert "cgroupRoot" not in kubelet_config(first, tmp_path / "ca.crt", gates)
+    assert realnode_mounts.namespace_of(first) is None
+    assert nsenter_prefix(first.network) == ["nsenter", "--net=/run/netns/twnode-1", "--"]
+    # A further one: its pods in /twnode-2/kubepods, its processes in its mount namespace.
+    assert kubelet_config(second, tmp_path / "ca.crt", gates)["cgroupRoot"] == "/twnode-2"
+    namespace = realnode_mounts.namespace_of(second)
+    assert namespace is not None
+    assert namespace.is_relative_to(second.root)
+    prefix = nsenter_prefix(second.network, namespace)
+    assert prefix[:2] == ["nsenter", "--net=/run/netns/twnode-2"]
+    assert f"--mount={namespace}" in prefix
+    # Every fixed path a kubelet or the chart's agent writes gets a directory of the node's.
+    sources = {realnode_mounts.node_dir_for(second, p) for p in realnode_mounts.PRIVATE_PATHS}
+    assert len(sources) == len(realnode_mounts.PRIVATE_PATHS)
+    assert all(source.is_relative_to(second.root) for source in sources)
+    assert {"/var/lib/kubelet", "/var/run/cdi"} <= set(realnode_mounts.PRIVATE_PATHS)
+
+
+def test_service_traffic_from_any_nodes_pods_is_not_masqueraded(tmp_path: Path) -> None:
+    second = NodeLayout(tmp_path / "realnode-2", NodeNetwork(2), tmp_path / "containerd-2")
+    cidr = ipaddress.ip_network(proxy_config(second)["clusterCIDR"])
+    for index in (1, 2, 3):
+        assert ipaddress.ip_network(NodeNetwork(index).pod_subnet).subnet_of(cidr)

@@ -1,9 +1,11 @@
 """A local cluster with one real node (kubelet + containerd) beside the kwok nodes.
 
 `cluster` here replaces the integration fixture of the same name for the tests below
-this directory: the same control plane, started with `real_nodes=1`. Real nodes need
-root, iproute2 and the parts from `make tools`; without them `ensure_cluster` raises and
-every test here errors. That is deliberate: CI must see a missing prerequisite, not a skip.
+this directory: the same control plane, started with `real_nodes=1`. `two_nodes`
+restarts it with a second real node, so its tests run after every other e2e test, and
+the test of `down` last of all. Real nodes need root, iproute2 and the parts from `make
+tools`; without them `ensure_cluster` raises and every test here errors. That is
+deliberate: CI must see a missing prerequisite, not a skip.
 """
 
 from __future__ import annotations
@@ -13,9 +15,10 @@ from collections.abc import Iterator
 
 import pytest
 
+from cluster import realnode_host as host
 from cluster.controlplane import DEFAULT_TOPOLOGY, Cluster, ensure_cluster
 
-__all__ = ["cluster"]
+__all__ = ["cluster", "two_nodes"]
 
 
 @pytest.fixture(scope="session")
@@ -26,11 +29,33 @@ def cluster() -> Iterator[Cluster]:
         running.stop()
 
 
+@pytest.fixture(scope="session")
+def two_nodes(cluster: Cluster) -> Cluster:
+    """The session's cluster restarted with two real nodes (the chart, the kwok nodes'
+    pods and everything else on it are gone). Stopped by the test of `down`."""
+    return ensure_cluster(DEFAULT_TOPOLOGY, real_nodes=2, timeout=300)
+
+
+def python_image() -> str:
+    """The trainwave Python base of `make images` (it has python3 for in-pod checks)."""
+    refs = [archive.ref for archive in host.image_archives()]
+    found = [ref for ref in refs if "python" in ref.rsplit("/", 1)[-1]]
+    if not found:
+        raise AssertionError(
+            f"no Python base image among the imported archives ({refs}); run `make images`"
+        )
+    return found[0]
+
+
 DOWN_TEST = "test_down_leaves_nothing_on_the_host"
+TWO_NODES_MODULE = "test_two_nodes.py"
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
-    """The test of `down` stops the cluster every e2e test shares: run it after all of
-    them, not first (its directory sorts before tests/e2e/test_*.py)."""
-    last = [item for item in items if item.name == DOWN_TEST]
-    items[:] = [item for item in items if item.name != DOWN_TEST] + last
+    """The tests of two nodes restart the cluster every e2e test shares, and the test of
+    `down` stops it: run them after all the others, in that order, not first (this
+    directory sorts before tests/e2e/test_*.py)."""
+    two = [item for item in items if item.path.name == TWO_NODES_MODULE]
+    down = [item for item in items if item.name == DOWN_TEST]
+    rest = [item for item in items if item not in two and item not in down]
+    items[:] = rest + two + down

@@ -21,6 +21,7 @@ from cluster import realnode_host as host
 from cluster.controlplane import Cluster
 from cluster.realnode_config import CLUSTER_DNS_IP, KUBELET_ROOT
 from cluster.realnode_net import BRIDGE, KUBELET_SYSCTLS, NETNS_DIR, NodeNetwork, read_sysctls
+from e2e.realnode.conftest import python_image
 from integration.conftest import namespace_name
 
 pytestmark = pytest.mark.timeout(300)
@@ -38,16 +39,6 @@ SERVE = (
     f"http.server.HTTPServer(('', {SERVER_PORT}), http.server.SimpleHTTPRequestHandler)"
     ".serve_forever()"
 )
-
-
-def python_image() -> str:
-    refs = [archive.ref for archive in host.image_archives()]
-    found = [ref for ref in refs if "python" in ref.rsplit("/", 1)[-1]]
-    if not found:
-        raise AssertionError(
-            f"no Python base image among the imported archives ({refs}); run `make images`"
-        )
-    return found[0]
 
 
 @pytest.fixture(scope="module")
@@ -204,26 +195,35 @@ def test_service_rules_stay_in_the_node_namespace(probe: tuple[str, str]) -> Non
     assert "CNI-" not in host_rules
 
 
-def test_down_leaves_nothing_on_the_host(cluster: Cluster) -> None:
-    """Last in this module: stops the session's cluster and checks the host."""
+def test_down_leaves_nothing_on_the_host(two_nodes: Cluster) -> None:
+    """Last of all e2e tests: stops the session's cluster, by then with two real nodes
+    (conftest.py), and checks the host."""
+    cluster = two_nodes
     state = json.loads((cluster.state_dir / "state.json").read_text())
     saved = state["real_nodes"]["sysctls"]
     assert set(saved) == {n for n in KUBELET_SYSCTLS if Path("/proc/sys", n).exists()}
+    networks = [NodeNetwork(index) for index in range(1, state["real_nodes"]["count"] + 1)]
+    assert len(networks) == 2
     began = time.monotonic()
     cluster.stop()
     elapsed = time.monotonic() - began
     assert read_sysctls() == saved
     assert not KUBELET_ROOT.exists()
-    assert not (NETNS_DIR / NETWORK.netns).exists()
     links = subprocess.run(["ip", "-o", "link"], capture_output=True, text=True, check=True).stdout
     assert BRIDGE not in links
-    assert NETWORK.host_veth not in links
+    for network in networks:
+        assert not (NETNS_DIR / network.netns).exists()
+        assert network.host_veth not in links
+        # The node's cgroup root and the kubepods tree under it.
+        assert not list(host.CGROUP_ROOT.glob(f"*/{network.netns}"))
+        # containerd's root outlives the cluster (images stay imported), its mounts do not.
+        containerd_root = host.cache_dir() / f"realnode-{network.index}-containerd"
+        assert host.mounts_under(containerd_root) == []
     routes = subprocess.run(["ip", "route"], capture_output=True, text=True, check=True).stdout
     assert "10.245." not in routes
     assert host.kubepods_cgroups() == []
+    # The second node's mount namespace was kept by a mount under the cluster dir.
     assert host.mounts_under(cluster.state_dir) == []
-    # containerd's root outlives the cluster (images stay imported), its mounts do not.
-    assert host.mounts_under(host.cache_dir() / "realnode-1-containerd") == []
     assert not cluster.state_dir.exists()
     for path in state["real_nodes"]["created_paths"]:
         assert not Path(path).exists(), f"{path} was created by the real node and is still there"
