@@ -157,7 +157,8 @@ def kubepods_cgroups() -> list[Path]:
 
 def _cgroup_processes(path: Path) -> list[int]:
     pids: list[int] = []
-    for procs in path.rglob("cgroup.procs"):
+    for directory, _, _ in os.walk(path):  # not rglob: cgroups vanish while it walks
+        procs = Path(directory) / "cgroup.procs"
         try:
             pids.extend(int(pid) for pid in procs.read_text().split())
         except (OSError, ValueError):
@@ -185,10 +186,10 @@ def remove_kubepods_cgroups(problems: list[str]) -> None:
     controllers = sorted(CGROUP_ROOT.iterdir()) if CGROUP_ROOT.is_dir() else []
     node_roots = {p.resolve() for c in controllers for p in c.glob(f"{NODE_CGROUP_PREFIX}*")}
     for top in [*kubepods_cgroups(), *sorted(node_roots)]:
-        directories = sorted(
-            (p for p in top.rglob("*") if p.is_dir()), key=lambda p: len(p.parts), reverse=True
-        )
-        for directory in [*directories, top]:
+        # os.walk, not rglob: runc may remove a container's cgroup while this walks
+        # (os.walk skips what vanished; rglob raises).
+        directories = [Path(d) for d, _, _ in os.walk(top, topdown=False)]
+        for directory in directories or [top]:
             for _ in range(20):
                 try:
                     directory.rmdir()

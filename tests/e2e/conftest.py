@@ -173,9 +173,11 @@ def release(cluster: Cluster) -> Release:
 
 def install_release(cluster: Cluster) -> Release:
     """The `release` fixture's work, for benchmarks that run outside pytest too."""
-    (node,) = cluster.real_nodes
-    (layout,) = realnode.node_layouts(Layout(cluster.state_dir), 1)
-    missing_images(layout.containerd_socket)
+    node = cluster.real_nodes[0]
+    layouts = realnode.node_layouts(Layout(cluster.state_dir), len(cluster.real_nodes))
+    sockets = {layout.name: layout.containerd_socket for layout in layouts}
+    for socket in sockets.values():
+        missing_images(socket)
     directory = cluster.state_dir / "e2e"
     directory.mkdir(exist_ok=True)
     fake_gpus = directory / "fake-gpus.json"
@@ -189,13 +191,13 @@ def install_release(cluster: Cluster) -> Release:
     began = time.monotonic()
     try:
         install_chart(cluster, "-f", str(values_file))
-        restart_stale_pods(cluster, layout.containerd_socket)
+        restart_stale_pods(cluster, sockets)
         for selector in (OPERATOR_PODS, AGENT_PODS):
             cluster.kubectl("wait", "--for=condition=Ready", "pod", "-n", NAMESPACE,
                             "-l", selector, "--timeout=120s", timeout=130)  # fmt: skip
     except (RuntimeError, subprocess.CalledProcessError) as error:
         raise RuntimeError(f"{error}\n{release_diagnostics(cluster)}") from error
-    installed = Release(cluster, node, layout.containerd_socket, FAKE_GPUS, values)
+    installed = Release(cluster, node, sockets[node], FAKE_GPUS, values)
     deadline = time.monotonic() + 60
     while not installed.leader():
         if time.monotonic() > deadline:
@@ -205,17 +207,21 @@ def install_release(cluster: Cluster) -> Release:
     return installed
 
 
-def restart_stale_pods(cluster: Cluster, socket: Path) -> None:
+def restart_stale_pods(cluster: Cluster, sockets: dict[str, Path]) -> None:
     """On a cluster kept from an earlier session (TRAINWAVE_KEEP_CLUSTER=1), `make images`
     may have rebuilt an image under the same tag since the release's pods started: helm sees
-    no change, so restart the workloads whose pods run an image containerd no longer names."""
+    no change, so restart the workloads whose pods run an image their node's containerd
+    (`sockets`, by node name) no longer names."""
     pods = json.loads(cluster.kubectl("get", "pods", "-n", NAMESPACE, "-o", "json").stdout)
     stale = set()
     for pod in pods["items"]:
         owner = pod["metadata"].get("labels", {}).get("app.kubernetes.io/component")
+        socket = sockets.get(pod["spec"].get("nodeName", ""))
         for status in pod.get("status", {}).get("containerStatuses") or []:
-            if status.get("imageID") and status["imageID"] not in image_ids(
-                socket, status["image"]
+            if (
+                socket
+                and status.get("imageID")
+                and status["imageID"] not in image_ids(socket, status["image"])
             ):
                 stale.add(
                     "daemonset/trainwave-agent" if owner == "agent" else "deployment/trainwave"

@@ -5,8 +5,8 @@ route out, no address beyond 10.99.0.0/24); the link INTO worker 1 slowed with a
 bucket (tc tbf: this kernel has no netem). Each worker runs the launcher's own preflight
 (runtime/launcher/preflight.py: torch.distributed.run, 2 processes, gloo) exactly as in a
 pod, and the operator's pure verdict (lifecycle/preflight.py) over the two /status
-documents must name worker 1. The real-node e2e cannot show the same (one real node;
-tests/integration/test_preflight_replacement.py shows the re-placement on kwok nodes).
+documents must name worker 1. The same in pods on real nodes, with the re-placement:
+tests/e2e/realnode/test_preflight_nodes.py.
 """
 
 from __future__ import annotations

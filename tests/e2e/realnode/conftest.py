@@ -1,9 +1,9 @@
 """A local cluster with one real node (kubelet + containerd) beside the kwok nodes.
 
 `cluster` here replaces the integration fixture of the same name for the tests below
-this directory: the same control plane, started with `real_nodes=1`. `two_nodes`
-restarts it with a second real node, so its tests run after every other e2e test, and
-the test of `down` last of all. Real nodes need root, iproute2 and the parts from `make
+this directory: the same control plane, started with `real_nodes=1`. `three_nodes`
+restarts it with three real nodes, so the tests that use it run after every other e2e
+test, and the test of `down` last of all. Real nodes need root, iproute2 and the parts from `make
 tools`; without them `ensure_cluster` raises and every test here errors. That is
 deliberate: CI must see a missing prerequisite, not a skip.
 """
@@ -18,7 +18,7 @@ import pytest
 from cluster import realnode_host as host
 from cluster.controlplane import DEFAULT_TOPOLOGY, Cluster, ensure_cluster
 
-__all__ = ["cluster", "two_nodes"]
+__all__ = ["cluster", "three_nodes"]
 
 
 @pytest.fixture(scope="session")
@@ -30,10 +30,11 @@ def cluster() -> Iterator[Cluster]:
 
 
 @pytest.fixture(scope="session")
-def two_nodes(cluster: Cluster) -> Cluster:
-    """The session's cluster restarted with two real nodes (the chart, the kwok nodes'
-    pods and everything else on it are gone). Stopped by the test of `down`."""
-    return ensure_cluster(DEFAULT_TOPOLOGY, real_nodes=2, timeout=300)
+def three_nodes(cluster: Cluster) -> Cluster:
+    """The session's cluster restarted with three real nodes (the chart, the kwok nodes'
+    pods and everything else on it are gone): a gang of two whole-node workers and a node
+    to move one to. Stopped by the test of `down`."""
+    return ensure_cluster(DEFAULT_TOPOLOGY, real_nodes=3, timeout=300)
 
 
 def python_image() -> str:
@@ -48,14 +49,14 @@ def python_image() -> str:
 
 
 DOWN_TEST = "test_down_leaves_nothing_on_the_host"
-TWO_NODES_MODULE = "test_two_nodes.py"
+THREE_NODE_MODULES = ("test_more_nodes.py", "test_preflight_nodes.py")
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
-    """The tests of two nodes restart the cluster every e2e test shares, and the test of
+    """The tests of three nodes restart the cluster every e2e test shares, and the test of
     `down` stops it: run them after all the others, in that order, not first (this
     directory sorts before tests/e2e/test_*.py)."""
-    two = [item for item in items if item.path.name == TWO_NODES_MODULE]
+    more = [item for item in items if item.path.name in THREE_NODE_MODULES]
     down = [item for item in items if item.name == DOWN_TEST]
-    rest = [item for item in items if item not in two and item not in down]
-    items[:] = rest + two + down
+    rest = [item for item in items if item not in more and item not in down]
+    items[:] = rest + more + down

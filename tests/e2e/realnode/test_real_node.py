@@ -195,15 +195,15 @@ def test_service_rules_stay_in_the_node_namespace(probe: tuple[str, str]) -> Non
     assert "CNI-" not in host_rules
 
 
-def test_down_leaves_nothing_on_the_host(two_nodes: Cluster) -> None:
-    """Last of all e2e tests: stops the session's cluster, by then with two real nodes
+def test_down_leaves_nothing_on_the_host(three_nodes: Cluster) -> None:
+    """Last of all e2e tests: stops the session's cluster, by then with three real nodes
     (conftest.py), and checks the host."""
-    cluster = two_nodes
+    cluster = three_nodes
     state = json.loads((cluster.state_dir / "state.json").read_text())
     saved = state["real_nodes"]["sysctls"]
     assert set(saved) == {n for n in KUBELET_SYSCTLS if Path("/proc/sys", n).exists()}
     networks = [NodeNetwork(index) for index in range(1, state["real_nodes"]["count"] + 1)]
-    assert len(networks) == 2
+    assert len(networks) == 3
     began = time.monotonic()
     cluster.stop()
     elapsed = time.monotonic() - began

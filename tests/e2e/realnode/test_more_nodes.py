@@ -1,9 +1,9 @@
-"""Two real nodes on one machine: each kubelet keeps to its own files and cgroups, and pods
+"""More real nodes on one machine: each kubelet keeps to its own files and cgroups, and pods
 on different nodes reach each other by their headless Service names.
 
-Runs after every other e2e test, just before the test of `down` (realnode/conftest.py):
-`two_nodes` restarts the session's cluster with a second real node, and the test of
-`down` then checks that both nodes leave nothing behind.
+Runs after every other e2e test but the test of `down` (realnode/conftest.py):
+`three_nodes` restarts the session's cluster with three real nodes, and the test of `down`
+then checks that every node leaves nothing behind. The checks use nodes 1 and 2.
 """
 
 from __future__ import annotations
@@ -53,10 +53,10 @@ def peer_pod(namespace: str, name: str, node: str) -> dict[str, object]:
 
 
 def test_second_node_keeps_to_its_own_files_and_cgroups_and_pods_talk_across(
-    two_nodes: Cluster,
+    three_nodes: Cluster,
 ) -> None:
-    cluster = two_nodes
-    assert cluster.real_nodes == ("tw-real-1", "tw-real-2")
+    cluster = three_nodes
+    assert cluster.real_nodes == ("tw-real-1", "tw-real-2", "tw-real-3")
     namespace = namespace_name("two-nodes")
     cluster.kubectl("create", "namespace", namespace)
     cluster.kubectl(
@@ -103,9 +103,9 @@ def test_second_node_keeps_to_its_own_files_and_cgroups_and_pods_talk_across(
     cluster.kubectl("delete", "namespace", namespace, "--wait=false", check=False)
 
 
-def test_each_node_has_its_own_device_plugin_and_registration_dirs(two_nodes: Cluster) -> None:
+def test_each_node_has_its_own_device_plugin_and_registration_dirs(three_nodes: Cluster) -> None:
     """The paths a kubelet hard-codes whatever its --root-dir: not shared between nodes."""
-    (second,) = realnode.node_layouts(Layout(two_nodes.state_dir), 2)[1:]
+    (second,) = realnode.node_layouts(Layout(three_nodes.state_dir), 2)[1:]
     private_kubelet = realnode_mounts.node_dir_for(second, str(KUBELET_ROOT))
     for name in ("device-plugins", "plugins_registry"):
         own = private_kubelet / name
