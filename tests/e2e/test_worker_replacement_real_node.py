@@ -5,9 +5,10 @@ a hostPath, the runtime's in-place restarts on). After the second checkpoint wor
 is deleted. The operator must create a new worker 1 (same attempt, same name, a new UID)
 while worker 0 keeps its pod: worker 0's elastic agent sees its peer fail, restarts its
 processes into a new rendezvous round and waits there; the new pod's launcher joins, every
-process resumes from the newest checkpoint and the job Succeeds. The cluster has one real
-node, so where the new pod goes (the gang's rack) is shown on kwok nodes only
-(tests/integration/test_worker_replacement_api.py).
+process resumes from the newest checkpoint and the job Succeeds. The new pod comes back to the
+same node here; a drained node's worker moving to another real node is
+tests/e2e/realnode/test_drain_nodes.py, the choice of rack on kwok nodes
+tests/integration/test_worker_replacement_api.py.
 """
 
 from __future__ import annotations

@@ -17,8 +17,9 @@ import pytest
 
 from cluster import realnode_host as host
 from cluster.controlplane import DEFAULT_TOPOLOGY, Cluster, ensure_cluster
+from e2e.conftest import Release, install_release
 
-__all__ = ["cluster", "three_nodes"]
+__all__ = ["cluster", "three_node_release", "three_nodes"]
 
 
 @pytest.fixture(scope="session")
@@ -37,6 +38,12 @@ def three_nodes(cluster: Cluster) -> Cluster:
     return ensure_cluster(DEFAULT_TOPOLOGY, real_nodes=3, timeout=300)
 
 
+@pytest.fixture(scope="session")
+def three_node_release(three_nodes: Cluster) -> Release:
+    """The chart installed again, on the three-node cluster (its agent on every node)."""
+    return install_release(three_nodes)
+
+
 def python_image() -> str:
     """The trainwave Python base of `make images` (it has python3 for in-pod checks)."""
     refs = [archive.ref for archive in host.image_archives()]
@@ -49,7 +56,7 @@ def python_image() -> str:
 
 
 DOWN_TEST = "test_down_leaves_nothing_on_the_host"
-THREE_NODE_MODULES = ("test_more_nodes.py", "test_preflight_nodes.py")
+THREE_NODE_MODULES = ("test_more_nodes.py", "test_preflight_nodes.py", "test_drain_nodes.py")
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:

@@ -1,7 +1,7 @@
 """Preflight on real nodes: a worker whose link is slowed is named, its node is marked, and
 the gang trains on the other nodes (runPolicy.preflight, issue 26).
 
-The chart is installed on the three real nodes of `three_nodes`. A gang of 2 workers x 2
+The chart is installed on the three real nodes of `three_nodes` (`three_node_release`). A gang of 2 workers x 2
 processes (DDP over gloo, the job of test_training.py) asks 5 GPUs per worker: a real node
 has 6 whole GPUs (2 are kept for sharing), so each worker takes a node and one node stays
 free. As soon as the operator has placed the gang, the link into worker 1's node is slowed
@@ -24,7 +24,7 @@ import pytest
 
 from cluster.controlplane import Cluster
 from cluster.realnode_net import NodeNetwork
-from e2e.conftest import Release, install_release
+from e2e.conftest import Release
 from e2e.test_training import training_job
 from integration.conftest import namespace_name
 from integration.trainwave_fixtures import apply, wait_for_phase, wait_until, worker_pods
@@ -34,11 +34,6 @@ pytestmark = pytest.mark.timeout(900)
 
 RATE = "200mbit"  # into the slowed node; the bridge carries several Gbit/s between nodes
 GPUS_PER_WORKER = 5  # of a real node's 6 whole GPUs: one worker per node
-
-
-@pytest.fixture(scope="module")
-def release(three_nodes: Cluster) -> Release:
-    return install_release(three_nodes)
 
 
 @pytest.fixture
@@ -72,9 +67,9 @@ def placed(cluster: Cluster, namespace: str, name: str, attempt: int) -> dict[in
 
 
 def test_a_slowed_link_is_named_and_the_gang_trains_on_other_nodes(
-    release: Release, tmp_path: Path, slowed: list[str]
+    three_node_release: Release, tmp_path: Path, slowed: list[str]
 ) -> None:
-    cluster, name = release.cluster, "preflight"
+    cluster, name = three_node_release.cluster, "preflight"
     namespace = namespace_name("preflight-nodes")
     cluster.kubectl("create", "namespace", namespace)
     cluster.kubectl(

@@ -1,0 +1,77 @@
+"""`kubectl drain` of a worker's node, on real nodes: the worker moves to another node and the
+gang trains on, not recreated (runPolicy.workerReplacement, issue 26 item 2).
+
+The job of test_inplace_restart.py (2 workers x 2 processes, DDP over gloo, checkpoints on a
+hostPath, in-place restarts on) asks 5 GPUs per worker on the three real nodes, so each
+worker takes a node (a real node has 6 whole GPUs) and one node stays free. After the second
+checkpoint, worker 1's node is drained as an administrator does, restricted to this job's
+pods (`kubectl drain --pod-selector`, so the chart's own pods stay): cordoned, then worker 1's
+pod evicted. The operator must create a new worker 1 in the same attempt on the free node
+(the cordoned one cannot take it, worker 0's has no room), while worker 0 keeps its pod and
+re-enters rendezvous; the job resumes from the newest checkpoint and Succeeds.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from e2e.conftest import Release
+from e2e.test_inplace_restart import EVERY, start_and_wait_for_checkpoint
+from e2e.test_training import training_job
+from integration.conftest import namespace_name
+from integration.trainwave_fixtures import wait_for_phase, worker_pods
+from trainwave import contract
+
+pytestmark = pytest.mark.timeout(900)
+
+STEPS = 160
+GPUS_PER_WORKER = 5  # of a real node's 6 whole GPUs: one worker per node
+
+
+def nodes_by_worker(release: Release, namespace: str, name: str) -> dict[int, tuple[str, str]]:
+    """Worker index -> (pod uid, node) of the running pods."""
+    return {
+        int(p["metadata"]["labels"][contract.LABEL_RANK]): (p["metadata"]["uid"],
+                                                            p["spec"].get("nodeName", ""))
+        for p in worker_pods(release.cluster, namespace, name)
+        if p["metadata"].get("deletionTimestamp") is None
+    }  # fmt: skip
+
+
+def test_a_drained_nodes_worker_moves_to_another_node_and_the_gang_trains_on(
+    three_node_release: Release, tmp_path: Path
+) -> None:
+    release, name = three_node_release, "drain"
+    cluster = release.cluster
+    namespace = namespace_name("drain-nodes")
+    cluster.kubectl("create", "namespace", namespace)
+    cluster.kubectl(
+        "wait", "--for=create", "serviceaccount/default", "-n", namespace, "--timeout=30s"
+    )
+    manifest = training_job(name, tmp_path, steps=STEPS, every=EVERY, step_seconds=0.2)
+    manifest["spec"]["gpusPerWorker"] = GPUS_PER_WORKER
+    start_and_wait_for_checkpoint(release, namespace, name, manifest, tmp_path)
+    before = nodes_by_worker(release, namespace, name)
+    assert before[0][1] != before[1][1], before
+    drained = before[1][1]
+    try:
+        cluster.kubectl(
+            "drain", drained, "--ignore-daemonsets", "--delete-emptydir-data",
+            f"--pod-selector={contract.LABEL_JOB_NAME}={name}", "--timeout=120s", timeout=130,
+        )  # fmt: skip
+        done = wait_for_phase(cluster, namespace, name, ("Succeeded", "Failed"), timeout=600)
+    finally:
+        cluster.kubectl("uncordon", drained, check=False)
+    status = done["status"]
+    assert status["phase"] == "Succeeded", status
+    assert status["attempt"] == 0, status  # no new attempt: the gang was not recreated
+    assert status["disruptions"] == 1, status
+    assert status["replacements"]["total"] == 1, status["replacements"]
+    after = nodes_by_worker(release, namespace, name)
+    assert after[0] == before[0], "worker 0 was recreated or moved"
+    assert after[1][0] != before[1][0], "worker 1 was not replaced"
+    assert after[1][1] not in (drained, before[0][1]), (drained, before, after)
+    print(f"drained {drained}: worker 1 moved to {after[1][1]}, worker 0 stayed on {after[0][1]}")
+    cluster.kubectl("delete", "namespace", namespace, "--wait=false", check=False)
