@@ -26,7 +26,7 @@ from trainwave.controller.goodput_metrics import record_goodput
 from trainwave.controller.kube import KubeClient
 from trainwave.controller.placement_inputs import Ticket
 from trainwave.controller.placer import Placer
-from trainwave.controller.reading import JobRead
+from trainwave.controller.reading import JobRead, kept_body
 from trainwave.controller.reporting import StatusPoller
 from trainwave.controller.workloads import (
     WorkloadCache,
@@ -87,8 +87,12 @@ class Executor:
         if decision.status == old:
             return read
         status = decision.status.model_dump(by_alias=True, mode="json")
-        updated = await asyncio.to_thread(
-            self._kube.patch_job_status, meta.namespace, meta.name, meta.resourceVersion, status
+        # Kept as the job cache keeps a body (reading.kept_body): the bookkeeping holds the
+        # answer until the watch shows this write, which at 2,000 jobs was all of them at once.
+        updated = kept_body(
+            await asyncio.to_thread(
+                self._kube.patch_job_status, meta.namespace, meta.name, meta.resourceVersion, status
+            )
         )
         self._books.wrote((meta.namespace, meta.name), meta.resourceVersion, updated)
         self._record(read, old, decision)

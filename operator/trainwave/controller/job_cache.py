@@ -29,6 +29,7 @@ from typing import Any
 from trainwave import contract
 from trainwave.api.trainingjob import JobKey
 from trainwave.controller.kube import KubeClient
+from trainwave.controller.reading import kept_body
 from trainwave.kube.index import ByOwner
 from trainwave.kube.informer import (
     PAGE_SIZE,
@@ -180,12 +181,8 @@ class JobCache(InformerGroup):
         namespace = (obj.get("metadata") or {}).get("namespace", "")
         if not self._watched(namespace):
             return None
-        body = {key: obj[key] for key in ("metadata", "spec", "status") if key in obj}
-        if "metadata" in body:
-            # managedFields were nearly half of a body's objects and nothing reads them:
-            # dropped on arrival, as client-go informers do with a SetTransform function.
-            body["metadata"] = {k: v for k, v in body["metadata"].items() if k != "managedFields"}
-        return body
+        # Cut on arrival, as client-go informers do with a SetTransform function.
+        return kept_body(obj)
 
     def _pod_record(self, obj: Mapping[str, Any]) -> tuple[JobKey, WorkerPod] | None:
         key = _owner_key(obj)

@@ -115,7 +115,7 @@ def node_record(node: Mapping[str, Any]) -> NodeRecord:
         allocatable = {}  # the kubelet wrote it; an unreadable one offers nothing
     inventory, problem = read_inventory(node)
     return NodeRecord(
-        name=metadata["name"],
+        name=sys.intern(str(metadata["name"])),
         labels=MappingProxyType(_interned(metadata.get("labels"))),
         allocatable=MappingProxyType(allocatable),
         taints=taints_of(spec.get("taints")),
@@ -164,9 +164,9 @@ def pod_record(pod: Mapping[str, Any]) -> PodRecord | None:
     labels = metadata.get("labels") or {}
     finished = (pod.get("status") or {}).get("phase") in _FINISHED
     deleting = bool(metadata.get("deletionTimestamp"))
-    bound_to = str(spec.get("nodeName") or "")
+    bound_to = sys.intern(str(spec.get("nodeName") or ""))
     gated = is_gated(spec)
-    released_to = str(annotations.get(contract.ANNOTATION_PLACED_NODE) or "")
+    released_to = sys.intern(str(annotations.get(contract.ANNOTATION_PLACED_NODE) or ""))
     if bound_to:
         node, holds = bound_to, not finished
     else:
@@ -183,9 +183,10 @@ def pod_record(pod: Mapping[str, Any]) -> PodRecord | None:
         requests, needs = (), None
     uuid = str(annotations.get(contract.ANNOTATION_GPU_UUID) or "")
     return PodRecord(
-        namespace=str(metadata.get("namespace") or ""),
-        name=str(metadata.get("name") or ""),
-        uid=str(metadata.get("uid") or ""),
+        # Interned: the job cache's WorkerPod of the same pod shares them (observed.py).
+        namespace=sys.intern(str(metadata.get("namespace") or "")),
+        name=sys.intern(str(metadata.get("name") or "")),
+        uid=sys.intern(str(metadata.get("uid") or "")),
         node=node,
         holds=holds,
         bound=bool(bound_to),
@@ -256,7 +257,7 @@ def _worker(
         spec.get("preemptionPolicy") != "Never"
     )
     return WorkerIdentity(
-        job=job,
+        job=sys.intern(job),
         attempt=attempt,
         rank=rank,
         priority=priority,
