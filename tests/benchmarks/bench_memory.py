@@ -89,7 +89,8 @@ def main() -> int:
         heap = ""
         if TRACING:
             os.kill(pid, signal.SIGUSR2)
-            heap = wait_for_text(heap_file, 120)
+            # With 8 frames the operator takes minutes to group 2,000 jobs' traces.
+            heap = wait_for_text(heap_file, 900)
         load.enter("cleanup")
         scale.clear(bench.cluster, api, load)
     result = {

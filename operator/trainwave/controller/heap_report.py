@@ -3,8 +3,11 @@
 Off unless TRAINWAVE_TRACEMALLOC is set, and then nothing is traced or imported:
 tracing every allocation costs CPU and roughly doubles the memory it measures, so
 a run that reports RSS must not have it on. With TRAINWAVE_TRACEMALLOC=N (frames
-kept per allocation; 1 is enough for "which line", 6 finds who keeps what json.loads
-built), `kill -USR2 <pid>` appends a report to TRAINWAVE_TRACEMALLOC_OUT (default:
+kept per allocation; 1 is enough for "which line"; 8 names the call that decoded
+what json.loads built: an informer's watch, or a client call such as a status patch.
+tracemalloc knows where an object was made, never who holds it: every informer decodes
+on the same line, so which cache keeps its share is for the code to say),
+`kill -USR2 <pid>` appends a report to TRAINWAVE_TRACEMALLOC_OUT (default:
 stderr, i.e. the operator's log), and one more is written when the process exits.
 Tracing starts after the operator's imports (traced, with 6 frames, they take half
 a minute of CPU): the report gives the RSS at that moment as the imports' share.
