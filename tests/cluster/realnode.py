@@ -284,6 +284,24 @@ def import_images(context: Context, node: config.NodeLayout) -> None:
             )
         seen[archive.ref] = archive.key
         node.imported_images.write_text(json.dumps(seen, indent=2))
+    _remove_stale_image_ids(ctr)
+
+
+def _remove_stale_image_ids(ctr: list[str]) -> None:
+    """Remove the `sha256:<id>` names the CRI plugin gave images whose tag has moved on.
+
+    Each import of a rebuilt `make images` archive moves its tag to a new image; the CRI
+    plugin's name for the old image by its id stays, and with it every layer it holds
+    (containerd's root reached 29 GB here over a few days of rebuilds). Without a name the
+    content is garbage-collected; a running container keeps its own snapshot."""
+    listed = subprocess.run(
+        [*ctr, "images", "ls"], capture_output=True, text=True, check=False, timeout=60
+    )
+    stale = host.stale_image_ids(listed.stdout)
+    if stale:
+        subprocess.run(
+            [*ctr, "images", "rm", *stale], capture_output=True, check=False, timeout=120
+        )
 
 
 def _image_refs() -> dict[str, str]:

@@ -255,6 +255,18 @@ def image_archives() -> list[ImageArchive]:
     return archives
 
 
+def stale_image_ids(listing: str) -> list[str]:
+    """From `ctr images ls` (columns REF, TYPE, DIGEST, ...): the names `sha256:<id>` whose
+    image (DIGEST) no other name points to any more."""
+    rows = [line.split() for line in listing.splitlines()[1:] if line.strip()]
+    named = {row[2] for row in rows if len(row) > 2 and not row[0].startswith("sha256:")}
+    return [
+        row[0]
+        for row in rows
+        if len(row) > 2 and row[0].startswith("sha256:") and row[2] not in named
+    ]
+
+
 def archive_ref(archive: Path) -> str:
     """The image reference an OCI archive names in its index (what `ctr import` uses)."""
     with tarfile.open(archive) as tar:

@@ -9,6 +9,7 @@ import tomllib
 from pathlib import Path
 
 from cluster import components, realnode_mounts
+from cluster import realnode_host as host
 from cluster.components import Layout, Ports
 from cluster.realnode import node_labels
 from cluster.realnode_config import (
@@ -119,3 +120,15 @@ def test_service_traffic_from_any_nodes_pods_is_not_masqueraded(tmp_path: Path) 
     cidr = ipaddress.ip_network(proxy_config(second)["clusterCIDR"])
     for index in (1, 2, 3):
         assert ipaddress.ip_network(NodeNetwork(index).pod_subnet).subnet_of(cidr)
+
+
+def test_only_image_ids_whose_tag_moved_on_are_stale() -> None:
+    listing = "\n".join([
+        "REF                         TYPE      DIGEST         SIZE  PLATFORMS  LABELS",
+        "docker.io/trainwave/op:0.1  manifest  sha256:new     10    linux/amd64 -",
+        "sha256:idnew                manifest  sha256:new     10    linux/amd64 -",
+        "sha256:idold                manifest  sha256:old     10    linux/amd64 -",
+        "localhost/trainwave/pause:3 manifest  sha256:pause   1     linux/amd64 -",
+    ])  # fmt: skip
+    assert host.stale_image_ids(listing) == ["sha256:idold"]
+    assert host.stale_image_ids("REF TYPE DIGEST\n") == []

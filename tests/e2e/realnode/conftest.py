@@ -35,7 +35,8 @@ def three_nodes(cluster: Cluster) -> Cluster:
     """The session's cluster restarted with three real nodes (the chart, the kwok nodes'
     pods and everything else on it are gone): a gang of two whole-node workers and a node
     to move one to. Stopped by the test of `down`."""
-    return ensure_cluster(DEFAULT_TOPOLOGY, real_nodes=3, timeout=300)
+    # Cold, each further node imports the ~1 GB of images again (35-45 s each here).
+    return ensure_cluster(DEFAULT_TOPOLOGY, real_nodes=3, timeout=600)
 
 
 @pytest.fixture(scope="session")
