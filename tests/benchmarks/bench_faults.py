@@ -16,8 +16,11 @@ Faults, injected from the host into one training process (picked by the seed):
 - `slow`: for SLOW_SECONDS the process gets half the CPU time it was using: a cgroup v1
   CPU quota of half its measured share, in 20 ms periods (fault_injection.py);
 - `drain`: the pod of one worker other than worker 0 is evicted through the Eviction API,
-  as `kubectl drain` does. All workers share the one real node (one real kubelet per
-  machine, docs/real-nodes.md), so the node is not cordoned: the new pod comes back to it.
+  as `kubectl drain` does. With one real node (the default) all workers share it, so the
+  node is not cordoned and the new pod comes back to it. With BENCH_FAULTS_NODES=3 each
+  worker takes 5 of a node's 6 whole GPUs (one worker per node), the drained worker's
+  node is cordoned first, and the new pod must go to the third node; other pods on the drained node (an operator pod,
+  CoreDNS) stay, so the figure is the job's repair and not a leader failover besides.
   Worker 0 is never drained here: it hosts torch's rendezvous store, so a drain of its node
   recreates the gang in every mode (lifecycle/replacing.py), and the figure would measure
   recreation twice. In place, the other worker is replaced alone (runPolicy.workerReplacement,
@@ -38,7 +41,9 @@ Run as root, with nothing else using the real node:
 The cluster is stopped at the end if this run started it (TRAINWAVE_KEEP_CLUSTER=1 keeps it).
 Images must be current: `make images` first (`make bench-faults` does both).
 Env: BENCH_FAULTS_SEED (default 26), BENCH_FAULTS_MODES (default in-place,recreate),
-BENCH_FAULTS_KINDS (default kill,stop,slow,drain). Writes tests/benchmarks/results/faults.{json,md}.
+BENCH_FAULTS_KINDS (default kill,stop,slow,drain), BENCH_FAULTS_NODES (real nodes, default 1;
+3 cordons the drained node). Writes tests/benchmarks/results/faults.{json,md}
+(faults-3nodes.* with 3 nodes).
 """
 
 from __future__ import annotations
@@ -64,7 +69,9 @@ from benchmarks.fault_injection import (  # noqa: E402
     StatusWatch,
     evict_worker,
     inject,
+    set_unschedulable,
     training_processes,
+    worker_pod,
 )
 from benchmarks.fault_report import render_markdown  # noqa: E402
 from benchmarks.operator_cluster import fresh_namespace, real_node_cluster  # noqa: E402
@@ -80,6 +87,12 @@ SEED = int(os.environ.get("BENCH_FAULTS_SEED", "26"))
 MODES = os.environ.get("BENCH_FAULTS_MODES", "in-place,recreate").split(",")
 KINDS = os.environ.get("BENCH_FAULTS_KINDS", "kill,stop,slow,drain").split(",")
 WORKERS, PROCESSES = 2, 2
+NODES = int(os.environ.get("BENCH_FAULTS_NODES", "1"))
+# With a node to spare, a worker per node, and a drain cordons the node as kubectl does.
+CORDON = NODES > WORKERS
+# A real node has 8 GPUs, 2 of them kept for sharing by the e2e release (SHARED_GPUS):
+# a worker of 5 leaves no room for a second one on its node.
+GPUS_PER_WORKER = 5 if CORDON else 2
 CHECKPOINT_EVERY = 20
 HANG_TIMEOUT = 20  # the smallest hangTimeoutSeconds allows is 10
 SLOW_SECONDS = 40
@@ -110,7 +123,7 @@ def worker_job(
     return job_manifest(
         name,
         workers=WORKERS,
-        gpus=2,
+        gpus=GPUS_PER_WORKER,
         result=None,
         image=WORKER_IMAGE,
         processesPerWorker=PROCESSES,
@@ -203,44 +216,9 @@ def run_mode(cluster: Cluster, mode: str, faults: list[tuple[str, int]]) -> dict
         wait_for("first steps", healthy_steps_after(steps_dir, 0, WARMUP_STEPS), 600, watch=watch)
         for kind, rank in faults:
             print(f"{mode}: {kind} rank {rank}", flush=True)
-            (process,) = wait_for(
-                f"rank {rank}'s process",
-                lambda r=rank: training_processes(namespace, name, r),
-                60,
-                watch=watch,
+            result = one_fault(
+                cluster, namespace, name, kind=kind, rank=rank, steps_dir=steps_dir, watch=watch
             )
-            fault_at = time.time()
-            done = threading.Event()
-            result: dict[str, Any] = {"kind": kind, "rank": rank, "pid": process, "at": fault_at}
-            injector: threading.Thread | None = None
-            if kind == "drain":
-                result["pod"] = evict_worker(cluster.kubeconfig, namespace, name, rank // PROCESSES)
-            else:
-                injector = inject(kind, process, done, SLOW_SECONDS)
-            if kind == "slow":
-                named = watch.wait_condition("Straggler", f"rank {rank}", fault_at, SLOW_SECONDS)
-                result["detect_seconds"] = None if named is None else named - fault_at
-                seen = result["detect_seconds"]
-                result["reports_to_detect"] = None if seen is None else seen / REPORT_SECONDS
-                end_fault(done, injector)
-            else:
-                records = wait_for(
-                    "the first new step",
-                    lambda at=fault_at: _recovered(steps_dir, at),
-                    900,
-                    every=0.5,
-                    watch=watch,
-                )
-                end_fault(done, injector)
-                # the status may show the repair after it is over: wait for it, bounded
-                detected = watch.wait_change_after(fault_at, DETECT_WAIT)
-                result |= {
-                    "detect_seconds": None if detected is None else detected - fault_at,
-                    "recovery_seconds": records.seconds,
-                    "steps_lost": records.steps_lost,
-                    "last_step_before": records.last_step_before,
-                    "resumed_from": records.resumed_from,
-                }
             results.append(result)
             print(f"{mode}: {result}", flush=True)
             wait_for(
@@ -249,6 +227,8 @@ def run_mode(cluster: Cluster, mode: str, faults: list[tuple[str, int]]) -> dict
                 600,
                 watch=watch,
             )
+            if result.get("cordoned"):
+                set_unschedulable(cluster.kubeconfig, result["node"], False)  # uncordon
         wait_for("the job's end", lambda: watch.phase() in ("Succeeded", "Failed"), 1800, every=1)
     finally:
         watch.stop()
@@ -267,6 +247,65 @@ def run_mode(cluster: Cluster, mode: str, faults: list[tuple[str, int]]) -> dict
         "status": {key: final.get(key) for key in ("attempt", "restarts", "goodput")},
         "timeline": watch.changes(),
     }
+
+
+def one_fault(
+    cluster: Cluster,
+    namespace: str,
+    name: str,
+    *,
+    kind: str,
+    rank: int,
+    steps_dir: Path,
+    watch: StatusWatch,
+) -> dict[str, Any]:
+    """Inject one fault, wait for the repair (or, for a slowdown, for it to be named), and
+    say what was measured."""
+    (process,) = wait_for(
+        f"rank {rank}'s process",
+        lambda r=rank: training_processes(namespace, name, r),
+        60,
+        watch=watch,
+    )
+    fault_at = time.time()
+    done = threading.Event()
+    result: dict[str, Any] = {"kind": kind, "rank": rank, "pid": process, "at": fault_at}
+    injector: threading.Thread | None = None
+    if kind == "drain":
+        result["pod"], result["node"] = evict_worker(
+            cluster.kubeconfig, namespace, name, rank // PROCESSES, cordon=CORDON
+        )
+        result["cordoned"] = CORDON
+    else:
+        injector = inject(kind, process, done, SLOW_SECONDS)
+    if kind == "slow":
+        named = watch.wait_condition("Straggler", f"rank {rank}", fault_at, SLOW_SECONDS)
+        result["detect_seconds"] = None if named is None else named - fault_at
+        seen = result["detect_seconds"]
+        result["reports_to_detect"] = None if seen is None else seen / REPORT_SECONDS
+        end_fault(done, injector)
+        return result
+    records = wait_for(
+        "the first new step",
+        lambda at=fault_at: _recovered(steps_dir, at),
+        900,
+        every=0.5,
+        watch=watch,
+    )
+    end_fault(done, injector)
+    # the status may show the repair after it is over: wait for it, bounded
+    detected = watch.wait_change_after(fault_at, DETECT_WAIT)
+    result |= {
+        "detect_seconds": None if detected is None else detected - fault_at,
+        "recovery_seconds": records.seconds,
+        "steps_lost": records.steps_lost,
+        "last_step_before": records.last_step_before,
+        "resumed_from": records.resumed_from,
+    }
+    if kind == "drain":
+        moved = worker_pod(cluster.kubeconfig, namespace, name, rank // PROCESSES)
+        result["moved_to"] = moved.spec.node_name
+    return result
 
 
 def poll_status_every(cluster: Cluster, release: Release, seconds: int) -> None:
@@ -308,7 +347,7 @@ def main() -> int:
     if os.geteuid() != 0:
         print("bench_faults needs root (the real node)", file=sys.stderr)
         return 2
-    with real_node_cluster() as cluster:
+    with real_node_cluster(NODES) as cluster:
         poll_status_every(cluster, install_release(cluster), STATUS_INTERVAL)
         faults = schedule(SEED)
         load_before = os.getloadavg()
@@ -321,6 +360,9 @@ def main() -> int:
         "conditions": {
             "workers": WORKERS,
             "processes_per_worker": PROCESSES,
+            "real_nodes": NODES,
+            "gpus_per_worker": GPUS_PER_WORKER,
+            "drain": "cordon, then evict the worker's pod" if CORDON else "evict (not cordoned)",
             "backend": "gloo (CPU)",
             "checkpoint_every_steps": CHECKPOINT_EVERY,
             "hang_timeout_seconds": HANG_TIMEOUT,
@@ -333,7 +375,8 @@ def main() -> int:
         },
         "runs": runs,
     }
-    write_results(RESULTS / "faults", result, render_markdown(result))
+    stem = "faults" if NODES == 1 else f"faults-{NODES}nodes"
+    write_results(RESULTS / stem, result, render_markdown(result))
     print(json.dumps(result, indent=1, default=str))
     return 0
 

@@ -84,9 +84,8 @@ def warm_rank(entry: Path, environment: set[str]) -> int | None:
         return None
 
 
-def evict_worker(kubeconfig: Path, namespace: str, job: str, worker: int) -> str:
-    """Evict the running pod of `worker` (its index, label LABEL_RANK) as `kubectl drain`
-    does to each pod of a node: an Eviction, honouring PodDisruptionBudgets. Its name."""
+def worker_pod(kubeconfig: Path, namespace: str, job: str, worker: int) -> client.V1Pod:
+    """The one running pod of `worker` (its index, label LABEL_RANK)."""
     core = client.CoreV1Api(config.new_client_from_config(config_file=str(kubeconfig)))
     selector = f"{contract.LABEL_JOB_NAME}={job},{contract.LABEL_RANK}={worker}"
     pods = core.list_namespaced_pod(namespace, label_selector=selector).items
@@ -97,10 +96,31 @@ def evict_worker(kubeconfig: Path, namespace: str, job: str, worker: int) -> str
         names = [p.metadata.name for p in pods]
         raise RuntimeError(f"worker {worker} of {namespace}/{job}: expected one running pod, "
                            f"found {names}")  # fmt: skip
-    name = live[0].metadata.name
+    pod: client.V1Pod = live[0]
+    return pod
+
+
+def evict_worker(
+    kubeconfig: Path, namespace: str, job: str, worker: int, *, cordon: bool = False
+) -> tuple[str, str]:
+    """Drain `worker`'s node as `kubectl drain` does to the job: cordon it first (when
+    `cordon`), then evict the worker's pod through an Eviction, honouring
+    PodDisruptionBudgets. Other pods on the node stay (an operator pod among them would
+    add a leader failover to the job's figure). Returns (pod, node)."""
+    core = client.CoreV1Api(config.new_client_from_config(config_file=str(kubeconfig)))
+    pod = worker_pod(kubeconfig, namespace, job, worker)
+    name, node = pod.metadata.name, pod.spec.node_name
+    if cordon:
+        set_unschedulable(kubeconfig, node, True)
     body = client.V1Eviction(metadata=client.V1ObjectMeta(name=name, namespace=namespace))
     core.create_namespaced_pod_eviction(name, namespace, body)
-    return name
+    return name, node
+
+
+def set_unschedulable(kubeconfig: Path, node: str, unschedulable: bool) -> None:
+    """`kubectl cordon` (True) or `uncordon` (False): the Node's spec.unschedulable."""
+    core = client.CoreV1Api(config.new_client_from_config(config_file=str(kubeconfig)))
+    core.patch_node(node, {"spec": {"unschedulable": unschedulable or None}})
 
 
 def inject(kind: str, pid: int, done: threading.Event, slow_seconds: float) -> threading.Thread:

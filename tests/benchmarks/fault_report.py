@@ -55,6 +55,15 @@ def victim(kind: str, rank: int, processes_per_worker: int) -> str:
     return f"rank {rank}"
 
 
+def whom(fault: dict[str, Any], processes_per_worker: int) -> str:
+    """`victim`, and for a drain the node it left and the node its new pod ran on."""
+    named = victim(fault["kind"], fault["rank"], processes_per_worker)
+    if fault.get("node"):
+        cordoned = "cordoned " if fault.get("cordoned") else ""
+        named += f" (off {cordoned}{fault['node']}, to {fault.get('moved_to') or '?'})"
+    return named
+
+
 def render_markdown(result: dict[str, Any]) -> str:
     conditions = result["conditions"]
     per_worker = conditions["processes_per_worker"]
@@ -73,7 +82,7 @@ def render_markdown(result: dict[str, Any]) -> str:
     for run in result["runs"]:
         for fault in run["faults"]:
             out.append(
-                f"| {run['mode']} | {fault['kind']} | {victim(fault['kind'], fault['rank'], per_worker)} "
+                f"| {run['mode']} | {fault['kind']} | {whom(fault, per_worker)} "
                 f"| {_number(fault.get('detect_seconds'))} "
                 f"| {_number(fault.get('recovery_seconds'))} "
                 f"| {_number(fault.get('steps_lost'))} |"

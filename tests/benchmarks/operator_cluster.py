@@ -76,10 +76,10 @@ def operator_cluster(
 
 
 @contextmanager
-def real_node_cluster() -> Iterator[Cluster]:
-    """The local cluster with one real node (root only), stopped afterwards unless
-    TRAINWAVE_KEEP_CLUSTER=1: one real node per machine, as in the e2e tier."""
-    cluster = ensure_cluster(DEFAULT_TOPOLOGY, real_nodes=1, timeout=600)
+def real_node_cluster(count: int = 1) -> Iterator[Cluster]:
+    """The local cluster with `count` real nodes (root only), stopped afterwards unless
+    TRAINWAVE_KEEP_CLUSTER=1: one cluster with real nodes per machine, as in the e2e tier."""
+    cluster = ensure_cluster(DEFAULT_TOPOLOGY, real_nodes=count, timeout=600)
     try:
         yield cluster
     finally:
