@@ -111,7 +111,7 @@ integration: venv tools ## integration tests against the real local control plan
 
 .PHONY: e2e
 e2e: venv tools images ## end-to-end: the chart installed on the local cluster's real node, real training in containers (root; docs/e2e.md)
-	flock /tmp/realnode.lock $(PYTEST) tests/e2e  # one real node per machine: wait for any other
+	flock /tmp/realnode.lock $(PYTEST) tests/e2e  # one cluster with real nodes per machine: wait for any other
 
 .PHONY: chaos
 chaos: venv tools ## seeded faults (operator kills, API server/kwok restarts, node loss and NotReady, evictions) while 54 jobs run; CHAOS_SEED=n picks another schedule
