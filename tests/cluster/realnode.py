@@ -54,7 +54,7 @@ from cluster.topology import KWOK_NODE_TYPE_LABEL, Topology, build_node
 NODE_PROCESSES = ("containerd", "kubelet", "kube-proxy")
 CNI_PLUGINS = ("bridge", "host-local", "loopback")
 STOP_GRACE = 5.0
-# The address plan has room for more; 2 is what the tests and benchmarks run.
+# The address plan has room for more; 3 is what the e2e tier and the fault benchmark run.
 MAX_REAL_NODES = 4
 
 
