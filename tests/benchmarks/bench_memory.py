@@ -54,6 +54,7 @@ RESULTS = (
 
 def main() -> int:
     started = time.monotonic()
+    commit = git_commit()  # at the start: a commit landing mid-run must not relabel it
     load = measures.LoadSampler()
     load.start()
     heap_file = cache_dir() / STATE_NAME / "heap-report.txt"
@@ -108,7 +109,7 @@ def main() -> int:
         "operator_cpu_seconds": cpu,
         "conditions": {
             "date": time.strftime("%Y-%m-%d %H:%M %Z"),
-            "commit": git_commit(),
+            "commit": commit,
             "topology": f"{settings.TOPOLOGY.relative_to(REPO)}: {nodes} nodes",
             "job_shape": f"{JOBS} TrainingJobs x {settings.WORKERS} workers x {settings.GPUS} GPU",
             "machine": f"{os.cpu_count()} cores, Python {platform.python_version()}, shared",
