@@ -143,16 +143,25 @@ def _unescape(field: str) -> str:
     return re.sub(r"\\([0-7]{3})", lambda m: chr(int(m.group(1), 8)), field)
 
 
+def cgroup_controllers() -> list[Path]:
+    """Every mounted cgroup hierarchy, each once (cpu and cpuacct are one hierarchy behind
+    two names)."""
+    if not CGROUP_ROOT.is_dir():
+        return []
+    seen: dict[Path, Path] = {}
+    for entry in sorted(CGROUP_ROOT.iterdir()):
+        if entry.is_dir() and (entry / "cgroup.procs").exists():
+            seen.setdefault(entry.resolve(), entry)
+    return list(seen.values())
+
+
 def kubepods_cgroups() -> list[Path]:
-    """`kubepods` in every mounted v1 controller hierarchy (each once: cpu and cpuacct
-    share one through symlinks), at the top for the first node and under each further
-    node's cgroup root (`twnode-N`, realnode_mounts.py)."""
-    seen: set[Path] = set()
-    for controller in sorted(CGROUP_ROOT.iterdir()) if CGROUP_ROOT.is_dir() else []:
-        for path in (controller / KUBEPODS, *controller.glob(f"{NODE_CGROUP_PREFIX}*/{KUBEPODS}")):
-            if path.is_dir() and path.resolve() not in seen:
-                seen.add(path.resolve())
-    return sorted(seen)
+    """`kubepods` in every mounted v1 controller hierarchy, at the top for the first node
+    and under each further node's cgroup root (`twnode-N`, realnode_mounts.py)."""
+    found = []
+    for controller in cgroup_controllers():
+        found += [controller / KUBEPODS, *controller.glob(f"{NODE_CGROUP_PREFIX}*/{KUBEPODS}")]
+    return sorted(path for path in found if path.is_dir())
 
 
 def _cgroup_processes(path: Path) -> list[int]:
@@ -183,8 +192,7 @@ def kill_pod_processes(problems: list[str]) -> None:
 def remove_kubepods_cgroups(problems: list[str]) -> None:
     """rmdir every kubepods cgroup bottom-up (a cgroup is removed with rmdir, not rm),
     then the further nodes' cgroup roots."""
-    controllers = sorted(CGROUP_ROOT.iterdir()) if CGROUP_ROOT.is_dir() else []
-    node_roots = {p.resolve() for c in controllers for p in c.glob(f"{NODE_CGROUP_PREFIX}*")}
+    node_roots = [p for c in cgroup_controllers() for p in c.glob(f"{NODE_CGROUP_PREFIX}*")]
     for top in [*kubepods_cgroups(), *sorted(node_roots)]:
         # os.walk, not rglob: runc may remove a container's cgroup while this walks
         # (os.walk skips what vanished; rglob raises).

@@ -24,10 +24,11 @@ node's pod mounts.
 from __future__ import annotations
 
 import os
-import subprocess
 from pathlib import Path
 
+from cluster import realnode_host as host
 from cluster.realnode_config import NodeLayout
+from cluster.realnode_net import run
 
 # Host paths a node's kubelet, containerd and the chart's agent write at fixed places;
 # each node from the second on sees its own directory there.
@@ -37,7 +38,6 @@ PRIVATE_PATHS = (
     "/var/run/cdi",
     "/run/trainwave",
 )
-CGROUP_ROOT = Path("/sys/fs/cgroup")
 
 
 def namespace_file(node: NodeLayout) -> Path:
@@ -53,22 +53,30 @@ def ensure_namespace(node: NodeLayout) -> None:
     if not node.isolated:
         return
     holder = namespace_file(node).parent
-    if _is_mount_point(namespace_file(node)):
+    if str(namespace_file(node)) in host.mounts_under(holder):
         return
     holder.mkdir(parents=True, exist_ok=True)
     # unshare keeps a namespace by bind-mounting it onto a file, which must sit on a
     # mount with private propagation: the holder dir bound onto itself and made private.
-    if not _is_mount_point(holder):
-        _run("mount", "--bind", str(holder), str(holder))
-    _run("mount", "--make-private", str(holder))
+    if str(holder) not in host.mounts_under(holder):
+        run("mount", "--bind", str(holder), str(holder))
+    run("mount", "--make-private", str(holder))
     namespace_file(node).touch()
-    _run("unshare", f"--mount={namespace_file(node)}", "--propagation=private", "true")
+    run("unshare", f"--mount={namespace_file(node)}", "--propagation=private", "true")
     for host_path in PRIVATE_PATHS:
         target = os.path.realpath(host_path)  # /var/run is /run: bind onto the real path
         Path(target).mkdir(parents=True, exist_ok=True)
         source = node_dir_for(node, host_path)
         source.mkdir(parents=True, exist_ok=True)
-        _run(*enter(node), "mount", "--bind", str(source), target)
+        run(
+            "nsenter",
+            f"--mount={namespace_file(node)}",
+            "--",
+            "mount",
+            "--bind",
+            str(source),
+            target,
+        )
 
 
 def namespace_of(node: NodeLayout) -> Path | None:
@@ -76,43 +84,14 @@ def namespace_of(node: NodeLayout) -> Path | None:
     return namespace_file(node) if node.isolated else None
 
 
-def enter(node: NodeLayout) -> list[str]:
-    return ["nsenter", f"--mount={namespace_file(node)}", "--"]
-
-
 def ensure_cgroup_root(node: NodeLayout) -> None:
-    """Create /twnode-N in every v1 controller: the kubelet refuses a cgroupRoot that does
-    not exist. A new cpuset cgroup has no CPUs or memory nodes until given its parent's."""
-    if not node.isolated:
+    """Create the node's cgroupRoot in every v1 controller: the kubelet refuses one that
+    does not exist. A new cpuset cgroup has no CPUs or memory nodes until given its parent's."""
+    if node.cgroup_root is None:
         return
-    for controller in _controllers():
-        path = controller / node.network.netns
+    for controller in host.cgroup_controllers():
+        path = controller / node.cgroup_root.lstrip("/")
         path.mkdir(exist_ok=True)
         for name in ("cpuset.cpus", "cpuset.mems"):
             if (path / name).exists() and not (path / name).read_text().strip():
                 (path / name).write_text((controller / name).read_text())
-
-
-def _controllers() -> list[Path]:
-    if not CGROUP_ROOT.is_dir():
-        return []
-    seen: dict[Path, Path] = {}
-    for entry in sorted(CGROUP_ROOT.iterdir()):
-        # cpu and cpuacct are one hierarchy behind two symlinks: each once.
-        if entry.is_dir() and (entry / "cgroup.procs").exists():
-            seen.setdefault(entry.resolve(), entry)
-    return list(seen.values())
-
-
-def _is_mount_point(path: Path) -> bool:
-    wanted = str(path)
-    with open("/proc/self/mountinfo") as mountinfo:
-        return any(line.split()[4] == wanted for line in mountinfo)
-
-
-def _run(*argv: str) -> None:
-    result = subprocess.run(argv, capture_output=True, text=True, check=False, timeout=30)
-    if result.returncode != 0:
-        raise RuntimeError(
-            f"`{' '.join(argv)}` failed (exit {result.returncode}): {result.stderr.strip()}"
-        )
