@@ -16,6 +16,7 @@ restarts by cause and runs the hang watchdog (launcher/restarts.py).
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import importlib.util
 import json
@@ -33,7 +34,7 @@ from trainwave import contract, signatures
 from trainwave.runtime import reports
 from trainwave.runtime.data.loader_defaults import cuda_present, resolve_loader_defaults
 from trainwave.runtime.doctor import DoctorReport, Host, Status, run_doctor
-from trainwave.runtime.launcher import environment, podinfo, preflight, warm
+from trainwave.runtime.launcher import environment, podinfo, preflight, rejoin, warm
 from trainwave.runtime.launcher.restarts import Monitor
 from trainwave.runtime.launcher.status import StatusServer
 from trainwave.runtime.settings import Settings, SettingsError, load_settings
@@ -42,6 +43,7 @@ USAGE = "usage: python -m trainwave.runtime.launch [--] CMD [ARGS...]"
 EXIT_USAGE = 2
 EXIT_DOCTOR = 3
 FORWARDED = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGUSR1, signal.SIGUSR2)
+STOPPING = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)  # the pod is going away
 
 
 WARM_MODULE = "trainwave.runtime.launcher.warm"
@@ -192,22 +194,56 @@ class Launcher:
         self.preflight = preflight
 
     def supervise(self, command: Sequence[str], env: Mapping[str, str]) -> int:
-        self.child = subprocess.Popen(list(command), env=dict(env))
-        child = self.child
+        """Run the child until it ends, forwarding signals; with in-place restarts, start
+        torch's agent again when the rendezvous store's host is replaced (launcher/rejoin.py)."""
+        in_place = self.settings.in_place
+        rejoins = rejoin.Rejoins(hosts_store=in_place.hosts_store, limit=in_place.max_restarts)
+        error_file = Path(env.get(rejoin.ERROR_ENV) or self.settings.report_dir / rejoin.ERROR_FILE)
+        stopping = False
 
         def forward(signum: int, _frame: object) -> None:
-            if child.poll() is None:
+            nonlocal stopping
+            stopping = stopping or signum in STOPPING
+            child = self.child
+            if child is not None and child.poll() is None:
                 child.send_signal(signum)
 
         previous = {sig: signal.signal(sig, forward) for sig in FORWARDED}
+        try:
+            while True:
+                code = self._run_child(command, env, error_file)
+                if not in_place.enabled:
+                    return code
+                lost = rejoin.store_lost(error_file)
+                why_not = rejoins.verdict(code, lost, stopping)
+                if why_not is not None:
+                    if lost is not None:
+                        log_line("rejoin-refused", reason=why_not, error=lost)
+                    return code
+                rejoins.used += 1
+                log_line(
+                    "rejoin",
+                    count=rejoins.used,
+                    limit=rejoins.limit,
+                    error=lost,
+                    action="torch's elastic agent starts again and connects to the new store "
+                    "host (worker 0 replaced)",
+                )
+        finally:
+            for sig, handler in previous.items():
+                signal.signal(sig, handler)
+
+    def _run_child(self, command: Sequence[str], env: Mapping[str, str], error_file: Path) -> int:
+        with contextlib.suppress(OSError):  # unwritable: torch then only logs the error
+            error_file.parent.mkdir(parents=True, exist_ok=True)
+            error_file.unlink(missing_ok=True)  # only this child's error counts
+        self.child = child = subprocess.Popen(list(command), env=dict(env))
         if self.settings.in_place.enabled:
             self.monitor.start(child.pid)  # the child is torch's elastic agent
         try:
             code = child.wait()
         finally:
             self.monitor.stop()
-            for sig, handler in previous.items():
-                signal.signal(sig, handler)
         return 128 - code if code < 0 else code
 
 
@@ -235,6 +271,8 @@ def main(argv: Sequence[str] | None = None, environ: Mapping[str, str] | None = 
     defaults = resolve_loader_defaults(settings)
     prepared = environment.prepare(settings, machine_facts(), defaults, environ, worker_env)
     child_env = {**environ, **prepared.env}
+    if settings.in_place.enabled:  # where torch's @record says why the agent ended
+        child_env.setdefault(rejoin.ERROR_ENV, str(settings.report_dir / rejoin.ERROR_FILE))
     launcher.environ = child_env
     launcher.run_doctor(child_env)
     command = child_command(

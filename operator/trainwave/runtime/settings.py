@@ -71,12 +71,15 @@ class InPlace:
     max_restarts: int = 0
     hang_timeout_seconds: float | None = None
     reason: str = ""
+    # is_host in PET_RDZV_CONF: this worker's agent serves the rendezvous store (worker 0)
+    hosts_store: bool = False
 
     def as_dict(self) -> dict[str, Any]:
         return {
             "enabled": self.enabled,
             "max_restarts": self.max_restarts,
             "hang_timeout_seconds": self.hang_timeout_seconds,
+            "hosts_store": self.hosts_store,
             "reason": self.reason,
         }
 
@@ -196,7 +199,19 @@ def _in_place(env: _Reader) -> InPlace:
         return InPlace(
             hang_timeout_seconds=hang, reason=f"off: {contract.ENV_PET_MAX_RESTARTS} is 0"
         )
-    return InPlace(enabled=True, max_restarts=restarts, hang_timeout_seconds=hang)
+    return InPlace(
+        enabled=True,
+        max_restarts=restarts,
+        hang_timeout_seconds=hang,
+        hosts_store=_rendezvous_conf(env.text(contract.ENV_PET_RDZV_CONF)).get("is_host")
+        in ("true", "1"),
+    )
+
+
+def _rendezvous_conf(conf: str | None) -> dict[str, str]:
+    """torchrun's --rdzv-conf `key=value,...` (run.py _parse_rendezvous_config), lower-cased."""
+    pairs = (item.split("=", 1) for item in (conf or "").split(",") if "=" in item)
+    return {key.strip(): value.strip().lower() for key, value in pairs}
 
 
 def _features(environ: Mapping[str, str]) -> dict[str, str]:

@@ -108,6 +108,16 @@ def test_in_place_restarts(
     assert reason in in_place.reason
 
 
+@pytest.mark.parametrize(
+    ("conf", "hosts"),
+    [("is_host=true", True), ("is_host=false", False), ("read_timeout=60, is_host=True", True),
+     ("", False), ("is_host", False)],
+)  # fmt: skip
+def test_the_store_host_is_read_from_the_rendezvous_conf(conf: str, hosts: bool) -> None:
+    environ = {"PET_RDZV_BACKEND": "c10d", "PET_MAX_RESTARTS": "3", "PET_RDZV_CONF": conf}
+    assert load_settings(environ).in_place.hosts_store is hosts
+
+
 def test_a_bad_hang_timeout_is_refused_naming_it() -> None:
     with pytest.raises(SettingsError, match="TRAINWAVE_HANG_TIMEOUT_SECONDS='soon'"):
         load_settings({"TRAINWAVE_HANG_TIMEOUT_SECONDS": "soon"})

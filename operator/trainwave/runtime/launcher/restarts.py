@@ -225,6 +225,8 @@ class Monitor:
         self._thread: threading.Thread | None = None
 
     def start(self, agent_pid: int) -> None:
+        """Watch `agent_pid`'s processes; again after stop() for an agent started anew."""
+        self._stop.clear()
         self._thread = threading.Thread(
             target=self._loop, args=(agent_pid,), name="trainwave-restarts", daemon=True
         )

@@ -1,0 +1,106 @@
+"""Worker 0 replaced under a running gang: the other worker's launcher starts its agent again.
+
+Two launchers on this host, as the operator starts two workers (one process each, torch's
+elastic agent over c10d, worker 0 hosting the rendezvous store). After a few steps worker
+0's launcher gets SIGTERM, as the kubelet sends when its pod is drained, and exits; a new
+worker-0 launcher starts on the same endpoint, as the operator's replacement pod does. The
+store died with the old worker 0, so worker 1's agent ends on RendezvousConnectionError;
+its launcher must start the agent again (launcher/rejoin.py), which meets the new worker 0
+in a fresh store, and the gang must resume from the checkpoint and finish, with worker 1's
+launcher (the pod the operator keeps) never exiting.
+"""
+
+from __future__ import annotations
+
+import json
+import signal
+import subprocess
+import time
+from pathlib import Path
+
+import pytest
+
+from host.runtime.launcher.test_in_place_gloo import free_port, launch
+
+pytestmark = pytest.mark.timeout(300)
+STEPS = 30
+
+TRAIN = """
+import os, sys, time
+from datetime import timedelta
+from pathlib import Path
+import torch
+import torch.distributed as dist
+
+work = Path(sys.argv[1])
+dist.init_process_group("gloo", timeout=timedelta(seconds=60))
+rank = dist.get_rank()
+checkpoint = work / "checkpoint"
+start = int(checkpoint.read_text()) if checkpoint.exists() else 0
+for step in range(start + 1, STEPS + 1):
+    value = torch.ones(1)
+    dist.all_reduce(value)
+    with (work / f"rank{rank}.log").open("a") as log:
+        log.write(f"{step} {os.getpid()}\\n")
+    time.sleep(0.3)
+    if rank == 0 and step % 3 == 0:
+        checkpoint.write_text(str(step))
+dist.destroy_process_group()
+""".replace("STEPS", str(STEPS))
+
+
+def events(stderr: str, name: str) -> list[dict[str, object]]:
+    lines = (json.loads(line) for line in stderr.splitlines() if line.startswith('{"ts"'))
+    return [line for line in lines if line.get("event") == name]
+
+
+def logged(work: Path) -> set[tuple[int, int]]:
+    """(step, pid) of every step either rank logged."""
+    logs = [work / "rank0.log", work / "rank1.log"]
+    return {(int(step), int(pid)) for log in logs if log.exists()
+            for step, pid in (line.split() for line in log.read_text().splitlines() if line)}  # fmt: skip
+
+
+def wait_for_step(work: Path, step: int, timeout: float) -> None:
+    deadline = time.monotonic() + timeout
+    while max((s for s, _ in logged(work)), default=0) < step:
+        assert time.monotonic() < deadline, f"no step {step} in {timeout} s"
+        time.sleep(0.2)
+
+
+@pytest.mark.skipif(not Path("/sys/class/net/lo").exists(), reason="no loopback interface")
+def test_worker_0_replaced_the_other_launcher_rejoins_and_the_gang_finishes(
+    tmp_path: Path,
+) -> None:
+    (tmp_path / "train.py").write_text(TRAIN)
+    work = tmp_path / "work"
+    work.mkdir()
+    endpoint = f"127.0.0.1:{free_port()}"
+    first = launch(tmp_path, 0, endpoint)
+    survivor = launch(tmp_path, 1, endpoint)
+    wait_for_step(work, 7, timeout=150)
+    first.send_signal(signal.SIGTERM)  # the kubelet stopping worker 0's pod
+    try:
+        first_err = first.communicate(timeout=30)[1]
+    except subprocess.TimeoutExpired:
+        first.kill()  # the grace period ran out
+        first_err = first.communicate()[1]
+    before = logged(work)
+    lost_at = max(step for step, _ in before)
+    time.sleep(2)  # the replacement pod is created and starts
+    second = launch(tmp_path, 0, endpoint)
+    second_err = second.communicate(timeout=200)[1]
+    survivor_err = survivor.communicate(timeout=60)[1]
+    logs = "\n---\n".join(e[-4000:] for e in (first_err, second_err, survivor_err))
+    assert (second.returncode, survivor.returncode) == (0, 0), logs
+    rejoins = events(survivor_err, "rejoin")
+    assert len(rejoins) == 1, logs
+    assert str(rejoins[0]["error"]).startswith("RendezvousConnectionError:"), rejoins
+    assert not events(second_err, "rejoin")  # the store's host never rejoins
+    after = logged(work) - before
+    new_pids = {pid for _, pid in after} - {pid for _, pid in before}
+    resumed = sorted(step for step, pid in after if pid in new_pids)
+    # The new gang resumed from the last checkpoint (every 3 steps), not from step 1, and
+    # ran every step from there to the end.
+    assert lost_at - 4 <= resumed[0] <= lost_at + 1, (lost_at, resumed[:4])
+    assert set(range(resumed[0], STEPS + 1)) <= set(resumed)

@@ -1,0 +1,64 @@
+"""When a launcher starts torch's agent again: the rendezvous store's host was replaced."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from trainwave.runtime.launcher.rejoin import Rejoins, store_lost
+
+pytestmark = pytest.mark.timeout(20)
+
+LOST = "RendezvousConnectionError: The connection to the C10d store has failed."
+
+
+def recorded(tmp_path: Path, message: object) -> Path:
+    """An error file as torch's @record writes it (errors/error_handler.py)."""
+    path = tmp_path / "agent-error.json"
+    path.write_text(json.dumps({"message": {"message": message, "extraInfo": {}}}))
+    return path
+
+
+def test_a_lost_store_is_read_from_the_agents_error_file(tmp_path: Path) -> None:
+    assert store_lost(recorded(tmp_path, LOST)) == LOST
+
+
+@pytest.mark.parametrize(
+    "message",
+    ["RuntimeError: [gloo] Connection closed by peer", "ChildFailedError: train.py FAILED",
+     "ValueError: RendezvousConnectionError: quoted by a user's script", 7, None],
+)  # fmt: skip
+def test_any_other_error_is_not_a_lost_store(tmp_path: Path, message: object) -> None:
+    assert store_lost(recorded(tmp_path, message)) is None
+
+
+def test_no_file_or_a_half_written_one_is_not_a_lost_store(tmp_path: Path) -> None:
+    assert store_lost(tmp_path / "absent.json") is None
+    half = tmp_path / "half.json"
+    half.write_text('{"message": {"mess')
+    assert store_lost(half) is None
+
+
+def test_a_worker_that_does_not_host_the_store_starts_its_agent_again() -> None:
+    assert Rejoins(hosts_store=False, limit=3).verdict(1, LOST, stopping=False) is None
+
+
+@pytest.mark.parametrize(
+    ("rejoins", "code", "lost", "stopping", "why"),
+    [
+        (Rejoins(False, 3), 0, None, False, "ended cleanly"),
+        (Rejoins(False, 3), 1, None, False, "did not end on a lost rendezvous store"),
+        (Rejoins(True, 3), 1, LOST, False, "hosts the rendezvous store"),
+        (Rejoins(False, 3), 143, LOST, True, "stopping"),
+        (Rejoins(False, 3, used=3), 1, LOST, False, "3 times already (limit 3)"),
+    ],
+    ids=["clean", "other-error", "store-host", "stopping", "limit"],
+)  # fmt: skip
+def test_otherwise_the_launcher_exits_with_the_agents_code_and_says_why(
+    rejoins: Rejoins, code: int, lost: str | None, stopping: bool, why: str
+) -> None:
+    found = rejoins.verdict(code, lost, stopping)
+    assert found is not None
+    assert why in found
