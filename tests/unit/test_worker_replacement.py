@@ -87,6 +87,16 @@ def test_a_worker_whose_node_went_not_ready_is_replaced_alone() -> None:
     assert "disruption 1 of 20; 1 of 3 in-place restarts and replacements" in event.message
 
 
+def test_worker_0_the_store_host_is_replaced_alone_too() -> None:
+    # Its agent hosts the rendezvous store; the others' launchers start their agents again
+    # to meet the new worker 0's store (runtime/launcher/rejoin.py).
+    found = run(body(), gang(), nodes={"node-0": NOT_READY})
+    assert (found.status.attempt, found.status.disruptions) == (0, 1)
+    assert (found.force_delete_pods, found.delete_pods) == (("demo-a0-worker-0",), ())
+    assert found.status.replacements is not None
+    assert [p.rank for p in found.status.replacements.pending] == [0]
+
+
 def test_an_evicted_worker_is_replaced_without_a_force_delete() -> None:
     evicted = {"conditions": ({"type": "DisruptionTarget", "status": "True",
                                "reason": "EvictionByEvictionAPI"},), "deleting": True}  # fmt: skip
@@ -104,8 +114,6 @@ def test_a_deleted_worker_is_replaced_as_a_disruption_not_a_failure() -> None:
 @pytest.mark.parametrize(
     ("made", "pods", "nodes", "why"),
     [
-        (body(), gang(), {"node-0": NOT_READY},
-         "not replaced alone: worker 0 hosts the rendezvous store (the master address)"),
         (body(runtime={"inPlaceRestarts": 0}), gang(), {"node-1": NOT_READY}, None),
         (body(runtime={"enabled": False}), gang(), {"node-1": NOT_READY}, None),
         (body(runtime={"none": True}), gang(), {"node-1": NOT_READY}, None),
@@ -117,7 +125,7 @@ def test_a_deleted_worker_is_replaced_as_a_disruption_not_a_failure() -> None:
         (body(workers=4), gang(4), {"node-1": NOT_READY, "node-2": NOT_READY,
                                     "node-3": NOT_READY}, "3 of 4 workers lost"),
     ],
-    ids=["worker-0", "in-place-off", "runtime-off", "no-runtime", "policy-off", "bound-used",
+    ids=["in-place-off", "runtime-off", "no-runtime", "policy-off", "bound-used",
          "process-failed", "most-of-the-gang"],
 )  # fmt: skip
 def test_otherwise_the_gang_is_recreated_and_says_why(

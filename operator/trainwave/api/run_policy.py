@@ -279,8 +279,9 @@ class WorkerReplacement(ApiModel):
         "worker whose pod is lost to a disruption (node lost or NotReady, drain or eviction, "
         "pod deleted) or replaced as a straggler is recreated alone, on a node of the gang's "
         "topology domain where one has room; the other workers keep their pods and re-enter "
-        "torch's rendezvous. Never for worker 0 (it hosts the rendezvous store): then the "
-        "gang is recreated. Default true; false always recreates the gang.",
+        "torch's rendezvous (for worker 0, which hosts the rendezvous store, their agents "
+        "start again and meet the new worker 0's store). Default true; false always "
+        "recreates the gang.",
     )
     timeout_seconds: int = Field(
         default=DEFAULT_REPLACEMENT_TIMEOUT,

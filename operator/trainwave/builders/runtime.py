@@ -155,7 +155,8 @@ def in_place_env(worker: Worker) -> dict[str, str]:
     image's resolver makes of the pod's hostname. Group ranks follow the sorted
     addresses (_mark_rendezvous_complete): the pod's rank up to 10 workers; beyond,
     torch orders `...-worker-10` before `...-worker-2`. When rank 0's pod dies the
-    store dies with it: the other agents fail and the operator recreates the gang.
+    store dies with it: the other agents end, and their launchers start them again to meet
+    the store of rank 0's replacement pod (runtime/launcher/rejoin.py).
     """
     runtime, meta = worker.job.spec.runtime, worker.job.metadata
     if runtime is None or not runtime.enabled or runtime.in_place_restarts <= 0:

@@ -18,8 +18,9 @@ is recreated instead. Replacement when all of these hold:
   policy replaces; a process that failed past torchrun's restarts is the job's own
   failure and the failure policy judges it as before;
 - no failurePolicy rule matches (the user's rules decide what they name);
-- worker 0 is not among them: it hosts the rendezvous store at the master address, and
-  the other agents fail without it;
+- worker 0 may be among them: it hosts the rendezvous store at the master address, so
+  the other agents lose the store with it and end; their launchers start them again, and
+  they meet the new worker 0's fresh store under the same name (runtime/launcher/rejoin.py);
 - at most half the gang (at least one worker): beyond that a new gang costs no more;
 - the attempt's in-place restarts plus its replacements stay within inPlaceRestarts;
 - maxDisruptions is not spent (then the gang path fails the job as before).
@@ -116,11 +117,6 @@ def judge_replacement(
     if rule_matched:
         return ReplacementVerdict(why_not="a failurePolicy rule matched: it decides")
     ranks = tuple(sorted({i.rank for i in incidents}))
-    if 0 in ranks:
-        return ReplacementVerdict(
-            why_not="worker 0 hosts the rendezvous store (the master address); without it the "
-            "other workers cannot re-form the gang, so the gang is recreated"
-        )
     workers = job.spec.workers
     most = max(1, workers // 2)
     if len(ranks) > most:
