@@ -106,3 +106,16 @@ def test_the_hang_timeout_is_left_out_when_unset() -> None:
 
 def test_users_may_not_set_the_new_names() -> None:
     assert set(contract.RESERVED_ENV) >= IN_PLACE
+
+
+def test_a_worker_replaced_alone_skips_preflight_the_rest_of_its_gang_ran_it() -> None:
+    # It joins a gang that trains already: its test would wait alone until its timeout.
+    pending = {"replacements": {"pending": [{"rank": 1, "podUID": "u", "cause": "disruption",
+                                             "since": "2026-11-27T19:00:00Z"}]}}  # fmt: skip
+    body = make_body("ddp", workers=2, runtime={}, command=["python", "t.py"],
+                     status_extra=pending)  # fmt: skip
+    body["spec"]["runPolicy"]["preflight"] = {"enabled": True}
+    rank0, rank1 = (env(p) for p in build_worker_pods(
+        resolve_job(parse_trainingjob(body)), (0, 1), attempt=0))  # fmt: skip
+    assert contract.ENV_PREFLIGHT_SIZE_MIB in rank0
+    assert contract.ENV_PREFLIGHT_SIZE_MIB not in rank1

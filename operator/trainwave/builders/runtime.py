@@ -105,12 +105,19 @@ def preflight_env(worker: Worker) -> dict[str, str]:
     """runPolicy.preflight for the launcher (runtime/preflight.py); the thresholds stay
     with the operator, which judges the reports."""
     preflight = worker.job.spec.run_policy.preflight
-    if not preflight.enabled:
+    if not preflight.enabled or _replacing(worker):
         return {}
     return {
         contract.ENV_PREFLIGHT_SIZE_MIB: str(preflight.size_mib),
         contract.ENV_PREFLIGHT_TIMEOUT_SECONDS: str(preflight.timeout_seconds),
     }
+
+
+def _replacing(worker: Worker) -> bool:
+    """A worker recreated alone joins a gang that trains already: its test would wait alone
+    for peers that tested at the attempt's start, until its timeout, before it could train."""
+    replacements = worker.job.status.replacements
+    return replacements is not None and any(p.rank == worker.rank for p in replacements.pending)
 
 
 def runtime_env(runtime: RuntimeSpec) -> dict[str, str]:
