@@ -15,16 +15,16 @@ Faults, injected from the host into one training process (picked by the seed):
 - `stop`: SIGSTOP (the process hangs; its peers block in the next collective);
 - `slow`: for SLOW_SECONDS the process gets half the CPU time it was using: a cgroup v1
   CPU quota of half its measured share, in 20 ms periods (fault_injection.py);
-- `drain`: the pod of one worker other than worker 0 is evicted through the Eviction API,
-  as `kubectl drain` does. With one real node (the default) all workers share it, so the
-  node is not cordoned and the new pod comes back to it. With BENCH_FAULTS_NODES=3 each
-  worker takes 5 of a node's 6 whole GPUs (one worker per node), the drained worker's
-  node is cordoned first, and the new pod must go to the third node; other pods on the drained node (an operator pod,
-  CoreDNS) stay, so the figure is the job's repair and not a leader failover besides.
-  Worker 0 is never drained here: it hosts torch's rendezvous store, so a drain of its node
-  recreates the gang in every mode (lifecycle/replacing.py), and the figure would measure
-  recreation twice. In place, the other worker is replaced alone (runPolicy.workerReplacement,
-  on by default); with inPlaceRestarts 0 the gang is recreated.
+- `drain`: the pod of one worker (the seed picks which; worker 0 too) is evicted through the
+  Eviction API, as `kubectl drain` does. With one real node (the default) all workers share
+  it, so the node is not cordoned and the new pod comes back to it. With
+  BENCH_FAULTS_NODES=3 each worker takes 5 of a node's 6 whole GPUs (one worker per node),
+  the drained worker's node is cordoned first, and the new pod must go to the third node;
+  other pods on the drained node (an operator pod, CoreDNS) stay, so the figure is the
+  job's repair and not a leader failover besides. In place, the worker is replaced alone
+  (runPolicy.workerReplacement, on by default; for worker 0, the store's host, the other
+  workers' launchers start their agents again: runtime/launcher/rejoin.py); with
+  inPlaceRestarts 0 the gang is recreated.
 Per fault: time to detect (the first change the job's status shows: a new attempt, an
 in-place restart, a Hung or Straggler condition naming it), time from the fault to the
 first step of the new processes, steps lost; per run: goodput (distinct steps x healthy
@@ -155,13 +155,14 @@ def worker_job(
 
 def schedule(seed: int) -> list[tuple[str, int]]:
     """(kind, global rank) per fault, in KINDS order; the seed picks the ranks. A drain's
-    rank is the first of the drained worker, never worker 0 (module docstring)."""
+    rank is the first of the drained worker, any worker (worker 0 too, since it is replaced
+    alone like the others)."""
     chooser = random.Random(seed)
     faults = []
     for kind in KINDS:
         rank = chooser.randrange(WORKERS * PROCESSES)
         if kind == "drain":
-            rank = (1 + rank % (WORKERS - 1)) * PROCESSES
+            rank = rank // PROCESSES * PROCESSES
         faults.append((kind, rank))
     return faults
 
