@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import math
-from datetime import datetime
+from datetime import datetime, timedelta
 from typing import Any
 
 import pytest
@@ -335,3 +335,40 @@ def test_an_in_place_restart_is_news_once() -> None:
         running_job.model_copy(update={"status": first.status}), reports, memory=first.memory
     )
     assert not [e for e in again.events if e.reason == Reason.RESTARTED_IN_PLACE]
+
+
+def replaced_condition(at: datetime) -> dict[str, Any]:
+    return {"type": "WorkerReplacement", "status": "False", "reason": "WorkerReplaced",
+            "message": "m", "lastTransitionTime": at.isoformat().replace("+00:00", "Z")}  # fmt: skip
+
+
+def test_after_a_replacement_the_gang_is_judged_from_its_first_step() -> None:
+    # The gang runs again 10 s after a worker was replaced alone; the kept workers' ranks
+    # still show their last steps from before. Their agents restart (worker 0 replaced:
+    # started again, waiting for cluster DNS to give the new pod's address) and may take
+    # longer than the timeout: judged from their first step, as an in-place restart is.
+    replaced = job(timeout=20, conditions=(replaced_condition(ago(10)),))
+    first = decided(replaced, {1: report(1, 139)}, at=NOW, memory=None)
+    assert first.memory is not None
+    later = decided(replaced, {1: report(1, 139)}, at=NOW + timedelta(seconds=45),
+                    memory=first.memory)  # fmt: skip
+    assert later.status.condition(ConditionType.HUNG) is None
+    assert later.status.phase == Phase.RUNNING
+    stepped = decided(replaced, {0: report(0, 141), 1: report(1, 141)},
+                      at=NOW + timedelta(seconds=50), memory=later.memory)  # fmt: skip
+    stalled = decided(replaced, {0: report(0, 141), 1: report(1, 141)},
+                      at=NOW + timedelta(seconds=75), memory=stepped.memory)  # fmt: skip
+    hung = stalled.status.condition(ConditionType.HUNG)
+    assert hung is not None
+    assert hung.status == "True"  # from its first step on, the timeout holds again
+
+
+def test_a_replacement_long_ago_does_not_shield_a_gang_first_seen_now() -> None:
+    # An operator restarted: the memory is gone, the replacement ended 10 minutes before.
+    replaced = job(timeout=20, conditions=(replaced_condition(ago(600)),))
+    first = decided(replaced, {0: report(0, 139), 1: report(1, 139)}, memory=None)
+    later = decided(replaced, {0: report(0, 139), 1: report(1, 139)},
+                    at=NOW + timedelta(seconds=25), memory=first.memory)  # fmt: skip
+    hung = later.status.condition(ConditionType.HUNG)
+    assert hung is not None
+    assert hung.status == "True"

@@ -70,10 +70,16 @@ def observe(
     policy: Stragglers,
     *,
     stalled_since: datetime | None = None,
+    rejoining: bool = False,
 ) -> Memory:
     """The next memory from the reports of `attempt`. `stalled_since`: when the job is
     already Hung, the time its last step is known to be older than: a rank first seen
-    then (after an operator restart) keeps the job hung instead of clearing it."""
+    then (after an operator restart) keeps the job hung instead of clearing it.
+    `rejoining`: the gang runs again after a worker was replaced alone, so every rank
+    first seen now belongs to processes that start again (the kept workers' agents
+    restart theirs into the new rendezvous; for worker 0, after their launchers start
+    the agents again and cluster DNS gives them the new pod's address, cached up to its
+    TTL) and is judged from its first step, as an in-place restart is."""
     previous = memory.ranks if memory is not None and memory.attempt == attempt else {}
     found = {
         rank: (report.node_rank, rank_report)
@@ -94,6 +100,7 @@ def observe(
         if before is None:
             seen_at = stalled_since if stalled_since is not None else now
             fresh, slow = True, 0
+            restarted = rejoining and stalled_since is None
         else:
             stepped = (report.step, report.generation) != (
                 before.report.step,

@@ -37,6 +37,18 @@ class Repair:
     worker: int | None = None  # the one worker at fault, when the repair may replace it alone
 
 
+def _rejoining(draft: Draft, timeout: int | None) -> bool:
+    """A worker replacement ended within the last hang timeout: the gang's ranks start
+    again (goodput.observe). Past that window (an operator restarted long after) the
+    usual clock holds."""
+    replaced = draft.status.condition(ConditionType.WORKER_REPLACEMENT)
+    if timeout is None or replaced is None or replaced.status != "False":
+        return False
+    if replaced.reason != Reason.WORKER_REPLACED or replaced.last_transition_time is None:
+        return False
+    return (draft.now - replaced.last_transition_time).total_seconds() < timeout
+
+
 def apply_reports(
     draft: Draft,
     job: TrainingJob,
@@ -68,6 +80,7 @@ def apply_reports(
         draft.now,
         run_policy.stragglers,
         stalled_since=stalled_since,
+        rejoining=_rejoining(draft, timeout),
     )
     goodput = account(
         draft.status.goodput,
