@@ -44,6 +44,9 @@ EXIT_USAGE = 2
 EXIT_DOCTOR = 3
 FORWARDED = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGUSR1, signal.SIGUSR2)
 STOPPING = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)  # the pod is going away
+# How long a launcher waits for a replaced worker 0's store before it starts the agent
+# anyway (which then fails on its own timeout): the operator's replacement timeout default.
+STORE_WAIT_SECONDS = 300.0
 
 
 WARM_MODULE = "trainwave.runtime.launcher.warm"
@@ -221,13 +224,22 @@ class Launcher:
                         log_line("rejoin-refused", reason=why_not, error=lost)
                     return code
                 rejoins.used += 1
+                endpoint = env.get(contract.ENV_PET_RDZV_ENDPOINT, "")
                 log_line(
                     "rejoin",
                     count=rejoins.used,
                     limit=rejoins.limit,
                     error=lost,
-                    action="torch's elastic agent starts again and connects to the new store "
-                    "host (worker 0 replaced)",
+                    action="wait for the new store host (worker 0 replaced), then start "
+                    "torch's elastic agent again",
+                )
+                reachable, waited = rejoin.wait_for_store(
+                    endpoint, STORE_WAIT_SECONDS, stopping=lambda: stopping
+                )
+                log_line(
+                    "store-reachable" if reachable else "store-unreachable",
+                    endpoint=endpoint,
+                    waited_seconds=round(waited, 3),
                 )
         finally:
             for sig, handler in previous.items():
@@ -273,6 +285,9 @@ def main(argv: Sequence[str] | None = None, environ: Mapping[str, str] | None = 
     child_env = {**environ, **prepared.env}
     if settings.in_place.enabled:  # where torch's @record says why the agent ended
         child_env.setdefault(rejoin.ERROR_ENV, str(settings.report_dir / rejoin.ERROR_FILE))
+    if settings.in_place.enabled and settings.in_place.hosts_store:  # never via DNS: rejoin.py
+        endpoint = child_env.get(contract.ENV_PET_RDZV_ENDPOINT, "")
+        child_env[contract.ENV_PET_RDZV_ENDPOINT] = rejoin.local_endpoint(endpoint)
     launcher.environ = child_env
     launcher.run_doctor(child_env)
     command = child_command(

@@ -21,12 +21,27 @@ So the launcher starts its agent again when, and only when:
 - fewer than `limit` rejoins happened (spec.runtime.inPlaceRestarts): a store that never
   comes back ends the pod after `limit` x read_timeout, and the operator recreates the gang.
 
-Pure but for `store_lost`, which reads the error file.
+Cluster DNS decides how soon the new agent finds the new store: the worker's name keeps
+its old address in DNS caches for up to their TTL (30 s in CoreDNS's usual `cache 30`),
+and torch's TCPStore client spends its whole connection timeout (60 s) on the first
+address it gets, which for the old pod's address answers nothing. Measured on three real
+nodes: the new agents of both workers timed out that way and the gang was recreated. So:
+- before starting the agent again, the launcher waits until the store's endpoint accepts
+  a TCP connection, each try resolving the name again with a one-second connect timeout
+  (`wait_for_store`), so a stale address costs a second per try, not the whole timeout;
+- the store's host never resolves its own name: its agent is given the loopback address
+  with the same port (`local_endpoint`), since torch's TCPStore server listens on every
+  interface and only its own client used the name.
+
+Pure but for `store_lost`, which reads the error file, and `wait_for_store`.
 """
 
 from __future__ import annotations
 
 import json
+import socket
+import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -70,3 +85,42 @@ class Rejoins:
         if self.used >= self.limit:
             return f"the agent started again {self.used} times already (limit {self.limit})"
         return None
+
+
+def split_endpoint(endpoint: str) -> tuple[str, int] | None:
+    """host and port of torch's `host:port` rendezvous endpoint; None without a port."""
+    host, _, port = endpoint.rpartition(":")
+    return (host.strip("[]"), int(port)) if host and port.isdigit() else None
+
+
+def local_endpoint(endpoint: str) -> str:
+    """The store host's own endpoint: loopback, same port (the module docstring)."""
+    found = split_endpoint(endpoint)
+    return endpoint if found is None else f"127.0.0.1:{found[1]}"
+
+
+def wait_for_store(
+    endpoint: str,
+    timeout: float,
+    *,
+    stopping: Callable[[], bool] = lambda: False,
+    connect: Callable[[tuple[str, int], float], socket.socket] = socket.create_connection,
+    clock: Callable[[], float] = time.monotonic,
+    pause: float = 0.5,
+) -> tuple[bool, float]:
+    """Whether the store at `endpoint` accepted a connection within `timeout` s, and after
+    how long; each try resolves the name again (the module docstring)."""
+    found = split_endpoint(endpoint)
+    started = clock()
+    if found is None:
+        return False, 0.0
+    while not stopping():
+        try:
+            connect(found, 1.0).close()
+            return True, clock() - started
+        except OSError:  # not resolvable yet, refused, or an old address: try again
+            pass
+        if clock() - started >= timeout:
+            break
+        time.sleep(pause)
+    return False, clock() - started

@@ -3,11 +3,12 @@
 from __future__ import annotations
 
 import json
+import socket
 from pathlib import Path
 
 import pytest
 
-from trainwave.runtime.launcher.rejoin import Rejoins, store_lost
+from trainwave.runtime.launcher.rejoin import Rejoins, local_endpoint, store_lost, wait_for_store
 
 pytestmark = pytest.mark.timeout(20)
 
@@ -62,3 +63,42 @@ def test_otherwise_the_launcher_exits_with_the_agents_code_and_says_why(
     found = rejoins.verdict(code, lost, stopping)
     assert found is not None
     assert why in found
+
+
+def test_the_store_host_uses_loopback_with_its_port() -> None:
+    assert local_endpoint("job-worker-0.job:29400") == "127.0.0.1:29400"
+    assert local_endpoint("[fd00::1]:29400") == "127.0.0.1:29400"
+    assert local_endpoint("no-port") == "no-port"  # torch then names the problem itself
+
+
+class Tries:
+    """A connect that fails `failures` times (as an old address or a missing name does)."""
+
+    def __init__(self, failures: int) -> None:
+        self.failures, self.calls, self.now = failures, 0, 0.0
+
+    def connect(self, address: tuple[str, int], timeout: float) -> socket.socket:
+        self.calls += 1
+        self.now += timeout
+        assert (address, timeout) == (("job-worker-0.job", 29400), 1.0)
+        if self.calls <= self.failures:
+            raise OSError("timed out")
+        return socket.socket()
+
+
+def test_waiting_for_the_store_tries_again_until_it_answers() -> None:
+    tries = Tries(failures=3)
+    found = wait_for_store("job-worker-0.job:29400", 60, connect=tries.connect,
+                           clock=lambda: tries.now, pause=0)  # fmt: skip
+    assert found == (True, 4.0)
+    assert tries.calls == 4  # each try resolves the name again: a new connect
+
+
+def test_waiting_for_the_store_ends_at_the_timeout_or_when_stopping() -> None:
+    tries = Tries(failures=100)
+    found = wait_for_store("job-worker-0.job:29400", 5, connect=tries.connect,
+                           clock=lambda: tries.now, pause=0)  # fmt: skip
+    assert found == (False, 5.0)
+    assert wait_for_store("job-worker-0.job:29400", 5, stopping=lambda: True,
+                          connect=tries.connect, pause=0)[0] is False  # fmt: skip
+    assert wait_for_store("no-port", 5) == (False, 0.0)
