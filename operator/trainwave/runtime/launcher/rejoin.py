@@ -18,8 +18,9 @@ So the launcher starts its agent again when, and only when:
   there under its own type, so it never matches);
 - this worker does not host the store (worker 0 losing its own store is not this case);
 - the launcher is not stopping (a forwarded SIGTERM: the pod is going away);
-- fewer than `limit` rejoins happened (spec.runtime.inPlaceRestarts): a store that never
-  comes back ends the pod after `limit` x read_timeout, and the operator recreates the gang.
+- fewer than `limit` rejoins happened (spec.runtime.inPlaceRestarts): for a store that
+  never comes back each rejoin waits (below) up to launch.STORE_WAIT_SECONDS, and the
+  operator's replacement timeout recreates the gang first.
 
 Cluster DNS decides how soon the new agent finds the new store: the worker's name keeps
 its old address in DNS caches for up to their TTL (30 s in CoreDNS's usual `cache 30`),
