@@ -124,9 +124,11 @@ def test_a_deleted_worker_is_replaced_as_a_disruption_not_a_failure() -> None:
          "worker 1 failed rather than was taken"),
         (body(workers=4), gang(4), {"node-1": NOT_READY, "node-2": NOT_READY,
                                     "node-3": NOT_READY}, "3 of 4 workers lost"),
+        (body(workers=1), gang(1), {"node-0": NOT_READY},
+         "every worker of the gang (1) is in trouble"),
     ],
     ids=["in-place-off", "runtime-off", "no-runtime", "policy-off", "bound-used",
-         "process-failed", "most-of-the-gang"],
+         "process-failed", "most-of-the-gang", "gang-of-one"],
 )  # fmt: skip
 def test_otherwise_the_gang_is_recreated_and_says_why(
     made: dict[str, Any], pods: list[WorkerPod], nodes: dict[str, NodeHealth], why: str | None

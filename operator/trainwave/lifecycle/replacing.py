@@ -21,7 +21,8 @@ is recreated instead. Replacement when all of these hold:
 - worker 0 may be among them: it hosts the rendezvous store at the master address, so
   the other agents lose the store with it and end; their launchers start them again, and
   they meet the new worker 0's fresh store under the same name (runtime/launcher/rejoin.py);
-- at most half the gang (at least one worker): beyond that a new gang costs no more;
+- at most half the gang (at least one worker, and never all of it: a gang of one worker
+  is recreated as a new attempt): beyond that a new gang costs no more;
 - the attempt's in-place restarts plus its replacements stay within inPlaceRestarts;
 - maxDisruptions is not spent (then the gang path fails the job as before).
 
@@ -118,6 +119,10 @@ def judge_replacement(
         return ReplacementVerdict(why_not="a failurePolicy rule matched: it decides")
     ranks = tuple(sorted({i.rank for i in incidents}))
     workers = job.spec.workers
+    if len(ranks) >= workers:  # a gang of one: nothing would be kept, so a new attempt
+        return ReplacementVerdict(
+            why_not=f"every worker of the gang ({workers}) is in trouble: the gang is recreated"
+        )
     most = max(1, workers // 2)
     if len(ranks) > most:
         return ReplacementVerdict(
