@@ -75,6 +75,12 @@ ENV_PET_RDZV_ID: Final = "PET_RDZV_ID"  # <job uid>-a<attempt>: a new attempt, a
 ENV_PET_RDZV_CONF: Final = "PET_RDZV_CONF"  # is_host=true on rank 0 only
 ENV_PET_MAX_RESTARTS: Final = "PET_MAX_RESTARTS"
 ENV_PET_LOCAL_ADDR: Final = "PET_LOCAL_ADDR"  # the worker's own <hostname>.<service>
+# Every worker's address, `{rank}` standing for its rank: where a replaced store host's
+# launcher tells the others its address (runtime/launcher/announce.py).
+ENV_WORKER_ADDRESS: Final = "TRAINWAVE_WORKER_ADDRESS"
+# The pod's own IP (the downward API's status.podIP), given to worker 0 with in-place
+# restarts: its agent names itself by it, so MASTER_ADDR needs no DNS (launch.py).
+ENV_POD_IP: Final = "TRAINWAVE_POD_IP"
 RDZV_BACKEND: Final = "c10d"
 # The c10d store's port on rank 0 (torch's own default, c10d_rendezvous_backend.py
 # DEFAULT_PORT); the builders take the next free one when the job's masterPort or
@@ -113,6 +119,8 @@ RESERVED_ENV: Final = (
     ENV_PET_RDZV_CONF,
     ENV_PET_MAX_RESTARTS,
     ENV_PET_LOCAL_ADDR,
+    ENV_WORKER_ADDRESS,
+    ENV_POD_IP,
     ENV_JOB_NAME,
     ENV_JOB_NAMESPACE,
     ENV_ATTEMPT,
@@ -289,6 +297,9 @@ ENV_STATUS_HOST: Final = "TRAINWAVE_STATUS_HOST"
 DEFAULT_STATUS_HOST: Final = "0.0.0.0"
 DEFAULT_STATUS_PORT: Final = 29600
 STATUS_PATH: Final = "/status"
+# POST: the store host's launcher announces where its rendezvous store listens, signed
+# with the job's key (runtime/launcher/announce.py).
+STORE_PATH: Final = "/store"
 # Each /status answer is signed (HMAC-SHA256, trainwave/signatures.py) with a
 # key only the job's own workers hold: a per-job Secret the operator creates,
 # mounted into every worker. The operator sends a fresh nonce with each request

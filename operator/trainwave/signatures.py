@@ -26,6 +26,9 @@ KEY_BYTES = 32
 # A nonce is hex, sent by the operator; the cap keeps a forged header from
 # making the worker hash megabytes.
 NONCE_MAX_CHARS = 64
+# What a signature vouches for: a worker's /status answer, or a store host's announcement.
+STATUS = "status"
+STORE = "store"
 
 
 @dataclass(frozen=True)
@@ -50,13 +53,24 @@ def job_key(master: bytes, namespace: str, job: str, uid: str) -> bytes:
     return hmac.new(master, _fields("job-key", namespace, job, uid), hashlib.sha256).digest()
 
 
-def sign(key: bytes, identity: Identity, nonce: str, body: bytes) -> str:
-    return f"{VERSION}={hmac.new(key, _message(identity, nonce, body), hashlib.sha256).hexdigest()}"
+def sign(key: bytes, identity: Identity, nonce: str, body: bytes, *, purpose: str = STATUS) -> str:
+    """`purpose` keeps one kind of signed message from passing for another: a /status
+    answer can never be replayed as a store announcement (runtime/launcher/announce.py)."""
+    digest = hmac.new(key, _message(purpose, identity, nonce, body), hashlib.sha256)
+    return f"{VERSION}={digest.hexdigest()}"
 
 
-def verify(key: bytes, identity: Identity, nonce: str, body: bytes, signature: str) -> bool:
+def verify(
+    key: bytes,
+    identity: Identity,
+    nonce: str,
+    body: bytes,
+    signature: str,
+    *,
+    purpose: str = STATUS,
+) -> bool:
     # compare_digest: the time taken must not tell a forger how much of a guess was right.
-    return hmac.compare_digest(sign(key, identity, nonce, body), signature)
+    return hmac.compare_digest(sign(key, identity, nonce, body, purpose=purpose), signature)
 
 
 def valid_nonce(nonce: str) -> bool:
@@ -76,9 +90,9 @@ def key_from_text(text: str) -> bytes:
     return key
 
 
-def _message(identity: Identity, nonce: str, body: bytes) -> bytes:
+def _message(purpose: str, identity: Identity, nonce: str, body: bytes) -> bytes:
     head = _fields(
-        "status",
+        purpose,
         identity.namespace,
         identity.job,
         str(identity.attempt),

@@ -20,6 +20,8 @@ IN_PLACE = {
     contract.ENV_PET_RDZV_CONF,
     contract.ENV_PET_MAX_RESTARTS,
     contract.ENV_PET_LOCAL_ADDR,
+    contract.ENV_WORKER_ADDRESS,
+    contract.ENV_POD_IP,
     contract.ENV_HANG_TIMEOUT_SECONDS,
 }
 
@@ -39,7 +41,12 @@ def pods(
 
 def env(pod: dict[str, Any]) -> dict[str, str]:
     (worker,) = (c for c in pod["spec"]["containers"] if c["name"] == contract.WORKER_CONTAINER)
-    return {e["name"]: e["value"] for e in worker["env"]}
+    return {e["name"]: e["value"] for e in worker["env"] if "value" in e}
+
+
+def env_from(pod: dict[str, Any]) -> dict[str, Any]:
+    (worker,) = (c for c in pod["spec"]["containers"] if c["name"] == contract.WORKER_CONTAINER)
+    return {e["name"]: e["valueFrom"] for e in worker["env"] if "valueFrom" in e}
 
 
 def ports(pod: dict[str, Any]) -> dict[str, int]:
@@ -60,6 +67,19 @@ def test_the_runtime_gives_every_worker_the_c10d_rendezvous_on_rank_0() -> None:
     assert rank1[contract.ENV_PET_RDZV_CONF] == "is_host=false"
     assert rank0[contract.ENV_PET_LOCAL_ADDR] == "ddp-worker-0.ddp"
     assert rank1[contract.ENV_PET_LOCAL_ADDR] == "ddp-worker-1.ddp"
+
+
+def test_every_worker_can_name_the_others_and_the_store_host_knows_its_pod_ip() -> None:
+    rank0, rank1 = pods({})
+    for pod in (rank0, rank1):
+        template = env(pod)[contract.ENV_WORKER_ADDRESS]
+        assert [template.replace("{rank}", str(r)) for r in (0, 1)] == [
+            env(rank0)[contract.ENV_PET_LOCAL_ADDR],
+            env(rank1)[contract.ENV_PET_LOCAL_ADDR],
+        ]
+    # The downward API's pod IP, for rank 0 only: its agent names itself by it (launch.py).
+    assert env_from(rank0) == {contract.ENV_POD_IP: {"fieldRef": {"fieldPath": "status.podIP"}}}
+    assert env_from(rank1) == {}
 
 
 def test_only_rank_0_declares_the_store_port() -> None:
@@ -93,7 +113,7 @@ def test_the_store_port_never_collides_with_the_jobs_ports(
 )
 def test_without_in_place_restarts_the_env_is_todays(runtime: dict[str, Any] | None) -> None:
     for pod in pods(runtime, hang=20):
-        assert not IN_PLACE & set(env(pod))
+        assert not IN_PLACE & (set(env(pod)) | set(env_from(pod)))
         assert contract.RDZV_PORT_NAME not in ports(pod)
         assert env(pod)[contract.ENV_PET_MASTER_ADDR] == "ddp-worker-0.ddp"  # static rendezvous
 

@@ -21,7 +21,17 @@ def worker_pod_name(job: str, rank: int, attempt: int) -> str:
 
 def master_address(job: str) -> str:
     """Rank 0's DNS name through the headless Service; the search path adds the rest."""
-    return f"{worker_hostname(job, 0)}.{service_name(job)}"
+    return worker_address(job, 0)
+
+
+def worker_address(job: str, rank: int) -> str:
+    """A worker's DNS name through the headless Service (its PET_LOCAL_ADDR)."""
+    return f"{worker_hostname(job, rank)}.{service_name(job)}"
+
+
+def worker_address_template(job: str) -> str:
+    """worker_address with `{rank}` for the rank, for the launcher to format."""
+    return worker_address(job, 0).replace("-worker-0.", "-worker-{rank}.", 1)
 
 
 def status_key_secret(job: str, uid: str) -> str:

@@ -21,9 +21,9 @@ from trainwave import contract
 from trainwave.api.runtime import RuntimeSpec
 from trainwave.builders.names import (
     master_address,
-    service_name,
     status_key_secret,
-    worker_hostname,
+    worker_address,
+    worker_address_template,
 )
 from trainwave.builders.security import restricted_container
 from trainwave.builders.worker import Worker
@@ -99,6 +99,12 @@ def set_runtime(pod: dict[str, Any], worker: Worker) -> None:
         ports.append({"name": contract.RDZV_PORT_NAME, "containerPort": rendezvous_port(worker)})
     container["ports"] = ports
     _add_env(container, {**runtime_env(runtime), **in_place, **preflight_env(worker)})
+    if in_place and worker.rank == 0:  # its agent's address: launch.store_host_address
+        pod_ip = {"fieldRef": {"fieldPath": "status.podIP"}}
+        container["env"] = [
+            *(e for e in container["env"] if e.get("name") != contract.ENV_POD_IP),
+            {"name": contract.ENV_POD_IP, "valueFrom": pod_ip},
+        ]
 
 
 def preflight_env(worker: Worker) -> dict[str, str]:
@@ -175,8 +181,8 @@ def in_place_env(worker: Worker) -> dict[str, str]:
         contract.ENV_PET_RDZV_ID: f"{meta.uid or meta.name}-a{worker.attempt}",
         contract.ENV_PET_RDZV_CONF: f"is_host={'true' if worker.rank == 0 else 'false'}",
         contract.ENV_PET_MAX_RESTARTS: str(runtime.in_place_restarts),
-        contract.ENV_PET_LOCAL_ADDR: f"{worker_hostname(meta.name, worker.rank)}."
-        f"{service_name(meta.name)}",
+        contract.ENV_PET_LOCAL_ADDR: worker_address(meta.name, worker.rank),
+        contract.ENV_WORKER_ADDRESS: worker_address_template(meta.name),
     }
     hang = worker.job.spec.run_policy.hang_timeout_seconds
     if hang is not None:

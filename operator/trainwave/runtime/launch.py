@@ -25,6 +25,7 @@ import re
 import signal
 import subprocess
 import sys
+import threading
 import time
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
@@ -34,7 +35,7 @@ from trainwave import contract, signatures
 from trainwave.runtime import reports
 from trainwave.runtime.data.loader_defaults import cuda_present, resolve_loader_defaults
 from trainwave.runtime.doctor import DoctorReport, Host, Status, run_doctor
-from trainwave.runtime.launcher import environment, podinfo, preflight, rejoin, warm
+from trainwave.runtime.launcher import announce, environment, podinfo, preflight, rejoin, warm
 from trainwave.runtime.launcher.restarts import Monitor
 from trainwave.runtime.launcher.status import StatusServer
 from trainwave.runtime.settings import Settings, SettingsError, load_settings
@@ -151,6 +152,8 @@ class Launcher:
         self.started = time.time()
         self.monitor = Monitor(settings.in_place, settings.report_dir, log_line)
         self.preflight: dict[str, Any] | None = None  # runPolicy.preflight's test, once run
+        # Where the store's host said it is (launcher/announce.py); set by main().
+        self.announcements: announce.Announcements | None = None
 
     def run_doctor(self, child_env: Mapping[str, str]) -> None:
         if self.settings.feature("doctor") == "off":
@@ -202,6 +205,7 @@ class Launcher:
         in_place = self.settings.in_place
         rejoins = rejoin.Rejoins(hosts_store=in_place.hosts_store, limit=in_place.max_restarts)
         error_file = Path(env.get(rejoin.ERROR_ENV) or self.settings.report_dir / rejoin.ERROR_FILE)
+        endpoint = env.get(contract.ENV_PET_RDZV_ENDPOINT, "")  # by name, as the operator gave it
         stopping = False
 
         def forward(signum: int, _frame: object) -> None:
@@ -224,7 +228,6 @@ class Launcher:
                         log_line("rejoin-refused", reason=why_not, error=lost)
                     return code
                 rejoins.used += 1
-                endpoint = env.get(contract.ENV_PET_RDZV_ENDPOINT, "")
                 log_line(
                     "rejoin",
                     count=rejoins.used,
@@ -233,17 +236,30 @@ class Launcher:
                     action="wait for the new store host (worker 0 replaced), then start "
                     "torch's elastic agent again",
                 )
-                reachable, waited = rejoin.wait_for_store(
-                    endpoint, STORE_WAIT_SECONDS, stopping=lambda: stopping
+                reached, waited, via = rejoin.wait_for_store(
+                    endpoint,
+                    STORE_WAIT_SECONDS,
+                    announced=self._announced,
+                    name_after=announce.ANNOUNCE_WAIT_SECONDS
+                    if self.announcements is not None and self.announcements.accepting
+                    else 0.0,
+                    stopping=lambda: stopping,
                 )
                 log_line(
-                    "store-reachable" if reachable else "store-unreachable",
-                    endpoint=endpoint,
+                    "store-reachable" if reached else "store-unreachable",
+                    endpoint=reached or endpoint,
+                    via=via,
                     waited_seconds=round(waited, 3),
                 )
+                if reached:  # the announced address, or the name: the new agent uses it
+                    env = {**env, contract.ENV_PET_RDZV_ENDPOINT: reached}
         finally:
             for sig, handler in previous.items():
                 signal.signal(sig, handler)
+
+    def _announced(self) -> str | None:
+        heard = None if self.announcements is None else self.announcements.newest()
+        return None if heard is None else heard.address
 
     def _run_child(self, command: Sequence[str], env: Mapping[str, str], error_file: Path) -> int:
         with contextlib.suppress(OSError):  # unwritable: torch then only logs the error
@@ -283,11 +299,7 @@ def main(argv: Sequence[str] | None = None, environ: Mapping[str, str] | None = 
     defaults = resolve_loader_defaults(settings)
     prepared = environment.prepare(settings, machine_facts(), defaults, environ, worker_env)
     child_env = {**environ, **prepared.env}
-    if settings.in_place.enabled:  # where torch's @record says why the agent ended
-        child_env.setdefault(rejoin.ERROR_ENV, str(settings.report_dir / rejoin.ERROR_FILE))
-    if settings.in_place.enabled and settings.in_place.hosts_store:  # never via DNS: rejoin.py
-        endpoint = child_env.get(contract.ENV_PET_RDZV_ENDPOINT, "")
-        child_env[contract.ENV_PET_RDZV_ENDPOINT] = rejoin.local_endpoint(endpoint)
+    child_env.update(agent_env(settings, child_env))
     launcher.environ = child_env
     launcher.run_doctor(child_env)
     command = child_command(
@@ -303,7 +315,11 @@ def main(argv: Sequence[str] | None = None, environ: Mapping[str, str] | None = 
         except ValueError as error:
             log_line("invalid-settings", error=str(error))
             return EXIT_USAGE
-    server = _start_status(settings, launcher)
+    key = job_key(settings)
+    launcher.announcements = store_announcements(settings, key, child_env)
+    server = _start_status(settings, launcher, key)
+    if server is not None:
+        announce_store(settings, key, child_env)
     log_line(
         "settings",
         settings=settings.as_dict(),
@@ -336,11 +352,16 @@ def main(argv: Sequence[str] | None = None, environ: Mapping[str, str] | None = 
             server.stop()
 
 
-def _start_status(settings: Settings, launcher: Launcher) -> StatusServer | None:
-    signer = status_signer(settings)
+def _start_status(settings: Settings, launcher: Launcher, key: bytes | None) -> StatusServer | None:
+    announcements = launcher.announcements
+    posts = {} if announcements is None else {contract.STORE_PATH: announcements.receive}
     try:
         return StatusServer(
-            settings.status_host, settings.status_port, launcher.status, signer
+            settings.status_host,
+            settings.status_port,
+            launcher.status,
+            _signer(settings, key),
+            posts=posts,
         ).start()
     except OSError as error:  # a taken port must not stop training; the log says why
         log_line("status-unavailable", error=str(error), port=settings.status_port)
@@ -350,22 +371,102 @@ def _start_status(settings: Settings, launcher: Launcher) -> StatusServer | None
 def status_signer(settings: Settings) -> Callable[[str, bytes], str] | None:
     """Sign /status answers with the job's mounted key; None (and a log line saying the
     operator will ignore this worker's reports) when there is none or it is unreadable."""
-    path, who = settings.status_key_file, settings.identity
+    return _signer(settings, job_key(settings))
+
+
+def job_key(settings: Settings) -> bytes | None:
+    path = settings.status_key_file
     if path is None:
         log_line("status-unsigned", reason=f"{contract.ENV_STATUS_KEY_FILE} is not set")
         return None
     try:
-        key = signatures.key_from_text(path.read_text())
+        return signatures.key_from_text(path.read_text())
     except (OSError, ValueError) as error:
         log_line("status-unsigned", reason=f"{path}: {error}")
         return None
-    identity = signatures.Identity(
+
+
+def _signer(settings: Settings, key: bytes | None) -> Callable[[str, bytes], str] | None:
+    if key is None:
+        return None
+    identity = worker_identity(settings)
+    return lambda nonce, body: signatures.sign(key, identity, nonce, body)
+
+
+def worker_identity(settings: Settings) -> signatures.Identity:
+    who = settings.identity
+    return signatures.Identity(
         namespace=who.namespace or "",
         job=who.job_name or "",
         attempt=who.attempt or 0,
         rank=who.node_rank,
     )
-    return lambda nonce, body: signatures.sign(key, identity, nonce, body)
+
+
+def agent_env(settings: Settings, env: Mapping[str, str]) -> dict[str, str]:
+    """What the launcher changes for torch's elastic agent (in-place restarts only)."""
+    if not settings.in_place.enabled:
+        return {}
+    # where torch's @record says why the agent ended
+    changed = {
+        rejoin.ERROR_ENV: env.get(rejoin.ERROR_ENV) or str(settings.report_dir / rejoin.ERROR_FILE)
+    }
+    if settings.in_place.hosts_store:  # never via DNS: rejoin.py, announce.py
+        endpoint = env.get(contract.ENV_PET_RDZV_ENDPOINT, "")
+        changed[contract.ENV_PET_RDZV_ENDPOINT] = rejoin.local_endpoint(endpoint)
+        address = store_host_address(settings, env)
+        if address is not None:
+            changed[contract.ENV_PET_LOCAL_ADDR] = address
+    return changed
+
+
+def store_host_address(settings: Settings, env: Mapping[str, str]) -> str | None:
+    """The store host's agent names itself by its pod's IP, not its DNS name, when that
+    keeps it first in torch's rank order (the sorted addresses: builders/runtime.py
+    in_place_env). MASTER_ADDR is group rank 0's name for itself, so every training
+    process then reaches the gang's store without DNS, whose caches may hold a replaced
+    worker 0's old address for their TTL (launcher/announce.py). None: keep the name."""
+    pod_ip = env.get(contract.ENV_POD_IP, "").strip()
+    if not pod_ip or not settings.in_place.peers:
+        return None
+    if pod_ip >= min(settings.in_place.peers):
+        log_line("store-host-address", address=None, reason=f"{pod_ip} would not sort first")
+        return None
+    return pod_ip
+
+
+def store_announcements(
+    settings: Settings, key: bytes | None, env: Mapping[str, str]
+) -> announce.Announcements | None:
+    """What a worker that may rejoin hears from the store's host (launcher/announce.py)."""
+    in_place = settings.in_place
+    if not in_place.enabled or in_place.hosts_store:
+        return None
+    rendezvous = env.get(contract.ENV_PET_RDZV_ID, "")
+    return announce.Announcements(key, worker_identity(settings), rendezvous)
+
+
+def announce_store(settings: Settings, key: bytes | None, env: Mapping[str, str]) -> None:
+    """The store's host tells the other workers its address, in the background: the
+    agent starts meanwhile, and a peer that is not up yet costs only its timeouts."""
+    in_place = settings.in_place
+    if not (in_place.enabled and in_place.hosts_store and in_place.peers and key):
+        return
+    rendezvous = env.get(contract.ENV_PET_RDZV_ID, "")
+
+    def send() -> None:
+        sent = announce.announce(
+            in_place.peers, settings.status_port, rendezvous, key, worker_identity(settings)
+        )
+        failed = {peer: why for peer, why in sent.items() if why != "ok"}
+        log_line(
+            "store-announced",
+            peers=len(sent),
+            reached=len(sent) - len(failed),
+            failed=dict(sorted(failed.items())[:5]),
+        )
+
+    threading.Thread(target=send, name="trainwave-announce", daemon=True).start()
 
 
 if __name__ == "__main__":

@@ -73,6 +73,9 @@ class InPlace:
     reason: str = ""
     # is_host in PET_RDZV_CONF: this worker's agent serves the rendezvous store (worker 0)
     hosts_store: bool = False
+    # The other workers' addresses (TRAINWAVE_WORKER_ADDRESS for each rank of PET_NNODES):
+    # where the store's host announces its address (launcher/announce.py).
+    peers: tuple[str, ...] = ()
 
     def as_dict(self) -> dict[str, Any]:
         return {
@@ -80,6 +83,7 @@ class InPlace:
             "max_restarts": self.max_restarts,
             "hang_timeout_seconds": self.hang_timeout_seconds,
             "hosts_store": self.hosts_store,
+            "peers": len(self.peers),
             "reason": self.reason,
         }
 
@@ -205,7 +209,28 @@ def _in_place(env: _Reader) -> InPlace:
         hang_timeout_seconds=hang,
         hosts_store=_rendezvous_conf(env.text(contract.ENV_PET_RDZV_CONF)).get("is_host")
         in ("true", "1"),
+        peers=_peers(env),
     )
+
+
+def _peers(env: _Reader) -> tuple[str, ...]:
+    """Every other worker's address: TRAINWAVE_WORKER_ADDRESS formatted for each rank
+    below PET_NNODES (`N`, or torchrun's `MIN:MAX`: the most), but NODE_RANK."""
+    template = env.text(contract.ENV_WORKER_ADDRESS)
+    if template is None:
+        return ()
+    nodes = (env.text(contract.ENV_PET_NNODES) or "1").rpartition(":")[2]
+    if not nodes.isdigit() or int(nodes) < 1:
+        raise SettingsError(
+            f"{contract.ENV_PET_NNODES}={nodes!r}: expected N or MIN:MAX, whole numbers >= 1"
+        )
+    if "{rank}" not in template:
+        raise SettingsError(
+            f"{contract.ENV_WORKER_ADDRESS}={template!r}: expected an address with {{rank}} "
+            "where the worker's rank goes"
+        )
+    me = env.integer(contract.ENV_NODE_RANK, minimum=0) or 0
+    return tuple(template.replace("{rank}", str(r)) for r in range(int(nodes)) if r != me)
 
 
 def _rendezvous_conf(conf: str | None) -> dict[str, str]:

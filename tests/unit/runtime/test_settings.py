@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 from collections.abc import Callable
 from pathlib import Path
 
@@ -121,3 +122,30 @@ def test_the_store_host_is_read_from_the_rendezvous_conf(conf: str, hosts: bool)
 def test_a_bad_hang_timeout_is_refused_naming_it() -> None:
     with pytest.raises(SettingsError, match="TRAINWAVE_HANG_TIMEOUT_SECONDS='soon'"):
         load_settings({"TRAINWAVE_HANG_TIMEOUT_SECONDS": "soon"})
+
+
+@pytest.mark.parametrize(
+    ("nnodes", "rank", "peers"),
+    [("3", "1", ("j-worker-0.j", "j-worker-2.j")), ("1:3", "0", ("j-worker-1.j", "j-worker-2.j")),
+     ("1", "0", ())],
+)  # fmt: skip
+def test_the_other_workers_addresses_come_from_the_template(
+    nnodes: str, rank: str, peers: tuple[str, ...]
+) -> None:
+    environ = {"PET_RDZV_BACKEND": "c10d", "PET_MAX_RESTARTS": "3", "PET_NNODES": nnodes,
+               "NODE_RANK": rank, "TRAINWAVE_WORKER_ADDRESS": "j-worker-{rank}.j"}  # fmt: skip
+    assert load_settings(environ).in_place.peers == peers
+
+
+@pytest.mark.parametrize(
+    ("variable", "value", "named"),
+    [("TRAINWAVE_WORKER_ADDRESS", "j-worker-0.j", "TRAINWAVE_WORKER_ADDRESS='j-worker-0.j'"),
+     ("PET_NNODES", "two", "PET_NNODES='two'")],
+)  # fmt: skip
+def test_a_bad_worker_address_template_is_refused_naming_it(
+    variable: str, value: str, named: str
+) -> None:
+    environ = {"PET_RDZV_BACKEND": "c10d", "PET_MAX_RESTARTS": "3", "PET_NNODES": "2",
+               "TRAINWAVE_WORKER_ADDRESS": "j-worker-{rank}.j", variable: value}  # fmt: skip
+    with pytest.raises(SettingsError, match=re.escape(named)):
+        load_settings(environ)

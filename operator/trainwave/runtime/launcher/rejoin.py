@@ -27,9 +27,13 @@ its old address in DNS caches for up to their TTL (30 s in CoreDNS's usual `cach
 and torch's TCPStore client spends its whole connection timeout (60 s) on the first
 address it gets, which for the old pod's address answers nothing. Measured on three real
 nodes: the new agents of both workers timed out that way and the gang was recreated. So:
-- before starting the agent again, the launcher waits until the store's endpoint accepts
-  a TCP connection, each try resolving the name again with a one-second connect timeout
-  (`wait_for_store`), so a stale address costs a second per try, not the whole timeout;
+- the new store host announces its address to the other workers (announce.py), and the
+  agent starts again on that address when it answers;
+- before starting the agent again, the launcher waits until the store accepts a TCP
+  connection (`wait_for_store`): at the announced address, and, after
+  announce.ANNOUNCE_WAIT_SECONDS without one, by the name too, each try resolving it
+  again with a one-second connect timeout, so a stale address costs a second per try,
+  not the whole timeout;
 - the store's host never resolves its own name: its agent is given the loopback address
   with the same port (`local_endpoint`), since torch's TCPStore server listens on every
   interface and only its own client used the name.
@@ -47,6 +51,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 STORE_LOST = "RendezvousConnectionError"
+ANNOUNCED = "announced address"
 ERROR_ENV = "TORCHELASTIC_ERROR_FILE"  # torch/distributed/elastic/multiprocessing/errors
 ERROR_FILE = "agent-error.json"  # in the report directory, unless the job names its own
 
@@ -104,24 +109,39 @@ def wait_for_store(
     endpoint: str,
     timeout: float,
     *,
+    announced: Callable[[], str | None] = lambda: None,
+    name_after: float = 0.0,
     stopping: Callable[[], bool] = lambda: False,
     connect: Callable[[tuple[str, int], float], socket.socket] = socket.create_connection,
     clock: Callable[[], float] = time.monotonic,
     pause: float = 0.5,
-) -> tuple[bool, float]:
-    """Whether the store at `endpoint` accepted a connection within `timeout` s, and after
-    how long; each try resolves the name again (the module docstring)."""
+) -> tuple[str | None, float, str]:
+    """The endpoint where the store accepted a connection within `timeout` s (None if it
+    did not), after how long, and by what: "announced address", "name" or "none".
+    Each try connects first to the address the store's host announced (announce.py),
+    at the endpoint's port; after `name_after` s it also resolves the endpoint's name
+    again (the module docstring)."""
     found = split_endpoint(endpoint)
     started = clock()
     if found is None:
-        return False, 0.0
+        return None, 0.0, "none"
+    name, port = found
     while not stopping():
-        try:
-            connect(found, 1.0).close()
-            return True, clock() - started
-        except OSError:  # not resolvable yet, refused, or an old address: try again
-            pass
+        tries = [(announced(), ANNOUNCED)]
+        if clock() - started >= name_after:
+            tries.append((name, "name"))
+        for host, via in ((h, v) for h, v in tries if h):
+            try:
+                connect((host, port), 1.0).close()
+            except OSError:  # not resolvable yet, refused, or an old address: try again
+                continue
+            reached = endpoint if via == "name" else f"{_bracketed(host)}:{port}"
+            return reached, clock() - started, via
         if clock() - started >= timeout:
             break
         time.sleep(pause)
-    return False, clock() - started
+    return None, clock() - started, "none"
+
+
+def _bracketed(host: str) -> str:
+    return f"[{host}]" if ":" in host else host

@@ -5,13 +5,16 @@ training process is still importing, stuck, or restarting, and it dies with
 the pod rather than with a rank. When the job's status key is mounted, each
 answer to a request that carries the operator's nonce is signed
 (trainwave/signatures.py); without a nonce (a person with curl) it is not.
+
+POST paths are given by the launcher (contract.STORE_PATH: launcher/announce.py); each
+handler gets the body, the nonce and signature headers and the sender's address.
 """
 
 from __future__ import annotations
 
 import json
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 
@@ -24,6 +27,10 @@ STOP_POLL_SECONDS = 0.1
 
 # (nonce, body) -> the signature header's value.
 Signer = Callable[[str, bytes], str]
+# (body, nonce, signature, sender's address) -> HTTP code and answer.
+PostHandler = Callable[[bytes, str, str, str], tuple[int, dict[str, Any]]]
+# Bodies we read at most; a POST's handler judges what it got.
+MAX_POST_BYTES = 65536
 
 
 class StatusServer:
@@ -33,8 +40,9 @@ class StatusServer:
         port: int,
         provider: Callable[[], dict[str, Any]],
         signer: Signer | None = None,
+        posts: Mapping[str, PostHandler] | None = None,
     ) -> None:
-        handler = _handler(provider, signer)
+        handler = _handler(provider, signer, dict(posts or {}))
         self._server = ThreadingHTTPServer((host, port), handler)
         self._server.daemon_threads = True
         self._thread = threading.Thread(
@@ -58,7 +66,7 @@ class StatusServer:
 
 
 def _handler(
-    provider: Callable[[], dict[str, Any]], signer: Signer | None
+    provider: Callable[[], dict[str, Any]], signer: Signer | None, posts: dict[str, PostHandler]
 ) -> type[BaseHTTPRequestHandler]:
     class Handler(BaseHTTPRequestHandler):
         def do_GET(self) -> None:
@@ -68,6 +76,27 @@ def _handler(
             try:
                 self._send(200, provider())
             except Exception as error:  # a broken report must not take the server down
+                self._send(500, {"error": repr(error)})
+
+        def do_POST(self) -> None:
+            handle = posts.get(self.path.split("?", 1)[0])
+            if handle is None:
+                self._send(404, {"error": f"not found; POST only {sorted(posts)}"})
+                return
+            try:
+                length = int(self.headers.get("Content-Length") or 0)
+            except ValueError:
+                length = -1
+            if not 0 <= length <= MAX_POST_BYTES:
+                self._send(400, {"error": f"Content-Length must be 0-{MAX_POST_BYTES}"})
+                return
+            body = self.rfile.read(length)
+            headers = self.headers
+            nonce = headers.get(contract.STATUS_NONCE_HEADER, "")
+            signature = headers.get(contract.STATUS_SIGNATURE_HEADER, "")
+            try:
+                self._send(*handle(body, nonce, signature, self.client_address[0]))
+            except Exception as error:  # a bad request must not take the server down
                 self._send(500, {"error": repr(error)})
 
         def _send(self, code: int, document: dict[str, Any]) -> None:

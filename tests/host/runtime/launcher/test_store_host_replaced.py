@@ -21,6 +21,7 @@ from pathlib import Path
 import pytest
 
 from host.runtime.launcher.test_in_place_gloo import free_port, launch
+from trainwave import contract
 
 pytestmark = pytest.mark.timeout(300)
 STEPS = 30
@@ -61,6 +62,28 @@ def logged(work: Path) -> set[tuple[int, int]]:
             for step, pid in (line.split() for line in log.read_text().splitlines() if line)}  # fmt: skip
 
 
+STATUS_PORT = free_port()
+
+
+def as_worker(tmp_path: Path, rank: int) -> dict[str, str]:
+    """What the operator gives each worker for announcements: the job's key, the same
+    status port on each worker's own address (here a loopback address per worker), the
+    address template, and worker 0's pod IP."""
+    key = tmp_path / "key"
+    key.write_text("ab" * 32)
+    return {
+        contract.ENV_STATUS_KEY_FILE: str(key),
+        contract.ENV_STATUS_HOST: f"127.0.1.{rank}",
+        contract.ENV_STATUS_PORT: str(STATUS_PORT),
+        contract.ENV_WORKER_ADDRESS: "127.0.1.{rank}",
+        contract.ENV_NODE_RANK: str(rank),
+        contract.ENV_JOB_NAME: "gloo",
+        contract.ENV_JOB_NAMESPACE: "default",
+        contract.ENV_ATTEMPT: "0",
+        **({contract.ENV_POD_IP: "127.0.0.1"} if rank == 0 else {}),
+    }
+
+
 def wait_for_step(work: Path, step: int, timeout: float) -> None:
     deadline = time.monotonic() + timeout
     while max((s for s, _ in logged(work)), default=0) < step:
@@ -76,8 +99,8 @@ def test_worker_0_replaced_the_other_launcher_rejoins_and_the_gang_finishes(
     work = tmp_path / "work"
     work.mkdir()
     endpoint = f"127.0.0.1:{free_port()}"
-    first = launch(tmp_path, 0, endpoint)
-    survivor = launch(tmp_path, 1, endpoint)
+    first = launch(tmp_path, 0, endpoint, **as_worker(tmp_path, 0))
+    survivor = launch(tmp_path, 1, endpoint, **as_worker(tmp_path, 1))
     wait_for_step(work, 7, timeout=150)
     first.send_signal(signal.SIGTERM)  # the kubelet stopping worker 0's pod
     try:
@@ -88,7 +111,7 @@ def test_worker_0_replaced_the_other_launcher_rejoins_and_the_gang_finishes(
     before = logged(work)
     lost_at = max(step for step, _ in before)
     time.sleep(2)  # the replacement pod is created and starts
-    second = launch(tmp_path, 0, endpoint)
+    second = launch(tmp_path, 0, endpoint, **as_worker(tmp_path, 0))
     second_err = second.communicate(timeout=200)[1]
     survivor_err = survivor.communicate(timeout=60)[1]
     logs = "\n---\n".join(e[-4000:] for e in (first_err, second_err, survivor_err))
@@ -97,6 +120,12 @@ def test_worker_0_replaced_the_other_launcher_rejoins_and_the_gang_finishes(
     assert len(rejoins) == 1, logs
     assert str(rejoins[0]["error"]).startswith("RendezvousConnectionError:"), rejoins
     assert not events(second_err, "rejoin")  # the store's host never rejoins
+    # The new worker 0 told the survivor where its store is, and the survivor's agent
+    # started again on that address, not on a name looked up again (launcher/announce.py).
+    (announced,) = events(second_err, "store-announced")
+    assert (announced["peers"], announced["reached"]) == (1, 1), announced
+    (reached,) = events(survivor_err, "store-reachable")
+    assert reached["via"] == "announced address", reached
     after = logged(work) - before
     new_pids = {pid for _, pid in after} - {pid for _, pid in before}
     resumed = sorted(step for step, pid in after if pid in new_pids)

@@ -90,7 +90,7 @@ def test_waiting_for_the_store_tries_again_until_it_answers() -> None:
     tries = Tries(failures=3)
     found = wait_for_store("job-worker-0.job:29400", 60, connect=tries.connect,
                            clock=lambda: tries.now, pause=0)  # fmt: skip
-    assert found == (True, 4.0)
+    assert found == ("job-worker-0.job:29400", 4.0, "name")
     assert tries.calls == 4  # each try resolves the name again: a new connect
 
 
@@ -98,7 +98,80 @@ def test_waiting_for_the_store_ends_at_the_timeout_or_when_stopping() -> None:
     tries = Tries(failures=100)
     found = wait_for_store("job-worker-0.job:29400", 5, connect=tries.connect,
                            clock=lambda: tries.now, pause=0)  # fmt: skip
-    assert found == (False, 5.0)
+    assert found == (None, 5.0, "none")
     assert wait_for_store("job-worker-0.job:29400", 5, stopping=lambda: True,
-                          connect=tries.connect, pause=0)[0] is False  # fmt: skip
-    assert wait_for_store("no-port", 5) == (False, 0.0)
+                          connect=tries.connect, pause=0)[0] is None  # fmt: skip
+    assert wait_for_store("no-port", 5) == (None, 0.0, "none")
+
+
+class Network:
+    """Which addresses answer, at which time; every connect is recorded."""
+
+    def __init__(self, answers: dict[str, float]) -> None:
+        self.answers = answers  # host -> from when it accepts
+        self.now = 0.0
+        self.tried: list[tuple[float, str]] = []
+
+    def connect(self, address: tuple[str, int], timeout: float) -> socket.socket:
+        host, port = address
+        assert port == 29400
+        self.tried.append((self.now, host))
+        if self.now >= self.answers.get(host, float("inf")):
+            return socket.socket()
+        self.now += timeout
+        raise OSError("timed out")
+
+
+def test_an_announced_address_is_used_and_the_name_is_not_looked_up_before_the_wait() -> None:
+    net = Network({"10.0.0.7": 3.0, "job-worker-0.job": 0.0})
+    heard = {"address": None}
+
+    def announced() -> str | None:
+        net.now += 0.5  # the pause between tries
+        if net.now >= 2.0:
+            heard["address"] = "10.0.0.7"
+        return heard["address"]
+
+    found = wait_for_store("job-worker-0.job:29400", 300, announced=announced, name_after=30,
+                           connect=net.connect, clock=lambda: net.now, pause=0)  # fmt: skip
+    # The name would have answered at once (with what a DNS cache kept), but it is not
+    # resolved before name_after: only the announced address is tried.
+    assert found == ("10.0.0.7:29400", 3.5, "announced address")
+    assert {host for _, host in net.tried} == {"10.0.0.7"}
+
+
+def test_without_an_announcement_the_name_is_tried_after_the_wait() -> None:
+    net = Network({"job-worker-0.job": 0.0})
+    clock = {"now": 0.0}
+
+    def tick() -> float:
+        clock["now"] = max(clock["now"], net.now)
+        return clock["now"]
+
+    def sleep_less_announced() -> str | None:
+        clock["now"] += 1.0  # time passes between tries
+        net.now = clock["now"]
+        return None
+
+    found = wait_for_store("job-worker-0.job:29400", 300, announced=sleep_less_announced,
+                           name_after=30, connect=net.connect, clock=tick, pause=0)  # fmt: skip
+    assert found[0] == "job-worker-0.job:29400"
+    assert 30 <= found[1] <= 31
+    assert [t for t, _ in net.tried] == [found[1]]  # the name's first lookup, after 30 s
+
+
+def test_an_announced_address_that_does_not_answer_falls_back_to_the_name() -> None:
+    net = Network({"job-worker-0.job": 0.0})  # 10.0.0.1: the old pod, gone
+    found = wait_for_store("job-worker-0.job:29400", 300, announced=lambda: "10.0.0.1",
+                           name_after=30, connect=net.connect, clock=lambda: net.now,
+                           pause=0)  # fmt: skip
+    # From 30 s each try is the old address (a second's timeout), then the name.
+    assert found == ("job-worker-0.job:29400", 31.0, "name")
+    assert net.tried[-2:] == [(30.0, "10.0.0.1"), (31.0, "job-worker-0.job")]
+
+
+def test_an_ipv6_announcement_is_bracketed_in_the_endpoint() -> None:
+    net = Network({"fd00::7": 0.0})
+    found = wait_for_store("job-worker-0.job:29400", 300, announced=lambda: "fd00::7",
+                           name_after=30, connect=net.connect, clock=lambda: net.now)  # fmt: skip
+    assert found == ("[fd00::7]:29400", 0.0, "announced address")

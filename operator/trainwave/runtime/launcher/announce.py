@@ -1,0 +1,162 @@
+"""The store host tells the other workers its address, so they rejoin without cluster DNS.
+
+When worker 0 is replaced alone, the other workers' launchers start their agents again
+to meet the new worker 0's rendezvous store (rejoin.py). Found by the endpoint's name,
+the store was reached 30.3 s late on three real nodes: the kept worker's first lookup,
+7 s after the drain, got an answer that CoreDNS then served for its cache TTL (`cache
+30`, `ttl 30`, as kubeadm sets them), while the new worker 0 was up already. No lookup
+made before the new pod's address is published can be trusted, and a launcher cannot
+know when that is. The new worker 0 can:
+
+- its launcher, when it hosts the store, POSTs contract.STORE_PATH to every other
+  worker's status port (their names have not changed, so DNS answers them rightly): a
+  JSON body naming the rendezvous, signed with the job's key (signatures.py, purpose
+  `store`) as worker 0 of the job's attempt;
+- a launcher keeps the newest announcement that verifies, with the sender's address as
+  its socket saw it (pods reach each other without NAT in Kubernetes' network model),
+  and when it rejoins it tries that address at the endpoint's port first
+  (rejoin.wait_for_store); it resolves the name only after ANNOUNCE_WAIT_SECONDS without
+  an announced address that answers (an older worker 0, or a policy that blocks the
+  status port between workers).
+
+A worker without the job's key neither sends nor accepts announcements (its launcher
+logs `status-unsigned`) and rejoins by the name, as before. A replayed announcement can
+only name an address that once was worker 0's; the rejoin connects there or moves on.
+"""
+
+from __future__ import annotations
+
+import json
+import threading
+import time
+import urllib.error
+import urllib.request
+from collections.abc import Callable, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from typing import Any
+
+from trainwave import contract, signatures
+
+# How long a rejoining launcher waits for an announced address before it also resolves
+# the endpoint's name: a new pod's start, scheduling to a running launcher, on a node
+# that has the image.
+ANNOUNCE_WAIT_SECONDS = 30.0
+# An announcement is a few dozen bytes; anything much larger is not one.
+MAX_BODY_BYTES = 4096
+SEND_TIMEOUT_SECONDS = 2.0
+SEND_TRIES = 3
+SEND_PARALLEL = 16
+
+
+@dataclass(frozen=True)
+class Heard:
+    address: str  # the store host's address, as the announcement's connection came from
+    received: float  # time.monotonic() when it arrived
+
+
+class Announcements:
+    """The newest verified announcement this launcher received (thread-safe: the status
+    server's handler threads write, the supervise loop reads)."""
+
+    def __init__(
+        self,
+        key: bytes | None,
+        identity: signatures.Identity,
+        rendezvous_id: str,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self._key = key
+        self._host = signatures.Identity(identity.namespace, identity.job, identity.attempt, 0)
+        self._rendezvous_id = rendezvous_id
+        self._clock = clock
+        self._lock = threading.Lock()
+        self._newest: Heard | None = None
+
+    @property
+    def accepting(self) -> bool:
+        return self._key is not None
+
+    def newest(self) -> Heard | None:
+        with self._lock:
+            return self._newest
+
+    def receive(
+        self, body: bytes, nonce: str, signature: str, sender: str
+    ) -> tuple[int, dict[str, Any]]:
+        """HTTP code and answer for one POST; a verified one becomes the newest."""
+        if self._key is None:
+            return 403, {"error": "this worker has no job key; it rejoins by name"}
+        if len(body) > MAX_BODY_BYTES or not signatures.valid_nonce(nonce):
+            return 400, {"error": f"expected a signed body under {MAX_BODY_BYTES} bytes"}
+        if not signatures.verify(
+            self._key, self._host, nonce, body, signature, purpose=signatures.STORE
+        ):
+            return 403, {"error": "signature does not verify as this job's worker 0"}
+        try:
+            document = json.loads(body)
+        except ValueError:
+            return 400, {"error": "body is not JSON"}
+        named = document.get("rdzv_id") if isinstance(document, dict) else None
+        if named != self._rendezvous_id:
+            return 409, {"error": f"rdzv_id {named!r} is not this worker's rendezvous"}
+        heard = Heard(address=sender, received=self._clock())
+        with self._lock:
+            self._newest = heard
+        return 200, {"address": sender}
+
+
+def body(rendezvous_id: str) -> bytes:
+    return json.dumps({"rdzv_id": rendezvous_id}, sort_keys=True).encode()
+
+
+def announce(
+    peers: Sequence[str],
+    status_port: int,
+    rendezvous_id: str,
+    key: bytes,
+    me: signatures.Identity,
+    *,
+    tries: int = SEND_TRIES,
+    pause: float = 1.0,
+) -> dict[str, str]:
+    """POST the announcement to each peer; peer -> "ok" or why not. Peers that are not up
+    yet (a gang's first start) fail here harmlessly: they have no agent to start again."""
+    payload = body(rendezvous_id)
+
+    def one(peer: str) -> str:
+        why = "not tried"
+        for attempt in range(tries):
+            if attempt:
+                time.sleep(pause)
+            nonce = signatures.new_nonce()
+            request = urllib.request.Request(
+                f"http://{_host(peer)}:{status_port}{contract.STORE_PATH}",
+                data=payload,
+                method="POST",
+                headers={
+                    "Content-Type": "application/json",
+                    contract.STATUS_NONCE_HEADER: nonce,
+                    contract.STATUS_SIGNATURE_HEADER: signatures.sign(
+                        key, me, nonce, payload, purpose=signatures.STORE
+                    ),
+                },
+            )
+            try:
+                with urllib.request.urlopen(request, timeout=SEND_TIMEOUT_SECONDS) as answer:
+                    answer.read()
+                return "ok"
+            except urllib.error.HTTPError as error:
+                return f"refused: HTTP {error.code}"  # the peer answered: trying again won't help
+            except OSError as error:
+                why = str(error)
+        return why
+
+    if not peers:
+        return {}
+    with ThreadPoolExecutor(min(SEND_PARALLEL, len(peers))) as pool:
+        return dict(zip(peers, pool.map(one, peers), strict=True))
+
+
+def _host(address: str) -> str:
+    return f"[{address}]" if ":" in address else address
