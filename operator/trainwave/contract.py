@@ -81,6 +81,9 @@ ENV_WORKER_ADDRESS: Final = "TRAINWAVE_WORKER_ADDRESS"
 # The pod's own IP (the downward API's status.podIP), given to worker 0 with in-place
 # restarts: its agent names itself by it, so MASTER_ADDR needs no DNS (launch.py).
 ENV_POD_IP: Final = "TRAINWAVE_POD_IP"
+# "true" on a pod that replaces its worker alone in a running gang (runPolicy.workerReplacement):
+# a replaced worker 0 announces its address to the others (launcher/announce.py).
+ENV_REPLACEMENT: Final = "TRAINWAVE_REPLACEMENT"
 RDZV_BACKEND: Final = "c10d"
 # The c10d store's port on rank 0 (torch's own default, c10d_rendezvous_backend.py
 # DEFAULT_PORT); the builders take the next free one when the job's masterPort or
@@ -121,6 +124,7 @@ RESERVED_ENV: Final = (
     ENV_PET_LOCAL_ADDR,
     ENV_WORKER_ADDRESS,
     ENV_POD_IP,
+    ENV_REPLACEMENT,
     ENV_JOB_NAME,
     ENV_JOB_NAMESPACE,
     ENV_ATTEMPT,

@@ -22,6 +22,7 @@ IN_PLACE = {
     contract.ENV_PET_LOCAL_ADDR,
     contract.ENV_WORKER_ADDRESS,
     contract.ENV_POD_IP,
+    contract.ENV_REPLACEMENT,
     contract.ENV_HANG_TIMEOUT_SECONDS,
 }
 
@@ -139,3 +140,6 @@ def test_a_worker_replaced_alone_skips_preflight_the_rest_of_its_gang_ran_it() -
         resolve_job(parse_trainingjob(body)), (0, 1), attempt=0))  # fmt: skip
     assert contract.ENV_PREFLIGHT_SIZE_MIB in rank0
     assert contract.ENV_PREFLIGHT_SIZE_MIB not in rank1
+    # ...and it knows it replaces its worker (a worker 0 then announces its address).
+    assert rank1[contract.ENV_REPLACEMENT] == "true"
+    assert contract.ENV_REPLACEMENT not in rank0

@@ -187,6 +187,8 @@ def in_place_env(worker: Worker) -> dict[str, str]:
     hang = worker.job.spec.run_policy.hang_timeout_seconds
     if hang is not None:
         env[contract.ENV_HANG_TIMEOUT_SECONDS] = str(hang)
+    if _replacing(worker):
+        env[contract.ENV_REPLACEMENT] = "true"
     return env
 
 

@@ -447,10 +447,14 @@ def store_announcements(
 
 
 def announce_store(settings: Settings, key: bytes | None, env: Mapping[str, str]) -> None:
-    """The store's host tells the other workers its address, in the background: the
-    agent starts meanwhile, and a peer that is not up yet costs only its timeouts."""
+    """A replacement store host tells the other workers its address, in the background
+    while its agent starts. Only a replacement: at a gang's start no agent waits to rejoin,
+    and a large gang's first worker would look up every other name while they start."""
     in_place = settings.in_place
-    if not (in_place.enabled and in_place.hosts_store and in_place.peers and key):
+    if not (in_place.enabled and in_place.hosts_store and in_place.replacement):
+        return
+    if not (in_place.peers and key):
+        log_line("store-not-announced", peers=len(in_place.peers), key=key is not None)
         return
     rendezvous = env.get(contract.ENV_PET_RDZV_ID, "")
 

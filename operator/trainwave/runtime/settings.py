@@ -76,6 +76,8 @@ class InPlace:
     # The other workers' addresses (TRAINWAVE_WORKER_ADDRESS for each rank of PET_NNODES):
     # where the store's host announces its address (launcher/announce.py).
     peers: tuple[str, ...] = ()
+    # TRAINWAVE_REPLACEMENT: this pod replaces its worker alone in a running gang.
+    replacement: bool = False
 
     def as_dict(self) -> dict[str, Any]:
         return {
@@ -84,6 +86,7 @@ class InPlace:
             "hang_timeout_seconds": self.hang_timeout_seconds,
             "hosts_store": self.hosts_store,
             "peers": len(self.peers),
+            "replacement": self.replacement,
             "reason": self.reason,
         }
 
@@ -210,6 +213,7 @@ def _in_place(env: _Reader) -> InPlace:
         hosts_store=_rendezvous_conf(env.text(contract.ENV_PET_RDZV_CONF)).get("is_host")
         in ("true", "1"),
         peers=_peers(env),
+        replacement=bool(env.flag(contract.ENV_REPLACEMENT)),
     )
 
 

@@ -17,6 +17,8 @@ other worker keeps its pod; the job resumes from the newest checkpoint and Succe
 
 from __future__ import annotations
 
+import json
+import time
 from pathlib import Path
 
 import pytest
@@ -44,6 +46,41 @@ def nodes_by_worker(release: Release, namespace: str, name: str) -> dict[int, tu
     }  # fmt: skip
 
 
+def launcher_events(
+    release: Release, namespace: str, name: str, rank: int
+) -> list[dict[str, object]]:
+    """The launcher's log events of the running pod of worker `rank`."""
+    (pod,) = (
+        p["metadata"]["name"]
+        for p in worker_pods(release.cluster, namespace, name)
+        if int(p["metadata"]["labels"][contract.LABEL_RANK]) == rank
+        and p["metadata"].get("deletionTimestamp") is None
+    )
+    logs = release.cluster.kubectl(
+        "logs", "-n", namespace, pod, "-c", contract.WORKER_CONTAINER, check=False
+    ).stdout
+    lines = (json.loads(line) for line in logs.splitlines() if line.startswith('{"ts"'))
+    return [line for line in lines if line.get("logger") == "trainwave.launch"]
+
+
+def kept_workers_rejoin(
+    release: Release, namespace: str, name: str, kept: int, timeout: float
+) -> dict[str, object]:
+    """The kept worker's `store-reachable` event, once written; with the new worker 0's
+    events in the message when it did not come by the announced address."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        found = [e for e in launcher_events(release, namespace, name, kept)
+                 if e.get("event") == "store-reachable"]  # fmt: skip
+        if found:
+            if found[0].get("via") != "announced address":
+                events = launcher_events(release, namespace, name, 1 - kept)
+                raise AssertionError(f"kept worker: {found[0]}; new worker 0: {events}")
+            return found[0]
+        time.sleep(2)
+    raise AssertionError(f"no store-reachable event from worker {kept} in {timeout} s")
+
+
 @pytest.mark.parametrize("moved", [1, 0], ids=["worker-1", "worker-0"])
 def test_a_drained_nodes_worker_moves_to_another_node_and_the_gang_trains_on(
     three_node_release: Release, tmp_path: Path, moved: int
@@ -66,6 +103,12 @@ def test_a_drained_nodes_worker_moves_to_another_node_and_the_gang_trains_on(
             "drain", drained, "--ignore-daemonsets", "--delete-emptydir-data",
             f"--pod-selector={contract.LABEL_JOB_NAME}={name}", "--timeout=120s", timeout=130,
         )  # fmt: skip
+        if moved == 0:  # before the job ends and its pods' logs may go with them
+            rejoined = kept_workers_rejoin(release, namespace, name, kept, timeout=300)
+            # The new worker 0 told the kept worker its address (launcher/announce.py): no
+            # lookup of its name, which DNS caches could answer with the drained pod's.
+            assert rejoined["via"] == "announced address", rejoined
+            print(f"worker {kept} rejoined by the announced address: {rejoined}")
         done = wait_for_phase(cluster, namespace, name, ("Succeeded", "Failed"), timeout=600)
     finally:
         cluster.kubectl("uncordon", drained, check=False)

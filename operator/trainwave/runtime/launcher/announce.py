@@ -8,10 +8,12 @@ the store was reached 30.3 s late on three real nodes: the kept worker's first l
 made before the new pod's address is published can be trusted, and a launcher cannot
 know when that is. The new worker 0 can:
 
-- its launcher, when it hosts the store, POSTs contract.STORE_PATH to every other
-  worker's status port (their names have not changed, so DNS answers them rightly): a
-  JSON body naming the rendezvous, signed with the job's key (signatures.py, purpose
-  `store`) as worker 0 of the job's attempt;
+- its launcher, when it hosts the store and replaces worker 0 alone (the operator sets
+  TRAINWAVE_REPLACEMENT on such a pod), POSTs contract.STORE_PATH to every other
+  worker's status port (their names have not changed, so DNS answers them rightly),
+  trying each again every second for ANNOUNCE_WAIT_SECONDS: a JSON body naming the
+  rendezvous, signed with the job's key (signatures.py, purpose `store`) as worker 0 of
+  the job's attempt;
 - a launcher keeps the newest announcement that verifies, with the sender's address as
   its socket saw it (pods reach each other without NAT in Kubernetes' network model),
   and when it rejoins it tries that address at the endpoint's port first
@@ -45,7 +47,10 @@ ANNOUNCE_WAIT_SECONDS = 30.0
 # An announcement is a few dozen bytes; anything much larger is not one.
 MAX_BODY_BYTES = 4096
 SEND_TIMEOUT_SECONDS = 2.0
-SEND_TRIES = 3
+# A peer that cannot be reached is tried again each second for as long as the others wait
+# for an announcement: a new pod's own DNS lookups failed for its first 2 s on a real node
+# ("Temporary failure in name resolution").
+SEND_TRIES = int(ANNOUNCE_WAIT_SECONDS)
 SEND_PARALLEL = 16
 
 
@@ -120,8 +125,8 @@ def announce(
     tries: int = SEND_TRIES,
     pause: float = 1.0,
 ) -> dict[str, str]:
-    """POST the announcement to each peer; peer -> "ok" or why not. Peers that are not up
-    yet (a gang's first start) fail here harmlessly: they have no agent to start again."""
+    """POST the announcement to each peer; peer -> "ok" or why not (the last try's error;
+    an HTTP refusal is not tried again)."""
     payload = body(rendezvous_id)
 
     def one(peer: str) -> str:

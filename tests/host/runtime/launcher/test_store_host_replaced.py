@@ -65,10 +65,10 @@ def logged(work: Path) -> set[tuple[int, int]]:
 STATUS_PORT = free_port()
 
 
-def as_worker(tmp_path: Path, rank: int) -> dict[str, str]:
+def as_worker(tmp_path: Path, rank: int, replacement: bool = False) -> dict[str, str]:
     """What the operator gives each worker for announcements: the job's key, the same
     status port on each worker's own address (here a loopback address per worker), the
-    address template, and worker 0's pod IP."""
+    address template, worker 0's pod IP, and whether the pod replaces its worker."""
     key = tmp_path / "key"
     key.write_text("ab" * 32)
     return {
@@ -81,6 +81,7 @@ def as_worker(tmp_path: Path, rank: int) -> dict[str, str]:
         contract.ENV_JOB_NAMESPACE: "default",
         contract.ENV_ATTEMPT: "0",
         **({contract.ENV_POD_IP: "127.0.0.1"} if rank == 0 else {}),
+        **({contract.ENV_REPLACEMENT: "true"} if replacement else {}),
     }
 
 
@@ -111,7 +112,7 @@ def test_worker_0_replaced_the_other_launcher_rejoins_and_the_gang_finishes(
     before = logged(work)
     lost_at = max(step for step, _ in before)
     time.sleep(2)  # the replacement pod is created and starts
-    second = launch(tmp_path, 0, endpoint, **as_worker(tmp_path, 0))
+    second = launch(tmp_path, 0, endpoint, **as_worker(tmp_path, 0, replacement=True))
     second_err = second.communicate(timeout=200)[1]
     survivor_err = survivor.communicate(timeout=60)[1]
     logs = "\n---\n".join(e[-4000:] for e in (first_err, second_err, survivor_err))
@@ -122,6 +123,7 @@ def test_worker_0_replaced_the_other_launcher_rejoins_and_the_gang_finishes(
     assert not events(second_err, "rejoin")  # the store's host never rejoins
     # The new worker 0 told the survivor where its store is, and the survivor's agent
     # started again on that address, not on a name looked up again (launcher/announce.py).
+    assert not events(first_err, "store-announced")  # a gang's start announces nothing
     (announced,) = events(second_err, "store-announced")
     assert (announced["peers"], announced["reached"]) == (1, 1), announced
     (reached,) = events(survivor_err, "store-reachable")
