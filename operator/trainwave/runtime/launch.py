@@ -154,6 +154,7 @@ class Launcher:
         self.preflight: dict[str, Any] | None = None  # runPolicy.preflight's test, once run
         # Where the store's host said it is (launcher/announce.py); set by main().
         self.announcements: announce.Announcements | None = None
+        self._child_started = float("-inf")
 
     def run_doctor(self, child_env: Mapping[str, str]) -> None:
         if self.settings.feature("doctor") == "off":
@@ -240,6 +241,7 @@ class Launcher:
                     endpoint,
                     STORE_WAIT_SECONDS,
                     announced=self._announced,
+                    fresh=lambda: self._announced(since=self._child_started),
                     name_after=announce.ANNOUNCE_WAIT_SECONDS
                     if self.announcements is not None and self.announcements.accepting
                     else 0.0,
@@ -257,14 +259,16 @@ class Launcher:
             for sig, handler in previous.items():
                 signal.signal(sig, handler)
 
-    def _announced(self) -> str | None:
+    def _announced(self, since: float = float("-inf")) -> str | None:
+        """The newest announced store address, if it was received after `since`."""
         heard = None if self.announcements is None else self.announcements.newest()
-        return None if heard is None else heard.address
+        return None if heard is None or heard.received <= since else heard.address
 
     def _run_child(self, command: Sequence[str], env: Mapping[str, str], error_file: Path) -> int:
         with contextlib.suppress(OSError):  # unwritable: torch then only logs the error
             error_file.parent.mkdir(parents=True, exist_ok=True)
             error_file.unlink(missing_ok=True)  # only this child's error counts
+        self._child_started = time.monotonic()  # the clock of announce.Heard.received
         self.child = child = subprocess.Popen(list(command), env=dict(env))
         if self.settings.in_place.enabled:
             self.monitor.start(child.pid)  # the child is torch's elastic agent

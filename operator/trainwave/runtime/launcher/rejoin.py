@@ -110,6 +110,7 @@ def wait_for_store(
     timeout: float,
     *,
     announced: Callable[[], str | None] = lambda: None,
+    fresh: Callable[[], str | None] = lambda: None,
     name_after: float = 0.0,
     stopping: Callable[[], bool] = lambda: False,
     connect: Callable[[tuple[str, int], float], socket.socket] = socket.create_connection,
@@ -118,15 +119,20 @@ def wait_for_store(
 ) -> tuple[str | None, float, str]:
     """The endpoint where the store accepted a connection within `timeout` s (None if it
     did not), after how long, and by what: "announced address", "name" or "none".
-    Each try connects first to the address the store's host announced (announce.py),
-    at the endpoint's port; after `name_after` s it also resolves the endpoint's name
-    again (the module docstring)."""
+    An address announced since the last agent started (`fresh`) is taken at once, so the
+    new agent imports torch while the new store starts (torch's store client retries a
+    refused connection); any other announced address is tried with a connect first, at
+    the endpoint's port; after `name_after` s the endpoint's name is too, resolved again
+    each time (the module docstring)."""
     found = split_endpoint(endpoint)
     started = clock()
     if found is None:
         return None, 0.0, "none"
     name, port = found
     while not stopping():
+        new = fresh()
+        if new:
+            return f"{_bracketed(new)}:{port}", clock() - started, ANNOUNCED
         tries = [(announced(), ANNOUNCED)]
         if clock() - started >= name_after:
             tries.append((name, "name"))

@@ -18,6 +18,12 @@ restarts its training processes itself; the launcher only watches, from /proc
   failure and restarts the gang in place. It arms only once the generation has
   reported a step: start-up (imports, rendezvous, loading the checkpoint) is
   bounded by torch's own rendezvous and process-group timeouts instead.
+- a NEW AGENT (the launcher starts torch's agent again when the rendezvous
+  store's host was replaced: rejoin.py): the old generation's processes are
+  gone with the old agent, so the watchdog waits for the new agent's first
+  generation, and the restart it brings is counted from when the old one was
+  seen to end. Found on three real nodes: the watchdog, still timing the old
+  generation's last step, fired while the new agent imported torch.
 
 Pure but for Monitor, the thread that feeds them from /proc and the report directory.
 """
@@ -111,6 +117,7 @@ class Restarts:
         self._step_at: float | None = None  # the time of its report
         self._fault_at: float | None = None
         self._killed_at: float | None = None
+        self._new_agent = False  # the agent was started again; no generation of it yet
 
     def observe(
         self, workers: list[Worker], reports: Reports, now: float, previous: Reports | None = None
@@ -147,6 +154,7 @@ class Restarts:
                 events.append(("restart", {"count": self.count, **self.last.as_dict()}))
             self.pids, self.generation = alive, generation
             self._step = self._step_at = self._fault_at = self._killed_at = None
+            self._new_agent = False
         last = self.last
         if last is not None and last.first_step_at is None:
             fresh = of_generation(reports, self.pids)
@@ -166,9 +174,16 @@ class Restarts:
                 )
         return events
 
+    def agent_started_again(self, now: float) -> None:
+        """The launcher started a new agent: its first generation replaces the old one's
+        processes, which ended with the old agent (at the latest, now)."""
+        self._new_agent = True
+        if self.pids and self._fault_at is None and self._killed_at is None:
+            self._fault_at = now
+
     def hang_due(self, reports: Reports, now: float, timeout: float | None) -> bool:
-        if self._killed_at is not None or not self.pids:
-            return False  # acted already: wait for the next generation
+        if self._killed_at is not None or not self.pids or self._new_agent:
+            return False  # acted already, or a new agent: wait for the next generation
         return hang_due(now, timeout, last_step_at(reports, self.pids))
 
     def killed(self, now: float) -> None:
@@ -227,6 +242,9 @@ class Monitor:
     def start(self, agent_pid: int) -> None:
         """Watch `agent_pid`'s processes; again after stop() for an agent started anew."""
         self._stop.clear()
+        if self._thread is not None:
+            with self.lock:
+                self.restarts.agent_started_again(self._clock())
         self._thread = threading.Thread(
             target=self._loop, args=(agent_pid,), name="trainwave-restarts", daemon=True
         )

@@ -175,3 +175,12 @@ def test_an_ipv6_announcement_is_bracketed_in_the_endpoint() -> None:
     found = wait_for_store("job-worker-0.job:29400", 300, announced=lambda: "fd00::7",
                            name_after=30, connect=net.connect, clock=lambda: net.now)  # fmt: skip
     assert found == ("[fd00::7]:29400", 0.0, "announced address")
+
+
+def test_an_address_announced_since_the_last_agent_started_is_taken_without_a_connect() -> None:
+    net = Network({})  # the new store is not listening yet: torch's client will retry
+    found = wait_for_store("job-worker-0.job:29400", 300, fresh=lambda: "10.0.0.8",
+                           announced=lambda: "10.0.0.8", name_after=30, connect=net.connect,
+                           clock=lambda: net.now)  # fmt: skip
+    assert found == ("10.0.0.8:29400", 0.0, "announced address")
+    assert net.tried == []

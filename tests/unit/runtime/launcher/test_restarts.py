@@ -188,6 +188,25 @@ def test_the_watchdog_arms_on_a_step_fires_once_and_names_the_cause_hang() -> No
     assert not restarts.hang_due(stale, 500.0, 20.0)
 
 
+def test_a_new_agent_silences_the_watchdog_until_its_generation_and_counts_a_peer_restart() -> None:
+    # The store's host was replaced: the old agent ended with its processes, and the
+    # launcher started a new one (rejoin.py), which imports torch and meets the new store.
+    restarts = Restarts()
+    restarts.observe(workers(11, 12, generation=2), {}, now=100.0)
+    stale = {0: report(11, 137, 110.0), 1: report(12, 136, 110.0)}
+    restarts.observe(workers(11, 12, generation=2), stale, now=111.0)
+    restarts.agent_started_again(now=115.0)  # no observation saw the processes end
+    restarts.observe([], stale, now=120.0)  # the new agent has no processes yet
+    assert not restarts.hang_due(stale, 140.0, 20.0)  # 30 s after the last step: no hang
+    (event,) = restarts.observe(workers(21, 22, generation=0), stale, now=141.0)
+    # A membership change (torch's counter starts again in the new agent): "peer", from
+    # when the old agent was seen to end, not from a watchdog that never acted.
+    assert (event[1]["cause"], event[1]["at"], event[1]["step_before"]) == ("peer", 115.0, 137)
+    fresh = {0: report(21, 121, 150.0, first_step=121), 1: report(22, 121, 150.0)}
+    restarts.observe(workers(21, 22, generation=0), fresh, now=150.5)
+    assert restarts.hang_due(fresh, 170.0, 20.0)  # the new generation is watched again
+
+
 def test_reports_from_tenant_code_with_bad_values_do_not_break_the_tracker() -> None:
     restarts = Restarts()
     restarts.observe(workers(11), {}, now=1.0)
