@@ -16,14 +16,11 @@ restarts by cause and runs the hang watchdog (launcher/restarts.py).
 
 from __future__ import annotations
 
-import contextlib
 import dataclasses
 import importlib.util
 import json
 import os
 import re
-import signal
-import subprocess
 import sys
 import threading
 import time
@@ -35,19 +32,23 @@ from trainwave import contract, signatures
 from trainwave.runtime import reports
 from trainwave.runtime.data.loader_defaults import cuda_present, resolve_loader_defaults
 from trainwave.runtime.doctor import DoctorReport, Host, Status, run_doctor
-from trainwave.runtime.launcher import announce, environment, podinfo, preflight, rejoin, warm
+from trainwave.runtime.launcher import (
+    announce,
+    environment,
+    podinfo,
+    preflight,
+    rejoin,
+    supervisor,
+    warm,
+)
 from trainwave.runtime.launcher.restarts import Monitor
 from trainwave.runtime.launcher.status import StatusServer
+from trainwave.runtime.launcher.supervisor import Supervisor
 from trainwave.runtime.settings import Settings, SettingsError, load_settings
 
 USAGE = "usage: python -m trainwave.runtime.launch [--] CMD [ARGS...]"
 EXIT_USAGE = 2
 EXIT_DOCTOR = 3
-FORWARDED = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGUSR1, signal.SIGUSR2)
-STOPPING = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)  # the pod is going away
-# How long a launcher waits for a replaced worker 0's store before it starts the agent
-# anyway (which then fails on its own timeout): the operator's replacement timeout default.
-STORE_WAIT_SECONDS = 300.0
 
 
 WARM_MODULE = "trainwave.runtime.launcher.warm"
@@ -148,13 +149,10 @@ class Launcher:
         self.environ = dict(environ)
         self.doctor: DoctorReport | None = None
         self.doctor_state = "off"
-        self.child: subprocess.Popen[bytes] | None = None
         self.started = time.time()
         self.monitor = Monitor(settings.in_place, settings.report_dir, log_line)
         self.preflight: dict[str, Any] | None = None  # runPolicy.preflight's test, once run
-        # Where the store's host said it is (launcher/announce.py); set by main().
-        self.announcements: announce.Announcements | None = None
-        self._child_started = float("-inf")
+        self.supervisor = Supervisor(settings, self.monitor, log_line)
 
     def run_doctor(self, child_env: Mapping[str, str]) -> None:
         if self.settings.feature("doctor") == "off":
@@ -179,7 +177,6 @@ class Launcher:
                 doctor = DoctorReport.of(
                     fresh if c.name == fresh.name else c for c in doctor.checks
                 )
-        child = self.child
         return {
             "namespace": self.settings.identity.namespace,
             "job": self.settings.identity.job_name,
@@ -187,9 +184,7 @@ class Launcher:
             "node_rank": self.settings.identity.node_rank,
             "attempt": self.settings.identity.attempt,
             "uptime_seconds": round(time.time() - self.started, 1),
-            "child": None
-            if child is None
-            else {"pid": child.pid, "running": child.poll() is None, "exit_code": child.poll()},
+            "child": supervisor.describe(self.supervisor),
             "doctor": None if doctor is None else doctor.as_dict(),
             "progress": reports.latest_progress(self.settings.report_dir),
             **self.monitor.status(),  # "ranks", "restarts"
@@ -201,82 +196,8 @@ class Launcher:
         self.preflight = preflight
 
     def supervise(self, command: Sequence[str], env: Mapping[str, str]) -> int:
-        """Run the child until it ends, forwarding signals; with in-place restarts, start
-        torch's agent again when the rendezvous store's host is replaced (launcher/rejoin.py)."""
-        in_place = self.settings.in_place
-        rejoins = rejoin.Rejoins(hosts_store=in_place.hosts_store, limit=in_place.max_restarts)
-        error_file = Path(env.get(rejoin.ERROR_ENV) or self.settings.report_dir / rejoin.ERROR_FILE)
-        endpoint = env.get(contract.ENV_PET_RDZV_ENDPOINT, "")  # by name, as the operator gave it
-        stopping = False
-
-        def forward(signum: int, _frame: object) -> None:
-            nonlocal stopping
-            stopping = stopping or signum in STOPPING
-            child = self.child
-            if child is not None and child.poll() is None:
-                child.send_signal(signum)
-
-        previous = {sig: signal.signal(sig, forward) for sig in FORWARDED}
-        try:
-            while True:
-                code = self._run_child(command, env, error_file)
-                if not in_place.enabled:
-                    return code
-                lost = rejoin.store_lost(error_file)
-                why_not = rejoins.verdict(code, lost, stopping)
-                if why_not is not None:
-                    if lost is not None:
-                        log_line("rejoin-refused", reason=why_not, error=lost)
-                    return code
-                rejoins.used += 1
-                log_line(
-                    "rejoin",
-                    count=rejoins.used,
-                    limit=rejoins.limit,
-                    error=lost,
-                    action="wait for the new store host (worker 0 replaced), then start "
-                    "torch's elastic agent again",
-                )
-                reached, waited, via = rejoin.wait_for_store(
-                    endpoint,
-                    STORE_WAIT_SECONDS,
-                    announced=self._announced,
-                    fresh=lambda: self._announced(since=self._child_started),
-                    name_after=announce.ANNOUNCE_WAIT_SECONDS
-                    if self.announcements is not None and self.announcements.accepting
-                    else 0.0,
-                    stopping=lambda: stopping,
-                )
-                log_line(
-                    "store-reachable" if reached else "store-unreachable",
-                    endpoint=reached or endpoint,
-                    via=via,
-                    waited_seconds=round(waited, 3),
-                )
-                if reached:  # the announced address, or the name: the new agent uses it
-                    env = {**env, contract.ENV_PET_RDZV_ENDPOINT: reached}
-        finally:
-            for sig, handler in previous.items():
-                signal.signal(sig, handler)
-
-    def _announced(self, since: float = float("-inf")) -> str | None:
-        """The newest announced store address, if it was received after `since`."""
-        heard = None if self.announcements is None else self.announcements.newest()
-        return None if heard is None or heard.received <= since else heard.address
-
-    def _run_child(self, command: Sequence[str], env: Mapping[str, str], error_file: Path) -> int:
-        with contextlib.suppress(OSError):  # unwritable: torch then only logs the error
-            error_file.parent.mkdir(parents=True, exist_ok=True)
-            error_file.unlink(missing_ok=True)  # only this child's error counts
-        self._child_started = time.monotonic()  # the clock of announce.Heard.received
-        self.child = child = subprocess.Popen(list(command), env=dict(env))
-        if self.settings.in_place.enabled:
-            self.monitor.start(child.pid)  # the child is torch's elastic agent
-        try:
-            code = child.wait()
-        finally:
-            self.monitor.stop()
-        return 128 - code if code < 0 else code
+        """Run the child until it ends (launcher/supervisor.py)."""
+        return self.supervisor.run(command, env)
 
 
 def log_line(event: str, **fields: Any) -> None:
@@ -320,7 +241,7 @@ def main(argv: Sequence[str] | None = None, environ: Mapping[str, str] | None = 
             log_line("invalid-settings", error=str(error))
             return EXIT_USAGE
     key = job_key(settings)
-    launcher.announcements = store_announcements(settings, key, child_env)
+    launcher.supervisor.announcements = store_announcements(settings, key, child_env)
     server = _start_status(settings, launcher, key)
     if server is not None:
         announce_store(settings, key, child_env)
@@ -357,7 +278,7 @@ def main(argv: Sequence[str] | None = None, environ: Mapping[str, str] | None = 
 
 
 def _start_status(settings: Settings, launcher: Launcher, key: bytes | None) -> StatusServer | None:
-    announcements = launcher.announcements
+    announcements = launcher.supervisor.announcements
     posts = {} if announcements is None else {contract.STORE_PATH: announcements.receive}
     try:
         return StatusServer(

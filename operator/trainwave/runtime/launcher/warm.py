@@ -27,6 +27,7 @@ import threading
 import time
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
+from typing import Any
 
 from trainwave import contract
 from trainwave.runtime import reports
@@ -97,9 +98,6 @@ def main(argv: Sequence[str] | None = None) -> None:
 
     from torch.distributed import run as torchrun
     from torch.distributed.elastic.multiprocessing.errors import record
-    from torch.distributed.launcher.api import elastic_launch
-
-    from trainwave.runtime.launcher import warm_child
 
     argv = list(sys.argv[1:] if argv is None else argv)
     args = torchrun.parse_args(argv)  # type: ignore[no-untyped-call]
@@ -129,9 +127,34 @@ def main(argv: Sequence[str] | None = None) -> None:
     threading.Thread(target=_import_quietly, args=("torch._dynamo", started), daemon=True).start()
     log_line("warm-start", preload=modules, script=args.training_script)
     config, _, script_args = torchrun.config_from_args(args)
-    # warm_child.run in place of torchrun's run_script_path: the same runpy call, after it
-    # leaves the rank and generation where the launcher's monitor looks (see warm_child).
-    record(elastic_launch(config=config, entrypoint=warm_child.run))(*script_args)
+    record(_agent_until_done)(config, script_args)
+
+
+def _agent_until_done(config: Any, script_args: Sequence[str]) -> None:
+    """torch's elastic agent; when it loses the rendezvous store, and the launcher says
+    where the new one is (rejoin.py), again in this process, whose forkserver has imported
+    torch already. warm_child.run in place of torchrun's run_script_path: the same runpy
+    call, after it leaves the rank and generation where the launcher's monitor looks."""
+    from torch.distributed.elastic.rendezvous.api import RendezvousConnectionError
+    from torch.distributed.launcher.api import elastic_launch
+
+    from trainwave.runtime.launcher import rejoin, warm_child
+
+    report_dir = os.environ.get(contract.ENV_REPORT_DIR)
+    launcher = os.getppid()
+    while True:
+        try:
+            elastic_launch(config=config, entrypoint=warm_child.run)(*script_args)
+            return
+        except RendezvousConnectionError as error:
+            if not report_dir:
+                raise
+            message = f"{type(error).__name__}: {error}"
+            endpoint = rejoin.ask(Path(report_dir), message, alive=lambda: os.getppid() == launcher)
+            if endpoint is None:
+                raise
+            log_line("rejoined", endpoint=endpoint, forkserver="kept")
+            config.rdzv_endpoint = endpoint
 
 
 if __name__ == "__main__":

@@ -93,15 +93,19 @@ def wait_for_step(work: Path, step: int, timeout: float) -> None:
 
 
 @pytest.mark.skipif(not Path("/sys/class/net/lo").exists(), reason="no loopback interface")
+@pytest.mark.parametrize(
+    ("warm", "how"), [("auto", "in process"), ("off", "new process")], ids=["warm", "cold"]
+)
 def test_worker_0_replaced_the_other_launcher_rejoins_and_the_gang_finishes(
-    tmp_path: Path,
+    tmp_path: Path, warm: str, how: str
 ) -> None:
     (tmp_path / "train.py").write_text(TRAIN)
     work = tmp_path / "work"
     work.mkdir()
     endpoint = f"127.0.0.1:{free_port()}"
-    first = launch(tmp_path, 0, endpoint, **as_worker(tmp_path, 0))
-    survivor = launch(tmp_path, 1, endpoint, **as_worker(tmp_path, 1))
+    mode = {"TRAINWAVE_FEATURE_WARM_START": warm}
+    first = launch(tmp_path, 0, endpoint, **as_worker(tmp_path, 0), **mode)
+    survivor = launch(tmp_path, 1, endpoint, **as_worker(tmp_path, 1), **mode)
     wait_for_step(work, 7, timeout=150)
     first.send_signal(signal.SIGTERM)  # the kubelet stopping worker 0's pod
     try:
@@ -112,7 +116,7 @@ def test_worker_0_replaced_the_other_launcher_rejoins_and_the_gang_finishes(
     before = logged(work)
     lost_at = max(step for step, _ in before)
     time.sleep(2)  # the replacement pod is created and starts
-    second = launch(tmp_path, 0, endpoint, **as_worker(tmp_path, 0, replacement=True))
+    second = launch(tmp_path, 0, endpoint, **as_worker(tmp_path, 0, replacement=True), **mode)
     second_err = second.communicate(timeout=200)[1]
     survivor_err = survivor.communicate(timeout=60)[1]
     logs = "\n---\n".join(e[-4000:] for e in (first_err, second_err, survivor_err))
@@ -120,6 +124,9 @@ def test_worker_0_replaced_the_other_launcher_rejoins_and_the_gang_finishes(
     rejoins = events(survivor_err, "rejoin")
     assert len(rejoins) == 1, logs
     assert str(rejoins[0]["error"]).startswith("RendezvousConnectionError:"), rejoins
+    # A warm-started agent runs torch's agent again in its own process (its forkserver
+    # kept); a cold one is started again by the launcher.
+    assert rejoins[0]["how"] == how, rejoins
     assert not events(second_err, "rejoin")  # the store's host never rejoins
     # The new worker 0 told the survivor where its store is, and the survivor's agent
     # started again on that address, not on a name looked up again (launcher/announce.py).
