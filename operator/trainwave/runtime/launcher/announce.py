@@ -22,8 +22,9 @@ know when that is. The new worker 0 can:
   status port between workers).
 
 A worker without the job's key neither sends nor accepts announcements (its launcher
-logs `status-unsigned`) and rejoins by the name, as before. A replayed announcement can
-only name an address that once was worker 0's; the rejoin connects there or moves on.
+logs `status-unsigned`) and rejoins by the name, as before. Nonces are not remembered: a
+replayed announcement can only name an address that once was worker 0's, where a rejoin
+fails on torch's store timeout and rejoins again (docs/concepts/runtime.md says so).
 """
 
 from __future__ import annotations
