@@ -117,6 +117,9 @@ class Supervisor:
             via=via,
             waited_seconds=round(waited, 3),
         )
+        if self.stopping:  # the pod went away meanwhile: the agent must end, not rejoin
+            self._refused = True
+            return None
         return reached or endpoint  # unreached: the agent tries, and fails on its own timeout
 
     def _announced(self, since: float = float("-inf")) -> str | None:
