@@ -40,6 +40,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from trainwave import contract, signatures
+from trainwave.runtime.launcher import rejoin
 
 # How long a rejoining launcher waits for an announced address before it also resolves
 # the endpoint's name: a new pod's start, scheduling to a running launcher, on a node
@@ -137,7 +138,7 @@ def announce(
                 time.sleep(pause)
             nonce = signatures.new_nonce()
             request = urllib.request.Request(
-                f"http://{_host(peer)}:{status_port}{contract.STORE_PATH}",
+                f"http://{rejoin.bracketed(peer)}:{status_port}{contract.STORE_PATH}",
                 data=payload,
                 method="POST",
                 headers={
@@ -162,7 +163,3 @@ def announce(
         return {}
     with ThreadPoolExecutor(min(SEND_PARALLEL, len(peers))) as pool:
         return dict(zip(peers, pool.map(one, peers), strict=True))
-
-
-def _host(address: str) -> str:
-    return f"[{address}]" if ":" in address else address

@@ -188,7 +188,7 @@ def wait_for_store(
     while not stopping():
         new = fresh()
         if new:
-            return f"{_bracketed(new)}:{port}", clock() - started, ANNOUNCED
+            return f"{bracketed(new)}:{port}", clock() - started, ANNOUNCED
         tries = [(announced(), ANNOUNCED)]
         if clock() - started >= name_after:
             tries.append((name, "name"))
@@ -197,7 +197,7 @@ def wait_for_store(
                 connect((host, port), 1.0).close()
             except OSError:  # not resolvable yet, refused, or an old address: try again
                 continue
-            reached = endpoint if via == "name" else f"{_bracketed(host)}:{port}"
+            reached = endpoint if via == "name" else f"{bracketed(host)}:{port}"
             return reached, clock() - started, via
         if clock() - started >= timeout:
             break
@@ -205,5 +205,6 @@ def wait_for_store(
     return None, clock() - started, "none"
 
 
-def _bracketed(host: str) -> str:
+def bracketed(host: str) -> str:
+    """A host as it goes before `:port`: an IPv6 address in brackets."""
     return f"[{host}]" if ":" in host else host
