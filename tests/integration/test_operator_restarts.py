@@ -73,22 +73,25 @@ def test_sigkill_during_reconcile_loses_and_duplicates_nothing(
         for attempt in range(attempts)
         for rank in range(options["workers"])
     }
-    # A job that fails may end before its last gang is complete: killed between two
+    # A gang that ends in a failure may end before it is complete: killed between two
     # creates, the operator comes back after a worker it did create already exited with
-    # a failure, and fails the job at once (correct: by rule, or with no restart left), so
-    # the rest of that gang is never created. Creations have no fixed order (seen: attempt
-    # 1's worker 1 created and failed, worker 0 never). So a failed job's last attempt must
-    # show at least one worker, the one whose end failed it; every other pod must exist.
-    last_gangs = {
-        name: {f"{name}-a{attempts - 1}-worker-{rank}" for rank in range(options["workers"])}
+    # a failure, and ends that gang at once (correct: a restart replaces the whole gang, a
+    # rule or an exhausted budget fails the job), so the rest of it is never created.
+    # Creations have no fixed order (seen: attempt 1's worker 1 created and failed, worker
+    # 0 never; attempt 0's worker 1 never created before attempt 1 started). Every gang
+    # of a failing job ends in a failure, so each must show at least one worker, the one
+    # whose end failed it; every pod of a job that succeeds must exist.
+    failed_gangs = [
+        {f"{name}-a{attempt}-worker-{rank}" for rank in range(options["workers"])}
         for name, options, phase, _, attempts in _jobs()
         if phase == "Failed"
-    }
-    may_miss = set().union(*last_gangs.values())
+        for attempt in range(attempts)
+    ]
+    may_miss = set().union(*failed_gangs)
     extra, missing = created - expected, expected - created
     assert not extra, f"extra: {extra}"
     assert missing <= may_miss, f"missing: {missing - may_miss}"
-    assert all(gang & created for gang in last_gangs.values()), f"missing: {missing}"
+    assert all(gang & created for gang in failed_gangs), f"missing: {missing}"
 
     cluster.kubectl("delete", "tj", "--all", "-n", namespace, "--wait=true", timeout=120)
     wait_until(lambda: get_json(cluster, namespace, "pods", "-l", LABEL_JOB_NAME)["items"] == [],
