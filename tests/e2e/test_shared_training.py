@@ -281,13 +281,9 @@ def test_two_jobs_share_one_gpu_within_their_budgets_and_survive_a_neighbour_kil
     release: Release, shared_gpu: str, namespace: str
 ) -> None:
     cluster, steps = release.cluster, 80
-    # b once a's pod is bound: applied together, b's claim was once refused ("cannot allocate
-    # all claims") while a's allocation was in flight, and b waited until a ended
-    # (docs/concepts/shared-gpus.md, "Known limit"). Sharing itself is what this test checks.
-    apply(cluster, namespace, shared_job("a", steps=steps))
-    wait_until(lambda: any(p["spec"].get("nodeName") for p in worker_pods(cluster, namespace, "a")),
-               120, "job a's worker bound")  # fmt: skip
-    apply(cluster, namespace, shared_job("b", steps=steps))
+    # Applied together, as a user would: the operator releases b's worker once a's is bound
+    # (controller/releasing.py; docs/concepts/shared-gpus.md, "One GPU's workers in turn").
+    apply(cluster, namespace, shared_job("a", steps=steps), shared_job("b", steps=steps))
     pods = {name: f"{name}-a0-worker-0" for name in ("a", "b")}
 
     def training(pod: str) -> bool:

@@ -132,11 +132,11 @@ def test_the_agent_publishes_its_shared_gpus_as_slices_and_keeps_them_current(
     assert item["spec"]["pool"] == {"name": node_name, "generation": 2, "resourceSliceCount": 1}
 
 
-def shared_job(name: str, pool: Any) -> dict[str, Any]:
+def shared_job(name: str, pool: Any, memory: str = "30Gi") -> dict[str, Any]:
     manifest = job_manifest(
         name, workers=1, gpus=0, run_for="300s", template_spec={"nodeSelector": pool.selector}
     )
-    manifest["spec"]["gpuSharing"] = {"memory": "30Gi"}
+    manifest["spec"]["gpuSharing"] = {"memory": memory}
     return manifest
 
 
@@ -312,6 +312,38 @@ def test_each_shared_worker_gets_a_claim_allocated_on_its_pinned_gpu(
         assert used == {"gpu-0": 2 * MIB, "gpu-1": 2 * MIB}
         isolation = job(cluster, namespace, names[0])["status"]["isolation"]
         assert "a DRA ResourceClaim takes" in isolation
+
+
+def test_shared_workers_filling_gpus_at_once_are_all_bound_without_a_refusal(
+    cluster: Cluster, namespace: str, claims_operator: OperatorProcess
+) -> None:
+    """Sixteen one-worker jobs that fill eight GPUs two by two, applied at once. While
+    kube-scheduler binds a pod, the memory its claim consumes is counted twice for a moment
+    (v1.34.4, dynamicresources/dra_manager.go GatherAllocatedState: the claim is already in
+    the assume cache's allocated devices and still in the in-flight allocations until
+    PreBind ends); a claim for the same GPU scheduled in that moment is refused, and nothing
+    but the first claim's deallocation asks again. The operator therefore releases a shared
+    GPU's next worker once the one before is bound (controller/releasing.py)."""
+    shape = {"cpu": "192", "gpu": {**H100, "count": 8, "shared": True}}
+    with node_pool(cluster, rack_sizes=(1,), shape=shape, gpu_slices=True) as pool:
+        [node] = pool.nodes
+        names = [f"fill-{i}" for i in range(16)]
+        apply(cluster, namespace, *(shared_job(n, pool, "39Gi") for n in names))
+        for name in names:
+            wait_for_phase(cluster, namespace, name, "Running", timeout=120)
+        refusals = [
+            event["message"]
+            for event in get_json(cluster, namespace, "events")["items"]
+            if event.get("reason") == "FailedScheduling"
+        ]
+        assert refusals == [], refusals
+        pinned: dict[str, int] = {}
+        for name in names:
+            [pod] = worker_pods(cluster, namespace, name)
+            assert pod["spec"]["nodeName"] == node
+            uuid = pod["metadata"]["annotations"]["trainwave.io/gpu-uuid"]
+            pinned[uuid] = pinned.get(uuid, 0) + 1
+        assert sorted(pinned.values()) == [2] * 8, pinned
 
 
 def foreign_claim_pod(name: str, pool: Any, uuid: str, mib: int) -> list[dict[str, Any]]:

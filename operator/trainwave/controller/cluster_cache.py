@@ -136,6 +136,13 @@ class ClusterCache(InformerGroup):
             return NodeHealth(present=False)
         return NodeHealth(True, record.ready, record.not_ready_since)
 
+    def settled(self, namespace: str, name: str) -> bool:
+        """Whether the pod is bound to a node, terminating, or no longer active (ended or
+        deleted): a pod kube-scheduler is done with (controller/releasing.py)."""
+        with self._lock:
+            record = self._index.pod(f"{namespace}/{name}")
+        return record is None or record.bound or record.deleting
+
     def stats(self) -> dict[str, tuple[int, int]]:
         """kind -> (objects held, relists): for metrics and tests."""
         with self._lock:

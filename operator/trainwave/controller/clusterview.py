@@ -176,6 +176,10 @@ class ClusterIndex:
 
     # --- pods --------------------------------------------------------------------------
 
+    def pod(self, key: str) -> PodRecord | None:
+        """An active pod's record by "namespace/name"; None once it ended or is gone."""
+        return self._pods.get(key)
+
     def put_pod(self, key: str, record: PodRecord | None) -> None:
         old = self._pods.pop(key, None)
         if old is None and record is None:

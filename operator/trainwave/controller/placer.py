@@ -98,6 +98,7 @@ class Placer:
         retry_seconds: float = 5.0,
         debounce_seconds: float = 0.05,
         clock: Callable[[], datetime] = lambda: datetime.now(UTC),
+        settled: Callable[[str, str], bool] = lambda _namespace, _name: True,
     ):
         self._kube = kube
         self._levels = tuple(levels)
@@ -121,7 +122,7 @@ class Placer:
         self._preempting: dict[JobKey, frozenset[JobKey]] = {}
         self._topology: tuple[int, Topology] | None = None
         self._inflight = Inflight()
-        self._releaser = Releaser(kube, self._inflight, wake, placed=self._placed)
+        self._releaser = Releaser(kube, self._inflight, wake, self._placed, settled)
         self._event = asyncio.Event()
         # One decision at a time: a round and a gang placed at creation must not both count
         # on the same free GPUs.

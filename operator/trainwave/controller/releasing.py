@@ -6,10 +6,23 @@ its scheduling gate, in one patch per pod built from the pod as the cache last s
 reserves the gang's room at once (controller/inflight.py) and applies the patches in
 a task of its own, so the next round does not wait for them; a refused patch or GPU
 claim gives that room back and wakes the job's reconcile.
+
+Workers with a DRA claim on a shared GPU are released one at a time per GPU: the next
+once the cache shows the one before bound (or gone), or after BIND_WAIT_SECONDS.
+kube-scheduler v1.34.4 counts a claim's consumed capacity twice for a moment while it
+binds the claim's pod (pkg/scheduler/framework/plugins/dynamicresources/dra_manager.go,
+GatherAllocatedState: the claim is already among the assume cache's allocated devices
+and still among the in-flight allocations until PreBind ends). A claim for the same GPU
+scheduled in that moment is refused as over-committing it, and the plugin's queueing
+hint asks again only when that claim or a slice changes or a claim is deallocated
+(isSchedulableAfterClaimChange): on the real node, 44 s, until the first job ended. A
+pod is bound only after PreBind, so a worker released after its GPU's previous one is
+bound never meets that moment.
 """
 
 import asyncio
 import logging
+import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
@@ -31,6 +44,11 @@ from trainwave.placement.sharing import SharedPlacement
 
 logger = logging.getLogger(__name__)
 
+# How long a shared GPU's next worker waits for the one before to be bound. A pod that
+# kube-scheduler refuses for another reason holds its GPU's turn no longer than this.
+BIND_WAIT_SECONDS = 10.0
+BIND_POLL_SECONDS = 0.05
+
 
 @dataclass(frozen=True)
 class Release:
@@ -42,6 +60,8 @@ class Release:
     targets: list[tuple[PodRecord, str, str, int]]  # (pod, node, GPU UUID, GPU MiB)
     # Shared workers' DRA ResourceClaims, created before the pods are released.
     claims: list[dict[str, Any]] = field(default_factory=list)
+    # The pods with one: released in their GPU's turn (the module's docstring).
+    in_turn: frozenset[str] = frozenset()
 
 
 def build_shared_release(key: JobKey, gang: list[PodRecord], placed: SharedPlacement) -> Release:
@@ -60,12 +80,12 @@ def build_shared_release(key: JobKey, gang: list[PodRecord], placed: SharedPlace
         (pod, pin.node, pin.gpu_uuid, pin.memory_mib)
         for pod, pin in zip(gang, placed.pins, strict=True)
     ]
-    claims = [
-        claim
+    claimed = {
+        pod.name: claim
         for pod, pin in zip(gang, placed.pins, strict=True)
         if (claim := build_gpu_claim(_basis(pod), pin.gpu_uuid, pin.memory_mib)) is not None
-    ]
-    return Release(key, patches, summary, targets, claims)
+    }
+    return Release(key, patches, summary, targets, list(claimed.values()), frozenset(claimed))
 
 
 def build_whole_release(
@@ -93,7 +113,11 @@ def build_whole_release(
 
 
 class Releaser:
-    """Applies releases in the background; `placed` is told of each gang fully released."""
+    """Applies releases in the background; `placed` is told of each gang fully released.
+
+    `settled(namespace, name)`: whether the cache shows that pod bound to its node, or no
+    longer there; what a shared GPU's next worker waits for (the module's docstring).
+    """
 
     def __init__(
         self,
@@ -101,12 +125,15 @@ class Releaser:
         inflight: Inflight,
         wake: Callable[[JobKey], None],
         placed: Callable[[JobKey], None],
+        settled: Callable[[str, str], bool] = lambda _namespace, _name: True,
     ):
         self._kube = kube
         self._inflight = inflight
         self._wake = wake
         self._placed = placed
+        self._settled = settled
         self._releasing: set[asyncio.Task[None]] = set()
+        self._turns: dict[str, _Turn] = {}  # shared GPU UUID -> its releases, in order
 
     def dispatch(self, release: Release) -> None:
         """Reserve the gang's room, then patch its pods in the background, as kube-scheduler
@@ -137,13 +164,10 @@ class Releaser:
             return
         results = await asyncio.gather(
             *(
-                asyncio.to_thread(
-                    self._kube.patch_pod,
-                    pod["metadata"]["namespace"],
-                    pod["metadata"]["name"],
-                    patch,
-                )
-                for pod, patch in patches
+                self._patch_in_turn(basis, patch, uuid)
+                if pod.name in release.in_turn
+                else self._patch(basis, patch)
+                for (basis, patch), (pod, _, uuid, _) in zip(patches, targets, strict=True)
             ),
             return_exceptions=True,
         )
@@ -164,6 +188,37 @@ class Releaser:
         # No wake: each patched pod's watch event wakes the job (batched), and a reconcile
         # woken now would find the pods released but not bound and write a status
         # that is stale a moment later.
+
+    async def _patch(self, pod: Mapping[str, Any], patch: dict[str, Any]) -> None:
+        meta = pod["metadata"]
+        await asyncio.to_thread(self._kube.patch_pod, meta["namespace"], meta["name"], patch)
+
+    async def _patch_in_turn(
+        self, pod: Mapping[str, Any], patch: dict[str, Any], uuid: str
+    ) -> None:
+        """Release a worker with a claim on shared GPU `uuid` once the GPU's previous one
+        is bound, and hold the GPU's turn until this one is (the module's docstring)."""
+        turn = self._turns.setdefault(uuid, _Turn())
+        turn.users += 1
+        try:
+            async with turn.lock:
+                await self._patch(pod, patch)
+                await self._until_settled(pod["metadata"]["namespace"], pod["metadata"]["name"])
+        finally:
+            turn.users -= 1
+            if not turn.users:
+                del self._turns[uuid]
+
+    async def _until_settled(self, namespace: str, name: str) -> None:
+        deadline = time.monotonic() + BIND_WAIT_SECONDS
+        while not self._settled(namespace, name):
+            if time.monotonic() >= deadline:
+                logger.info(
+                    "%s/%s: not bound %.0fs after its release; its GPU's next worker goes now",
+                    namespace, name, BIND_WAIT_SECONDS,
+                )  # fmt: skip
+                return
+            await asyncio.sleep(BIND_POLL_SECONDS)
 
     async def _create_claims(self, release: Release) -> bool:
         """The gang's GPU claims, all before any pod is released: a worker whose claim is
@@ -186,6 +241,12 @@ class Releaser:
             logger.warning("%s/%s: creating a GPU claim failed: %s", *release.key, error)
         self._wake(release.key)
         return False
+
+
+@dataclass
+class _Turn:
+    lock: asyncio.Lock = field(default_factory=asyncio.Lock)
+    users: int = 0
 
 
 def _basis(pod: PodRecord) -> Mapping[str, Any]:
