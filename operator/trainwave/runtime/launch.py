@@ -378,14 +378,25 @@ def announce_store(settings: Settings, key: bytes | None, env: Mapping[str, str]
     in_place = settings.in_place
     if not (in_place.enabled and in_place.hosts_store and in_place.replacement):
         return
-    if not (in_place.peers and key):
-        log_line("store-not-announced", peers=len(in_place.peers), key=key is not None)
+    address = env.get(contract.ENV_POD_IP, "").strip()
+    if not (in_place.peers and key and address):
+        log_line(
+            "store-not-announced",
+            peers=len(in_place.peers),
+            key=key is not None,
+            pod_ip=address or None,
+        )
         return
     rendezvous = env.get(contract.ENV_PET_RDZV_ID, "")
 
     def send() -> None:
         sent = announce.announce(
-            in_place.peers, settings.status_port, rendezvous, key, worker_identity(settings)
+            in_place.peers,
+            settings.status_port,
+            rendezvous,
+            key,
+            worker_identity(settings),
+            address=address,
         )
         failed = {peer: why for peer, why in sent.items() if why != "ok"}
         log_line(

@@ -12,8 +12,8 @@ know when that is. The new worker 0 can:
   TRAINWAVE_REPLACEMENT on such a pod), POSTs contract.STORE_PATH to every other
   worker's status port (their names have not changed, so DNS answers them rightly),
   trying each again every second for ANNOUNCE_WAIT_SECONDS: a JSON body naming the
-  rendezvous, signed with the job's key (signatures.py, purpose `store`) as worker 0 of
-  the job's attempt;
+  rendezvous, its own pod IP and the time, signed with the job's key (signatures.py,
+  purpose `store`) as worker 0 of the job's attempt;
 - a launcher keeps the newest announcement that verifies, with the sender's address as
   its socket saw it (pods reach each other without NAT in Kubernetes' network model),
   and when it rejoins it tries that address at the endpoint's port first
@@ -22,25 +22,30 @@ know when that is. The new worker 0 can:
   status port between workers).
 
 A worker without the job's key neither sends nor accepts announcements (its launcher
-logs `status-unsigned`) and rejoins by the name, as before. Nonces are not remembered: a
-replayed announcement can only name an address that once was worker 0's, where a rejoin
-fails on torch's store timeout and rejoins again (docs/concepts/runtime.md says so).
+logs `status-unsigned`) and rejoins by the name, as before.
+
+Replays. The signed body names the sender's pod IP (TRAINWAVE_POD_IP, which the sender
+also binds its connection to) and the wall-clock time it was sent. A receiver refuses a
+body whose address is not the connection's source, so a captured announcement replayed
+from any other address names nothing; and one sent more than MAX_AGE_SECONDS ago or
+ahead (by the receiver's clock), so a replay from worker 0's old address, should another
+pod get that IP later, is refused too. Within that window a replay from the same
+address says what the original said. Nonces are therefore not remembered.
 """
 
 from __future__ import annotations
 
+import http.client
+import ipaddress
 import json
 import threading
 import time
-import urllib.error
-import urllib.request
 from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any
 
 from trainwave import contract, signatures
-from trainwave.runtime.launcher import rejoin
 
 # How long a rejoining launcher waits for an announced address before it also resolves
 # the endpoint's name: a new pod's start, scheduling to a running launcher, on a node
@@ -54,6 +59,9 @@ SEND_TIMEOUT_SECONDS = 2.0
 # ("Temporary failure in name resolution").
 SEND_TRIES = int(ANNOUNCE_WAIT_SECONDS)
 SEND_PARALLEL = 16
+# How far the time an announcement says it was sent may be from the receiver's clock: the
+# sender's tries last ANNOUNCE_WAIT_SECONDS, and nodes' clocks (NTP) agree within seconds.
+MAX_AGE_SECONDS = 2 * ANNOUNCE_WAIT_SECONDS
 
 
 @dataclass(frozen=True)
@@ -72,11 +80,13 @@ class Announcements:
         identity: signatures.Identity,
         rendezvous_id: str,
         clock: Callable[[], float] = time.monotonic,
+        wall: Callable[[], float] = time.time,
     ) -> None:
         self._key = key
         self._host = signatures.Identity(identity.namespace, identity.job, identity.attempt, 0)
         self._rendezvous_id = rendezvous_id
         self._clock = clock
+        self._wall = wall
         self._lock = threading.Lock()
         self._newest: Heard | None = None
 
@@ -104,17 +114,32 @@ class Announcements:
             document = json.loads(body)
         except ValueError:
             return 400, {"error": "body is not JSON"}
-        named = document.get("rdzv_id") if isinstance(document, dict) else None
+        if not isinstance(document, dict):
+            return 400, {"error": "body is not a JSON object"}
+        named = document.get("rdzv_id")
         if named != self._rendezvous_id:
             return 409, {"error": f"rdzv_id {named!r} is not this worker's rendezvous"}
+        address = document.get("address")
+        if not isinstance(address, str) or _ip(address) is None or _ip(address) != _ip(sender):
+            return 409, {"error": f"address {address!r} is not where it came from ({sender})"}
+        sent_at = document.get("sent_at")
+        if not isinstance(sent_at, int | float) or isinstance(sent_at, bool):
+            return 400, {"error": f"sent_at {sent_at!r} is not a number of seconds"}
+        age = self._wall() - sent_at
+        if abs(age) > MAX_AGE_SECONDS:
+            return 409, {
+                "error": f"sent_at is {age:.0f}s from this worker's clock; "
+                f"accepted within {MAX_AGE_SECONDS:.0f}s"
+            }
         heard = Heard(address=sender, received=self._clock())
         with self._lock:
             self._newest = heard
         return 200, {"address": sender}
 
 
-def body(rendezvous_id: str) -> bytes:
-    return json.dumps({"rdzv_id": rendezvous_id}, sort_keys=True).encode()
+def body(rendezvous_id: str, address: str, sent_at: float) -> bytes:
+    document = {"rdzv_id": rendezvous_id, "address": address, "sent_at": sent_at}
+    return json.dumps(document, sort_keys=True).encode()
 
 
 def announce(
@@ -124,42 +149,58 @@ def announce(
     key: bytes,
     me: signatures.Identity,
     *,
+    address: str,
     tries: int = SEND_TRIES,
     pause: float = 1.0,
 ) -> dict[str, str]:
-    """POST the announcement to each peer; peer -> "ok" or why not (the last try's error;
-    an HTTP refusal is not tried again)."""
-    payload = body(rendezvous_id)
+    """POST the announcement to each peer from `address` (this pod's IP, which the body
+    names); peer -> "ok" or why not (the last try's error; an HTTP refusal is not tried
+    again)."""
 
     def one(peer: str) -> str:
         why = "not tried"
         for attempt in range(tries):
             if attempt:
                 time.sleep(pause)
+            payload = body(rendezvous_id, address, time.time())
             nonce = signatures.new_nonce()
-            request = urllib.request.Request(
-                f"http://{rejoin.bracketed(peer)}:{status_port}{contract.STORE_PATH}",
-                data=payload,
-                method="POST",
-                headers={
-                    "Content-Type": "application/json",
-                    contract.STATUS_NONCE_HEADER: nonce,
-                    contract.STATUS_SIGNATURE_HEADER: signatures.sign(
-                        key, me, nonce, payload, purpose=signatures.STORE
-                    ),
-                },
+            headers = {
+                "Content-Type": "application/json",
+                contract.STATUS_NONCE_HEADER: nonce,
+                contract.STATUS_SIGNATURE_HEADER: signatures.sign(
+                    key, me, nonce, payload, purpose=signatures.STORE
+                ),
+            }
+            # From this address, whatever route the kernel would pick (a host-network pod
+            # on a node with several interfaces): the receiver checks the body against it.
+            connection = http.client.HTTPConnection(
+                peer, status_port, timeout=SEND_TIMEOUT_SECONDS, source_address=(address, 0)
             )
             try:
-                with urllib.request.urlopen(request, timeout=SEND_TIMEOUT_SECONDS) as answer:
-                    answer.read()
-                return "ok"
-            except urllib.error.HTTPError as error:
-                return f"refused: HTTP {error.code}"  # the peer answered: trying again won't help
-            except OSError as error:
-                why = str(error)
+                connection.request("POST", contract.STORE_PATH, body=payload, headers=headers)
+                answer = connection.getresponse()
+                answer.read()
+                if answer.status == 200:
+                    return "ok"
+                return f"refused: HTTP {answer.status}"  # it answered: trying again won't help
+            except (OSError, http.client.HTTPException) as error:
+                why = str(error) or type(error).__name__
+            finally:
+                connection.close()
         return why
 
     if not peers:
         return {}
     with ThreadPoolExecutor(min(SEND_PARALLEL, len(peers))) as pool:
         return dict(zip(peers, pool.map(one, peers), strict=True))
+
+
+def _ip(text: str) -> ipaddress.IPv4Address | ipaddress.IPv6Address | None:
+    """An address as one form: a dual-stack socket shows an IPv4 peer as ::ffff:a.b.c.d."""
+    try:
+        ip = ipaddress.ip_address(text.strip("[]"))
+    except ValueError:
+        return None
+    if isinstance(ip, ipaddress.IPv6Address) and ip.ipv4_mapped is not None:
+        return ip.ipv4_mapped
+    return ip

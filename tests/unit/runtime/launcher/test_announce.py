@@ -24,6 +24,10 @@ HOST = signatures.Identity("team-a", "llm", 2, 0)
 KEPT = signatures.Identity("team-a", "llm", 2, 1)
 
 
+NOW = 1_800_000_000.0  # the receiver's wall clock in these tests
+SENDER = "10.1.2.3"
+
+
 def signed(
     body: bytes, key: bytes = KEY, who: signatures.Identity = HOST, purpose: str = "store"
 ) -> tuple[bytes, str, str]:
@@ -31,45 +35,80 @@ def signed(
     return body, nonce, signatures.sign(key, who, nonce, body, purpose=purpose)
 
 
+def body(rendezvous: str = RDZV, address: str = SENDER, sent_at: float = NOW - 3) -> bytes:
+    return announce.body(rendezvous, address, sent_at)
+
+
+def receiver() -> announce.Announcements:
+    return announce.Announcements(KEY, KEPT, RDZV, clock=lambda: 7.0, wall=lambda: NOW)
+
+
 def test_a_signed_announcement_of_this_rendezvous_is_kept_with_the_senders_address() -> None:
-    heard = announce.Announcements(KEY, KEPT, RDZV, clock=lambda: 7.0)
+    heard = receiver()
     assert heard.newest() is None
-    code, answer = heard.receive(*signed(announce.body(RDZV)), sender="10.1.2.3")
-    assert (code, answer) == (200, {"address": "10.1.2.3"})
-    assert heard.newest() == announce.Heard(address="10.1.2.3", received=7.0)
-    heard.receive(*signed(announce.body(RDZV)), sender="10.1.2.9")  # a newer one wins
+    code, answer = heard.receive(*signed(body()), sender=SENDER)
+    assert (code, answer) == (200, {"address": SENDER})
+    assert heard.newest() == announce.Heard(address=SENDER, received=7.0)
+    heard.receive(*signed(body(address="10.1.2.9")), sender="10.1.2.9")  # a newer one wins
     assert heard.newest() is not None
     assert heard.newest().address == "10.1.2.9"
+
+
+def test_an_ipv4_sender_seen_on_a_dual_stack_socket_is_the_same_address() -> None:
+    assert receiver().receive(*signed(body()), sender=f"::ffff:{SENDER}")[0] == 200
+
+
+@pytest.mark.parametrize(
+    "message",
+    [
+        pytest.param(signed(body(address="10.9.9.9")), id="names-another-address"),
+        pytest.param(signed(body(address="not-an-ip")), id="names-no-address"),
+        pytest.param(signed(body(sent_at=NOW - 61)), id="sent-too-long-ago"),
+        pytest.param(signed(body(sent_at=NOW + 61)), id="sent-from-the-future"),
+        pytest.param(
+            signed(json.dumps({"rdzv_id": RDZV, "sent_at": NOW}).encode()), id="no-address"
+        ),
+    ],
+)
+def test_a_replay_from_elsewhere_or_later_is_refused(message: tuple[bytes, str, str]) -> None:
+    """The signature holds, so these are replays (or a confused sender): the address must
+    be where the connection came from, and the time within MAX_AGE_SECONDS of ours."""
+    heard = receiver()
+    code, answer = heard.receive(*message, sender=SENDER)
+    assert code == 409, answer
+    assert heard.newest() is None
 
 
 @pytest.mark.parametrize(
     ("message", "code"),
     [
-        pytest.param(signed(announce.body(RDZV), key=b"x" * 32), 403, id="another-jobs-key"),
-        pytest.param(signed(announce.body(RDZV), who=KEPT), 403, id="not-worker-0"),
+        pytest.param(signed(body(), key=b"x" * 32), 403, id="another-jobs-key"),
+        pytest.param(signed(body(), who=KEPT), 403, id="not-worker-0"),
         pytest.param(
-            signed(announce.body(RDZV), who=signatures.Identity("team-a", "llm", 1, 0)),
+            signed(body(), who=signatures.Identity("team-a", "llm", 1, 0)),
             403,
             id="another-attempt",
         ),
-        pytest.param(signed(announce.body(RDZV), purpose="status"), 403, id="a-status-answer"),
-        pytest.param(signed(announce.body("uid-1-a1")), 409, id="another-rendezvous"),
+        pytest.param(signed(body(), purpose="status"), 403, id="a-status-answer"),
+        pytest.param(signed(body(rendezvous="uid-1-a1")), 409, id="another-rendezvous"),
         pytest.param(signed(b"not json"), 400, id="not-json"),
-        pytest.param((announce.body(RDZV), "", ""), 400, id="unsigned"),
+        pytest.param(signed(b"[1]"), 400, id="not-an-object"),
+        pytest.param(signed(body(sent_at="now")), 400, id="sent-at-not-a-number"),  # type: ignore[arg-type]
+        pytest.param((body(), "", ""), 400, id="unsigned"),
     ],
 )
 def test_anything_else_is_refused_and_changes_nothing(
     message: tuple[bytes, str, str], code: int
 ) -> None:
-    heard = announce.Announcements(KEY, KEPT, RDZV)
-    assert heard.receive(*message, sender="10.6.6.6")[0] == code
+    heard = receiver()
+    assert heard.receive(*message, sender=SENDER)[0] == code
     assert heard.newest() is None
 
 
 def test_a_worker_without_the_key_accepts_nothing() -> None:
     heard = announce.Announcements(None, KEPT, RDZV)
     assert not heard.accepting
-    assert heard.receive(*signed(announce.body(RDZV)), sender="10.1.2.3")[0] == 403
+    assert heard.receive(*signed(body()), sender=SENDER)[0] == 403
 
 
 @contextmanager
@@ -91,18 +130,33 @@ def closed_port() -> int:
 def test_the_announcement_reaches_a_kept_worker_over_its_status_port() -> None:
     heard = announce.Announcements(KEY, KEPT, RDZV)
     with kept_worker(heard) as port:
-        sent = announce.announce(["127.0.0.1"], port, RDZV, KEY, HOST)
+        sent = announce.announce(["127.0.0.1"], port, RDZV, KEY, HOST, address="127.0.0.1")
     assert sent == {"127.0.0.1": "ok"}
     assert heard.newest() is not None
     assert heard.newest().address == "127.0.0.1"
 
 
+def test_the_announcement_leaves_from_the_address_it_names() -> None:
+    """Sent from the pod's IP whatever the route (here another loopback address than the
+    one the kernel would choose), so the receiver's check holds on a multi-homed host."""
+    heard = announce.Announcements(KEY, KEPT, RDZV)
+    with kept_worker(heard) as port:
+        sent = announce.announce(["127.0.0.1"], port, RDZV, KEY, HOST, address="127.0.0.2")
+    assert sent == {"127.0.0.1": "ok"}
+    assert heard.newest() is not None
+    assert heard.newest().address == "127.0.0.2"
+
+
 def test_a_refused_announcement_is_reported_once_and_a_missing_peer_after_its_tries() -> None:
     heard = announce.Announcements(KEY, KEPT, "another-rendezvous")
     with kept_worker(heard) as port:
-        refused = announce.announce(["127.0.0.1"], port, RDZV, KEY, HOST, tries=3, pause=0)
+        refused = announce.announce(
+            ["127.0.0.1"], port, RDZV, KEY, HOST, address="127.0.0.1", tries=3, pause=0
+        )
     assert refused == {"127.0.0.1": "refused: HTTP 409"}
-    gone = announce.announce(["127.0.0.1"], closed_port(), RDZV, KEY, HOST, tries=2, pause=0)
+    gone = announce.announce(
+        ["127.0.0.1"], closed_port(), RDZV, KEY, HOST, address="127.0.0.1", tries=2, pause=0
+    )
     assert "Connection refused" in gone["127.0.0.1"]
     assert "HTTP" not in gone["127.0.0.1"]
 
