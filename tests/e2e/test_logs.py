@@ -140,9 +140,23 @@ def test_follow_merges_the_workers_lines_as_they_arrive(
     release: Release,
     namespace: str,
 ) -> None:
+    # The two containers may start seconds apart (seen: more than the 3 s of ticks, with
+    # the chaos tier beside this one), so they meet first: worker 0 listens on its
+    # rendezvous port, worker 1 connects, then both tick. Merging is what is tested.
     ticking = textwrap.dedent(f"""
-        import os, time
+        import os, socket, time
         rank = os.environ["{contract.ENV_NODE_RANK}"]
+        address, port = os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"])
+        if rank == "0":
+            with socket.create_server(("", port)) as server:
+                server.accept()[0].close()
+        else:
+            while True:
+                try:
+                    socket.create_connection((address, port), timeout=2).close()
+                    break
+                except OSError:
+                    time.sleep(0.2)
         for tick in range(10):
             print(f"tick {{tick}}", flush=True)
             time.sleep(0.3)
