@@ -165,6 +165,10 @@ bench-saturation: venv tools ## a full cluster fed a seeded stream of gangs: han
 bench-crd-cost: venv tools ## diagnostic: kube-apiserver CPU per TrainingJob status patch, by CRD schema variant (~5 min)
 	$(PY) tests/benchmarks/crd_write_cost.py
 
+.PHONY: bench-pod-cost
+bench-pod-cost: venv tools ## diagnostic: kube-apiserver CPU per worker pod written, server-side apply against create
+	$(PY) tests/benchmarks/pod_write_cost.py
+
 .PHONY: bench-faults
 bench-faults: venv tools images ## faults on the real node (kill, SIGSTOP, slowed rank, a worker evicted): in-place repair vs gang recreation, same seeded schedule (root; ~15 min)
 	flock /tmp/realnode.lock $(PY) tests/benchmarks/bench_faults.py
