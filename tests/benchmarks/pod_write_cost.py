@@ -2,11 +2,9 @@
 
 At 2,000 jobs on 4,096 nodes (bench_scale.py, `xlarge`) `kubectl apply` of the jobs is the
 long pole, slowed by everything else the API server serves meanwhile; the operator's 8,000
-pod writes are the largest share of that. The operator wrote its pods with server-side
-apply (PATCH, `application/apply-patch+yaml`, force), which makes the API server build the
-managed-fields set of every field of the pod against its schema; the Job and ReplicaSet
-controllers create theirs with POST, and so does the operator since this measurement
-(controller/kube.py KubeClient.create_pod). This measures both on their own small
+pod writes are the largest share of that. The operator writes its pods with server-side
+apply (PATCH, `application/apply-patch+yaml`, force); the Job and ReplicaSet controllers
+create theirs with POST. docs/benchmarks.md says why the operator has not switched yet. This measures both on their own small
 cluster (tests/cluster/topologies/small.yaml, its own state directory), with nothing else
 writing: PODS worker pods as the operator builds them for the scale benchmark's job (4
 workers x 1 GPU, no runtime section, behind the scheduling gate, so nothing else touches
@@ -77,7 +75,7 @@ def worker_pods(count: int) -> list[dict[str, Any]]:
 
 
 def by_apply(api: ApiClient, pod: dict[str, Any]) -> None:
-    """As the operator wrote its pods until it created them (KubeClient.apply_pod)."""
+    """As the operator writes its pods (controller/kube.py KubeClient.apply_pod)."""
     name = pod["metadata"]["name"]
     query = f"fieldManager={contract.FIELD_MANAGER}&force=true"
     api.request("PATCH", f"{PODS_PATH}/{name}?{query}", pod, APPLY)

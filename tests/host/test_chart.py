@@ -88,7 +88,7 @@ EXPECTED_RULES = {
     ("trainwave.io", "trainingjobs"): {"list", "watch", "delete"},
     ("trainwave.io", "trainingjobs/status"): {"patch"},
     ("trainwave.io", "trainingjobs/finalizers"): {"update"},
-    ("", "pods"): {"list", "watch", "create", "get", "patch", "delete"},
+    ("", "pods"): {"list", "watch", "create", "patch", "delete"},
     ("", "services"): {"list", "watch", "create", "patch", "delete"},
     ("", "nodes"): {"list", "watch", "patch"},  # the straggler-until annotation only
     ("", "limitranges"): {"list", "watch"},
@@ -145,7 +145,7 @@ JOB_WRITES = {
     ("trainwave.io", "trainingjobs"): {"delete"},
     ("trainwave.io", "trainingjobs/status"): {"patch"},
     ("trainwave.io", "trainingjobs/finalizers"): {"update"},
-    ("", "pods"): {"create", "get", "patch", "delete"},
+    ("", "pods"): {"create", "patch", "delete"},
     ("", "services"): {"create", "patch", "delete"},
     ("", "secrets"): {"create"},
     ("", "events"): {"create", "patch"},

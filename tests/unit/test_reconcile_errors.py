@@ -44,7 +44,7 @@ class StatusStore:
         }
         return self.body
 
-    def create_pod(self, _pod: dict[str, Any]) -> None:
+    def apply_pod(self, _pod: dict[str, Any]) -> None:
         pass
 
     def apply_service(self, _service: dict[str, Any]) -> None:
@@ -149,7 +149,7 @@ class CountingStore(StatusStore):
         super().__init__(body)
         self.applied: list[str] = []
 
-    def create_pod(self, pod: dict[str, Any]) -> None:
+    def apply_pod(self, pod: dict[str, Any]) -> None:
         self.applied.append(pod["metadata"]["name"])
 
 
@@ -268,7 +268,7 @@ class RefusingPods(StatusStore):
         self.refuse = False
         self.pods: list[str] = []
 
-    def create_pod(self, pod: dict[str, Any]) -> None:
+    def apply_pod(self, pod: dict[str, Any]) -> None:
         if self.refuse:
             raise Refused(f"pod {pod['metadata']['name']}", "exceeded quota: q, limited: pods=0")
         self.pods.append(pod["metadata"]["name"])

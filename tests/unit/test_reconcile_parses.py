@@ -43,7 +43,7 @@ class Api:
         self.body = {**self.body, "metadata": meta, "status": status}
         return self.body
 
-    def create_pod(self, pod: dict[str, Any]) -> None:
+    def apply_pod(self, pod: dict[str, Any]) -> None:
         self.pods.append(pod)
 
     def apply_service(self, _service: dict[str, Any]) -> None:

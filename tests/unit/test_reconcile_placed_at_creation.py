@@ -43,7 +43,7 @@ class Api:
         self.body = {**self.body, "metadata": meta, "status": status}
         return self.body
 
-    def create_pod(self, pod: dict[str, Any]) -> None:
+    def apply_pod(self, pod: dict[str, Any]) -> None:
         if pod["metadata"]["name"] == self.refuse:
             raise Refused(f"pod {pod['metadata']['name']}", "exceeded quota")
         self.pods.append(pod)

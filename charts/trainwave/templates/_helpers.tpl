@@ -99,15 +99,10 @@ when it watches every namespace, a Role's in each of `watchNamespaces` otherwise
 - apiGroups: ["trainwave.io"]
   resources: ["trainingjobs/finalizers"]
   verbs: ["update"]
-# Worker pods and their rendezvous Services. Pods are created, then patched
-# when placed (released) or preempted; one whose create finds the name taken is
-# read to tell a lost answer from another pod. Services are applied server-side
-# (create on first apply, then patch). Both are removed on gang restart and job end.
+# Worker pods and their rendezvous Services: applied server-side (create on
+# first apply, then patch), removed on gang restart and job end.
 - apiGroups: [""]
-  resources: ["pods"]
-  verbs: ["create", "get", "patch", "delete"]
-- apiGroups: [""]
-  resources: ["services"]
+  resources: ["pods", "services"]
   verbs: ["create", "patch", "delete"]
 # Each job's status key, mounted into its workers to sign their /status
 # reports. Create only: the operator derives the key it verifies with from its

@@ -162,7 +162,7 @@ class Executor:
     async def create_workers(
         self, read: JobRead, decision: Decision, resolved: ResolvedJob
     ) -> list[WorkerPod]:
-        """Create the pods of `decision.create_ranks` for `resolved`, whose job carries the
+        """Apply the pods of `decision.create_ranks` for `resolved`, whose job carries the
         decided status (attempt, last preemption), placed already when the placer finds a
         new gang room at once (`_place_at_creation`), else behind the gate; the workers they
         are, as the watch will show them once it catches up."""
@@ -179,7 +179,7 @@ class Executor:
         )
         placed = await self._place_at_creation(read, decision, resolved, pods)
         results = await asyncio.gather(
-            *(asyncio.to_thread(kube.create_pod, pod) for pod in placed or pods),
+            *(asyncio.to_thread(kube.apply_pod, pod) for pod in placed or pods),
             return_exceptions=True,
         )
         failed = [r for r in results if isinstance(r, BaseException)]

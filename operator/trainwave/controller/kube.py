@@ -1,14 +1,9 @@
 """Every call the operator makes to the API server, in one place.
 
 Blocking calls of the official client; the reconciler runs them in threads.
-Worker pods are created (POST), as kube-controller-manager's controllers create
-theirs (pkg/controller/controller_utils.go, RealPodControl.createPods): server-side
-apply cost kube-apiserver 11.75 ms of CPU per worker pod against 9.50 ms for a
-create (tests/benchmarks/pod_write_cost.py), and 8,000 of them are most of the
-writes at 4,096 nodes. Other children are written with server-side apply under one
-field manager, status with a merge patch that carries the resourceVersion it was
-computed from, so a decision made on a stale view is refused (409) instead of
-applied.
+Children are written with server-side apply under one field manager, status
+with a merge patch that carries the resourceVersion it was computed from, so
+a decision made on a stale view is refused (409) instead of applied.
 """
 
 import base64
@@ -129,68 +124,9 @@ class KubeClient:
         meta = service["metadata"]
         self._apply(self.core.patch_namespaced_service, meta["name"], meta["namespace"], service)
 
-    def create_pod(self, pod: dict[str, Any]) -> None:
-        """Create a worker pod. One of the same name that exists already counts as created
-        when the same job made it and it is not going away: a create whose answer was lost,
-        or a gang decided again before the watch showed its pods. Any other (a deleted
-        job's, or the old pod of a worker being replaced, still terminating) raises
-        Conflict: the reconcile tries again once the watch shows it gone."""
+    def apply_pod(self, pod: dict[str, Any]) -> None:
         meta = pod["metadata"]
-        namespace, name = meta["namespace"], meta["name"]
-        self.guard()
-        try:
-            self._post("/api/v1/namespaces/{namespace}/pods", {"namespace": namespace}, pod)
-        except ApiException as error:
-            if error.status == 409:
-                why = self._why_not_ours(pod)
-                if why is None:
-                    return
-                raise Conflict(f"pod {namespace}/{name} exists: {why}") from None
-            if error.status == 422 or malformed(error):
-                raise Rejected(_status_message(error)) from None
-            if error.status in (400, 403, 404):  # quota, RBAC, a webhook, a missing namespace
-                raise Refused(f"pod {namespace}/{name}", _status_message(error)) from None
-            raise
-
-    def _post(self, path: str, path_params: dict[str, str], body: dict[str, Any]) -> None:
-        """POST `body` as it is. The client's typed create methods first validate a dict
-        into their models (pydantic), which refuses what the API server takes (a GPU limit
-        given as the number 1) and drops fields a model predates; the response is not
-        read into models either (it is not used, and that costs more CPU than the
-        request). Non-2xx raises ApiException, as the typed methods do."""
-        api = self.core.api_client
-        request = api.param_serialize(
-            method="POST",
-            resource_path=path,
-            path_params=path_params,
-            query_params=[("fieldManager", contract.FIELD_MANAGER)],
-            header_params={"Content-Type": "application/json", "Accept": "application/json"},
-            body=body,
-            auth_settings=["BearerToken"],
-        )
-        response = api.call_api(*request)
-        response.read()
-        if not 200 <= response.status <= 299:
-            raise ApiException.from_response(http_resp=response, body=None, data=None)
-
-    def _why_not_ours(self, pod: dict[str, Any]) -> str | None:
-        """None when the pod that exists under `pod`'s name is the one `pod` describes."""
-        meta = pod["metadata"]
-        try:
-            response: Any = self.core.read_namespaced_pod(
-                meta["name"], meta["namespace"], _preload_content=False
-            )
-        except ApiException as error:
-            if error.status == 404:
-                return "deleted since; created again next time"
-            raise
-        found = json.loads(response.data)
-        owner = _controller_uid(found.get("metadata") or {})
-        if owner != _controller_uid(meta):
-            return f"it belongs to another owner ({owner or 'none'})"
-        if (found.get("metadata") or {}).get("deletionTimestamp"):
-            return "an earlier pod of the same name is terminating"
-        return None
+        self._apply(self.core.patch_namespaced_pod, meta["name"], meta["namespace"], pod)
 
     def create_secret(self, secret: Any) -> None:
         """Create once; one that exists already is left alone (its name holds the job's UID,
@@ -409,13 +345,6 @@ class KubeClient:
         except ApiException as error:
             if error.status not in (404, 409):
                 raise
-
-
-def _controller_uid(meta: dict[str, Any]) -> str | None:
-    for reference in meta.get("ownerReferences") or ():
-        if reference.get("controller"):
-            return str(reference.get("uid"))
-    return None
 
 
 def _release(response: Any) -> None:
