@@ -26,14 +26,12 @@ Writes tests/benchmarks/results/crd_write_cost.{json,md}.
 from __future__ import annotations
 
 import copy
-import json
 import os
 import platform
 import statistics
 import sys
 import time
 from collections.abc import Callable
-from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
@@ -42,14 +40,16 @@ sys.path.insert(0, str(REPO / "tests"))
 
 import yaml  # noqa: E402
 
-from benchmarks.provenance import git_commit, write_results  # noqa: E402
+from benchmarks.apiserver_cluster import (  # noqa: E402
+    apiserver_cluster,
+    common_conditions,
+    conditions_lines,
+)
+from benchmarks.provenance import write_results  # noqa: E402
 from benchmarks.scale_measures import process_cpu_seconds  # noqa: E402
 from cluster.api import ApiClient, ApiError  # noqa: E402
-from cluster.components import Layout  # noqa: E402
-from cluster.controlplane import ensure_cluster, stop_cluster  # noqa: E402
 
 CRD_FILE = REPO / "crds" / "trainingjobs.trainwave.io.yaml"
-TOPOLOGY = REPO / "tests" / "cluster" / "topologies" / "small.yaml"
 STATE_DIR = Path.home() / ".cache" / "trainwave" / "bench-crd-cost"
 RESULTS = REPO / "tests" / "benchmarks" / "results" / "crd_write_cost"
 PATCHES = int(os.environ.get("CRD_COST_PATCHES", "300"))
@@ -192,19 +192,9 @@ def patch_cost(api: ApiClient, apiserver_pid: int, name: str) -> float:
 
 
 def run() -> dict[str, Any]:
-    cluster = ensure_cluster(TOPOLOGY, STATE_DIR)
-    layout = Layout(cluster.state_dir)
-    api = ApiClient(cluster.server, layout.pki, timeout=60)
-    state = json.loads(layout.state_file.read_text())
-    apiserver = next(p["pid"] for p in state["processes"] if p["name"] == "kube-apiserver")
-    try:
-        api.request("POST", "/api/v1/namespaces", {"metadata": {"name": NAMESPACE}})
-    except ApiError as error:
-        if error.status != 409:
-            raise
     crd = yaml.safe_load(CRD_FILE.read_text())
     measured: dict[str, list[float]] = {}
-    try:
+    with apiserver_cluster(STATE_DIR, NAMESPACE, keep=KEEP_CLUSTER) as (api, apiserver):
         for round_ in range(ROUNDS):
             for index, (label, variant) in enumerate(variants(crd).items()):
                 install(api, variant)
@@ -212,18 +202,11 @@ def run() -> dict[str, Any]:
                 measured.setdefault(label, []).append(round(ms, 2))
                 print(f"round {round_ + 1}, {label}: {ms:.2f} ms per status patch", flush=True)
         install(api, crd)
-    finally:
-        api.close()
-        if not KEEP_CLUSTER:
-            stop_cluster(STATE_DIR)
     return {
         "ms_per_status_patch": measured,
         "median_ms": {label: statistics.median(values) for label, values in measured.items()},
         "conditions": {
-            "date": datetime.now(UTC).strftime("%Y-%m-%d %H:%M UTC"),
-            "commit": git_commit(),
-            "cluster": "tests/cluster/topologies/small.yaml (9 nodes), nothing else writing",
-            "client": "the admin client certificate, one request at a time",
+            **common_conditions(),
             "patches_per_measurement": PATCHES,
             "rounds": ROUNDS,
             "patch": "JSON merge patch of the whole status (about 850 bytes) with the "
@@ -246,8 +229,7 @@ def report(result: dict[str, Any]) -> str:
     for label, values in result["ms_per_status_patch"].items():
         each = ", ".join(f"{v:.2f}" for v in values)
         lines.append(f"| {label} | {each} | {result['median_ms'][label]:.2f} |")
-    lines += ["", "Conditions:"]
-    lines += [f"- {key}: {value}" for key, value in result["conditions"].items()]
+    lines += conditions_lines(result["conditions"])
     return "\n".join(lines) + "\n"
 
 

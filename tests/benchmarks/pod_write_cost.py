@@ -27,7 +27,6 @@ import statistics
 import sys
 import time
 from collections.abc import Callable
-from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
@@ -35,17 +34,19 @@ REPO = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(REPO / "tests"))
 sys.path.insert(0, str(REPO / "operator"))
 
-from benchmarks.provenance import git_commit, write_results  # noqa: E402
+from benchmarks.apiserver_cluster import (  # noqa: E402
+    apiserver_cluster,
+    common_conditions,
+    conditions_lines,
+)
+from benchmarks.provenance import write_results  # noqa: E402
 from benchmarks.scale_measures import process_cpu_seconds  # noqa: E402
-from cluster.api import ApiClient, ApiError  # noqa: E402
-from cluster.components import Layout  # noqa: E402
-from cluster.controlplane import ensure_cluster, stop_cluster  # noqa: E402
+from cluster.api import ApiClient  # noqa: E402
 from trainwave import contract  # noqa: E402
 from trainwave.api.trainingjob import parse_trainingjob  # noqa: E402
 from trainwave.builders.pods import build_worker_pods  # noqa: E402
 from trainwave.resolving import resolve_job  # noqa: E402
 
-TOPOLOGY = REPO / "tests" / "cluster" / "topologies" / "small.yaml"
 STATE_DIR = Path.home() / ".cache" / "trainwave" / "bench-pod-cost"
 RESULTS = REPO / "tests" / "benchmarks" / "results" / "pod_write_cost"
 PODS = int(os.environ.get("POD_COST_PODS", "400"))
@@ -121,21 +122,11 @@ def delete_all(api: ApiClient) -> None:
 
 
 def run() -> dict[str, Any]:
-    cluster = ensure_cluster(TOPOLOGY, STATE_DIR)
-    layout = Layout(cluster.state_dir)
-    api = ApiClient(cluster.server, layout.pki, timeout=60)
-    state = json.loads(layout.state_file.read_text())
-    apiserver = next(p["pid"] for p in state["processes"] if p["name"] == "kube-apiserver")
-    try:
-        api.request("POST", "/api/v1/namespaces", {"metadata": {"name": NAMESPACE}})
-    except ApiError as error:
-        if error.status != 409:
-            raise
     pods = worker_pods(PODS)
     size = statistics.mean(len(json.dumps(p)) for p in pods)
     cpu: dict[str, list[float]] = {}
     wall: dict[str, list[float]] = {}
-    try:
+    with apiserver_cluster(STATE_DIR, NAMESPACE, keep=KEEP_CLUSTER) as (api, apiserver):
         delete_all(api)
         for round_ in range(ROUNDS):
             for label in VARIANTS:
@@ -147,20 +138,13 @@ def run() -> dict[str, Any]:
                     "per pod",
                     flush=True,
                 )
-    finally:
-        api.close()
-        if not KEEP_CLUSTER:
-            stop_cluster(STATE_DIR)
     return {
         "cpu_ms_per_pod": cpu,
         "wall_ms_per_pod": wall,
         "median_cpu_ms": {label: statistics.median(v) for label, v in cpu.items()},
         "median_wall_ms": {label: statistics.median(v) for label, v in wall.items()},
         "conditions": {
-            "date": datetime.now(UTC).strftime("%Y-%m-%d %H:%M UTC"),
-            "commit": git_commit(),
-            "cluster": "tests/cluster/topologies/small.yaml (9 nodes), nothing else writing",
-            "client": "the admin client certificate, one request at a time",
+            **common_conditions(),
             "pods_per_measurement": PODS,
             "rounds": ROUNDS,
             "pod": f"the operator's worker pod for 4 x 1 GPU, gated, "
@@ -188,8 +172,7 @@ def report(result: dict[str, Any]) -> str:
             f"| {label} | {each} | {result['median_cpu_ms'][label]:.2f} | {walls} | "
             f"{result['median_wall_ms'][label]:.2f} |"
         )
-    lines += ["", "Conditions:"]
-    lines += [f"- {key}: {value}" for key, value in result["conditions"].items()]
+    lines += conditions_lines(result["conditions"])
     return "\n".join(lines) + "\n"
 
 
