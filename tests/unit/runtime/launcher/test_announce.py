@@ -127,24 +127,22 @@ def closed_port() -> int:
         return int(probe.getsockname()[1])
 
 
-def test_the_announcement_reaches_a_kept_worker_over_its_status_port() -> None:
+@pytest.mark.parametrize(
+    "source",
+    [
+        pytest.param("127.0.0.1", id="reaches-a-kept-worker"),
+        # Another loopback address than the kernel would choose: sent from the pod's IP
+        # whatever the route, so the receiver's check holds on a multi-homed host.
+        pytest.param("127.0.0.2", id="leaves-from-the-address-it-names"),
+    ],
+)
+def test_the_announcement_reaches_a_kept_worker_from_its_address(source: str) -> None:
     heard = announce.Announcements(KEY, KEPT, RDZV)
     with kept_worker(heard) as port:
-        sent = announce.announce(["127.0.0.1"], port, RDZV, KEY, HOST, address="127.0.0.1")
+        sent = announce.announce(["127.0.0.1"], port, RDZV, KEY, HOST, address=source)
     assert sent == {"127.0.0.1": "ok"}
     assert heard.newest() is not None
-    assert heard.newest().address == "127.0.0.1"
-
-
-def test_the_announcement_leaves_from_the_address_it_names() -> None:
-    """Sent from the pod's IP whatever the route (here another loopback address than the
-    one the kernel would choose), so the receiver's check holds on a multi-homed host."""
-    heard = announce.Announcements(KEY, KEPT, RDZV)
-    with kept_worker(heard) as port:
-        sent = announce.announce(["127.0.0.1"], port, RDZV, KEY, HOST, address="127.0.0.2")
-    assert sent == {"127.0.0.1": "ok"}
-    assert heard.newest() is not None
-    assert heard.newest().address == "127.0.0.2"
+    assert heard.newest().address == source
 
 
 def test_a_refused_announcement_is_reported_once_and_a_missing_peer_after_its_tries() -> None:
