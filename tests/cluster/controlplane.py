@@ -244,7 +244,7 @@ def _start(
     deadline = time.monotonic() + timeout
 
     def launch(name: str, argv: list[str], env: dict[str, str] = environment) -> None:
-        record = processes.spawn(name, argv, layout.log(name), layout.root, env)
+        record = processes.spawn(name, _profiled(argv), layout.log(name), layout.root, env)
         state["processes"].append(record.to_json())
         _write_state(layout, state)  # at once, so `down` finds it even if `up` dies
 
@@ -295,6 +295,15 @@ def _start(
         processes.stop_groups([p["pid"] for p in reversed(state["processes"])], STOP_GRACE)
         raise
     return state
+
+
+def _profiled(argv: list[str]) -> list[str]:
+    """With TRAINWAVE_CLUSTER_PROFILING=1 the Kubernetes components serve Go's pprof
+    (/debug/pprof on their secure ports, for a benchmark's diagnosis); off otherwise,
+    as in a hardened cluster."""
+    if os.environ.get("TRAINWAVE_CLUSTER_PROFILING") != "1":
+        return argv
+    return ["--profiling=true" if arg == "--profiling=false" else arg for arg in argv]
 
 
 def _environment() -> dict[str, str]:
