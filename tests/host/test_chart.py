@@ -89,7 +89,14 @@ EXPECTED_RULES = {
     ("trainwave.io", "trainingjobs/status"): {"patch"},
     ("trainwave.io", "trainingjobs/finalizers"): {"update"},
     ("", "pods"): {"list", "watch", "create", "patch", "delete"},
-    ("", "services"): {"list", "watch", "create", "patch", "delete"},
+    ("", "services"): {"create", "patch", "delete"},
+    ("discovery.k8s.io", "endpointslices"): {
+        "list",
+        "watch",
+        "create",
+        "patch",
+        "deletecollection",
+    },
     ("", "nodes"): {"list", "watch", "patch"},  # the straggler-until annotation only
     ("", "limitranges"): {"list", "watch"},
     ("", "resourcequotas"): {"list", "watch"},
@@ -147,6 +154,7 @@ JOB_WRITES = {
     ("trainwave.io", "trainingjobs/finalizers"): {"update"},
     ("", "pods"): {"create", "patch", "delete"},
     ("", "services"): {"create", "patch", "delete"},
+    ("discovery.k8s.io", "endpointslices"): {"create", "patch", "deletecollection"},
     ("", "secrets"): {"create"},
     ("", "events"): {"create", "patch"},
     ("events.k8s.io", "events"): {"create", "patch"},
@@ -156,7 +164,7 @@ JOB_WRITES = {
 # What the operator lists and watches in a namespace whose jobs it runs.
 JOB_READS = {
     ("trainwave.io", "trainingjobs"): {"list", "watch"},
-    ("", "services"): {"list", "watch"},
+    ("discovery.k8s.io", "endpointslices"): {"list", "watch"},
     ("", "limitranges"): {"list", "watch"},
     ("", "resourcequotas"): {"list", "watch"},
 }

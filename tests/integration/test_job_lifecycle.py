@@ -1,6 +1,7 @@
 """A TrainingJob's life on the real control plane: start, fail, restart, finish, clean up."""
 
 import json
+import time
 
 import pytest
 
@@ -48,7 +49,7 @@ def test_gang_starts_with_the_torch_contract_and_succeeds(cluster, namespace, ru
     # Created in the reconcile that saw every worker's address, just after its status write.
     service = wait_until(lambda: service_of(cluster, namespace, "ok"), 10, "the Service")
     assert service["spec"]["clusterIP"] == "None"
-    assert service["spec"]["publishNotReadyAddresses"] is True
+    assert "selector" not in service["spec"], "the operator writes its EndpointSlice"
 
     done = wait_for_phase(cluster, namespace, "ok", "Succeeded")
     status = done["status"]
@@ -96,31 +97,118 @@ def test_the_service_waits_until_every_worker_has_an_address(cluster, namespace,
     assert service_of(cluster, namespace, "held") is None
 
 
-def test_a_restarted_gang_s_service_selects_only_the_new_gang(cluster, namespace, running_operator):
+def endpoint_slices(cluster, namespace, name):
+    return get_json(cluster, namespace, "endpointslices",
+                    "-l", f"kubernetes.io/service-name={name}")["items"]  # fmt: skip
+
+
+def test_a_restarted_gang_s_names_lead_only_to_the_new_gang(cluster, namespace, running_operator):
     """Hostnames are the same in every attempt, so the old gang's pods, terminating, must
-    leave the Service before the new gang starts (builders/service.py)."""
+    leave the EndpointSlice before the new gang starts (builders/service.py)."""
     apply(cluster, namespace, job_manifest("again", workers=2, result=None))
     wait_for_phase(cluster, namespace, "again", "Running")
 
-    def selects(attempt):
-        found = service_of(cluster, namespace, "again")
-        return found and found["spec"]["selector"].get("trainwave.io/attempt") == str(attempt)
+    def named(attempt, count):
+        slices = endpoint_slices(cluster, namespace, "again")
+        pods = sorted(e["targetRef"]["name"] for s in slices for e in s.get("endpoints") or [])
+        labelled = {s["metadata"]["labels"].get("trainwave.io/attempt") for s in slices}
+        return pods if labelled == {str(attempt)} and len(pods) == count else None
 
-    wait_until(lambda: selects(0), 20, "the Service selecting attempt 0")
+    assert wait_until(lambda: named(0, 2), 20, "attempt 0's 2 workers named") == [
+        "again-a0-worker-0",
+        "again-a0-worker-1",
+    ]
+    # One slice, the operator's: kube-controller-manager writes none for this Service.
+    (only,) = endpoint_slices(cluster, namespace, "again")
+    assert only["metadata"]["labels"]["endpointslice.kubernetes.io/managed-by"] == "trainwave.io"
     cluster.kubectl("delete", "pod", "-n", namespace, "again-a0-worker-1", "--wait=false")
     wait_until(lambda: job(cluster, namespace, "again")["status"].get("attempt") == 1, 60,
                "attempt 1")  # fmt: skip
-    wait_until(lambda: selects(1), 20, "the Service selecting attempt 1")
-
-    def endpoint_pods():
-        slices = get_json(cluster, namespace, "endpointslices",
-                          "-l", "kubernetes.io/service-name=again")["items"]  # fmt: skip
-        names = sorted(e["targetRef"]["name"] for s in slices for e in s.get("endpoints") or [])
-        return names if len(names) == 2 else None
-
-    assert wait_until(endpoint_pods, 30, "2 endpoints") == [
+    assert wait_until(lambda: named(1, 2), 30, "attempt 1's 2 workers named") == [
         "again-a1-worker-0",
         "again-a1-worker-1",
+    ]
+
+
+def test_slices_kube_controller_manager_wrote_before_an_upgrade_are_deleted(
+    cluster, namespace, running_operator
+):
+    """An operator before this one gave each job's Service a selector, so
+    kube-controller-manager wrote its EndpointSlices. It leaves them when the selector goes,
+    naming the same hostnames: the operator removes the selector and deletes them."""
+    apply(cluster, namespace, job_manifest("upgraded", workers=2, result=None))
+    wait_for_phase(cluster, namespace, "upgraded", "Running")
+    wait_until(lambda: endpoint_slices(cluster, namespace, "upgraded"), 20, "its EndpointSlice")
+    service = service_of(cluster, namespace, "upgraded")
+    selector = {"trainwave.io/job-name": "upgraded", "trainwave.io/role": "worker",
+                "trainwave.io/attempt": "0"}  # fmt: skip
+    port = service["spec"]["ports"][0]
+    before = {  # what the earlier operator applied, under the same field manager
+        "apiVersion": "v1",
+        "kind": "Service",
+        "metadata": {k: service["metadata"][k] for k in ("name", "labels", "ownerReferences")},
+        "spec": {
+            "clusterIP": "None",
+            "publishNotReadyAddresses": True,
+            "selector": selector,
+            "ports": [{k: port[k] for k in ("name", "port", "targetPort")}],
+        },
+    }
+    # The earlier operator's Service, created with its selector, was single-stack; one
+    # created without a selector is RequireDualStack, which a selector may not have here.
+    cluster.kubectl("patch", "service", "upgraded", "-n", namespace, "--type=merge", "-p",
+                    json.dumps({"spec": {"ipFamilyPolicy": "SingleStack"}}))  # fmt: skip
+    applied = cluster.kubectl("apply", "-n", namespace, "--server-side", "--field-manager=trainwave",
+                              "--force-conflicts", "-f", "-", input=json.dumps(before),
+                              check=False)  # fmt: skip
+    assert applied.returncode == 0, applied.stderr
+
+    def only_ours():
+        found = service_of(cluster, namespace, "upgraded")
+        slices = endpoint_slices(cluster, namespace, "upgraded")
+        managers = [
+            s["metadata"]["labels"]["endpointslice.kubernetes.io/managed-by"] for s in slices
+        ]
+        return (
+            managers if "selector" not in found["spec"] and managers == ["trainwave.io"] else None
+        )
+
+    # kube-controller-manager writes a slice for the selector at once; the operator sees it
+    # (it carries the Service's labels), and only then acts: nothing else woke it.
+    # kube-controller-manager may write its slice once more from a view that still had the
+    # selector, after the operator deleted the first: that one goes too.
+    def settled():
+        return only_ours() and (time.sleep(3) or only_ours())
+
+    wait_until(settled, 90, "the selector gone and only the operator's slice left")
+    (ours,) = endpoint_slices(cluster, namespace, "upgraded")
+    assert sorted(e["hostname"] for e in ours["endpoints"]) == [
+        "upgraded-worker-0",
+        "upgraded-worker-1",
+    ]
+
+
+def test_a_deleted_service_comes_back_with_its_endpoints(cluster, namespace, running_operator):
+    """The slice is owned by the Service, as kube-controller-manager's are: deleting the
+    Service takes the names away, and the operator writes both again."""
+    apply(cluster, namespace, job_manifest("named", workers=2, result=None))
+    wait_for_phase(cluster, namespace, "named", "Running")
+    first = wait_until(lambda: service_of(cluster, namespace, "named"), 10, "the Service")
+    wait_until(lambda: endpoint_slices(cluster, namespace, "named"), 20, "its EndpointSlice")
+    cluster.kubectl("delete", "service", "named", "-n", namespace, "--wait=true")
+
+    def again():
+        found = service_of(cluster, namespace, "named")
+        if not found or found["metadata"]["uid"] == first["metadata"]["uid"]:
+            return None
+        slices = endpoint_slices(cluster, namespace, "named")
+        owners = {o["uid"] for s in slices for o in s["metadata"]["ownerReferences"]}
+        hosts = sorted(e["hostname"] for s in slices for e in s.get("endpoints") or [])
+        return hosts if owners == {found["metadata"]["uid"]} and len(hosts) == 2 else None
+
+    assert wait_until(again, 60, "the Service and its slice again") == [
+        "named-worker-0",
+        "named-worker-1",
     ]
 
 

@@ -1,11 +1,11 @@
-"""With `watchNamespaces`, the operator may read its jobs and Services, change pods,
-Services and Secrets and post Events only there, and watches only there.
+"""With `watchNamespaces`, the operator may read its jobs and EndpointSlices, change pods,
+Services, EndpointSlices and Secrets and post Events only there, and watches only there.
 
 The chart is reinstalled with one watched namespace and the real RBAC authorizer
 answers for the operator's own token; the default install is restored afterwards,
 since the rest of the session runs cluster-wide. The job is run by an operator
 started with `--namespace`, as the chart starts it, under that RBAC: it may not
-list TrainingJobs or Services cluster-wide, so it runs the job only if it watches
+list TrainingJobs or EndpointSlices cluster-wide, so it runs the job only if it watches
 the namespace through its namespaced endpoints.
 """
 
@@ -88,6 +88,8 @@ POD = {"apiVersion": "v1", "kind": "Pod", "metadata": {"name": "probe"},
 SERVICE = {"apiVersion": "v1", "kind": "Service", "metadata": {"name": "probe"},
            "spec": {"clusterIP": "None", "ports": [{"port": 1}]}}  # fmt: skip
 SECRET = {"apiVersion": "v1", "kind": "Secret", "metadata": {"name": "probe"}}
+SLICE = {"apiVersion": "discovery.k8s.io/v1", "kind": "EndpointSlice",
+         "metadata": {"name": "probe"}, "addressType": "IPv4", "endpoints": []}  # fmt: skip
 
 
 def test_the_operator_changes_only_watched_namespaces_and_still_runs_jobs_there(
@@ -98,7 +100,7 @@ def test_the_operator_changes_only_watched_namespaces_and_still_runs_jobs_there(
     tmp_path: Path,
 ) -> None:
     operator = service_account_kubeconfig(cluster, tmp_path / "operator")
-    for manifest in (POD, SERVICE, SECRET):
+    for manifest in (POD, SERVICE, SLICE, SECRET):
         kind = manifest["kind"]
         allowed = create(operator, watching, manifest)
         assert allowed.returncode == 0, f"{kind} in the watched namespace: {allowed.stderr}"
@@ -117,11 +119,16 @@ def test_the_operator_changes_only_watched_namespaces_and_still_runs_jobs_there(
     # The master status key in the release namespace: still creatable on first start.
     assert create(operator, NAMESPACE, SECRET).returncode == 0
     # Placement still sees every pod (other workloads hold GPUs too) and every Node; its
-    # jobs, their Services, LimitRanges and ResourceQuotas it may read only where it
+    # jobs, their EndpointSlices, LimitRanges and ResourceQuotas it may read only where it
     # watches, so a cluster-wide LIST of them is refused.
     for resource in ("pods", "nodes"):
         assert can_i_everywhere(operator, "list", resource) == "yes", resource
-    for resource in ("trainingjobs.trainwave.io", "services", "limitranges", "resourcequotas"):
+    for resource in (
+        "trainingjobs.trainwave.io",
+        "endpointslices.discovery.k8s.io",
+        "limitranges",
+        "resourcequotas",
+    ):
         assert can_i_everywhere(operator, "list", resource) == "no", resource
         assert can_i_everywhere(operator, "watch", resource) == "no", resource
         assert can_i(operator, "list", resource, watching) == "yes", resource

@@ -63,21 +63,23 @@ def test_pods_never_seen_stop_holding_the_job_after_the_expiry() -> None:
     assert books.unseen(KEY, []) is None, "a lapsed expectation is forgotten"
 
 
-def test_an_applied_service_counts_as_there_until_watched_or_expired() -> None:
+def test_an_applied_slice_counts_as_there_until_watched_or_expired() -> None:
     clock = Clock()
     books = Bookkeeping(clock)
-    assert not books.service_exists(KEY, 0, watched=False)
-    books.applied_service(KEY, 0)
-    assert books.service_exists(KEY, 0, watched=False)
+    named = frozenset({("job-a0-worker-0", "10.0.0.1")})
+    assert not books.service_exists(KEY, (0, named), watched=False)
+    books.applied_service(KEY, (0, named))
+    assert books.service_exists(KEY, (0, named), watched=False)
     clock.now += EXPECTATIONS_SECONDS - 1
-    assert books.service_exists(KEY, 0, watched=False)
-    assert books.service_exists(KEY, 0, watched=True)
-    assert not books.service_exists(KEY, 0, watched=False), (
-        "once watched, a Service gone from the watch is applied again"
+    assert books.service_exists(KEY, (0, named), watched=False)
+    assert books.service_exists(KEY, (0, named), watched=True)
+    assert not books.service_exists(KEY, (0, named), watched=False), (
+        "once watched, a slice gone from the watch is applied again"
     )
-    books.applied_service(KEY, 0)
+    books.applied_service(KEY, (0, named))
     clock.now += EXPECTATIONS_SECONDS
-    assert not books.service_exists(KEY, 0, watched=False)
-    books.applied_service(KEY, 1)
-    assert not books.service_exists(KEY, 2, watched=False), "applied for another attempt"
-    assert books.service_exists(KEY, 1, watched=False)
+    assert not books.service_exists(KEY, (0, named), watched=False)
+    books.applied_service(KEY, (1, named))
+    assert not books.service_exists(KEY, (2, named), watched=False), "applied for another attempt"
+    assert not books.service_exists(KEY, (1, frozenset()), watched=False), "other addresses"
+    assert books.service_exists(KEY, (1, named), watched=False)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 from typing import Any
 
 import pytest
@@ -11,7 +12,8 @@ from trainwave import contract
 from trainwave.api.trainingjob import InvalidSpec, TrainingJob
 from trainwave.builders.names import master_address, worker_hostname, worker_pod_name
 from trainwave.builders.pods import build_worker_pods
-from trainwave.builders.service import build_service
+from trainwave.builders.service import build_endpoint_slice, build_service
+from trainwave.lifecycle.endpoints import Published
 from trainwave.resolving import check_template, resolve_job
 
 pytestmark = pytest.mark.timeout(10)
@@ -288,29 +290,52 @@ def test_check_template_accepts(template: dict[str, Any]) -> None:
 # --- the headless Service -----------------------------------------------------------------
 
 
-def test_service_is_headless_and_publishes_not_ready_workers() -> None:
-    service = build_service(make_job(masterPort=23456), 0)
+def test_service_is_headless_without_a_selector() -> None:
+    service = build_service(make_job(masterPort=23456))
     assert service["metadata"]["name"] == "demo"
     assert service["metadata"]["namespace"] == NAMESPACE
     assert service["metadata"]["labels"] == {contract.LABEL_JOB_NAME: "demo"}
     assert service["metadata"]["ownerReferences"][0]["uid"] == "uid-1"
     spec = service["spec"]
     assert spec["clusterIP"] == "None"
-    assert spec["publishNotReadyAddresses"] is True
-    assert spec["selector"] == {
-        contract.LABEL_JOB_NAME: "demo",
-        contract.LABEL_ROLE: "worker",
-        contract.LABEL_ATTEMPT: "0",
-    }
+    assert "selector" not in spec, "kube-controller-manager must not manage its endpoints"
     assert spec["ports"] == [{"name": "rendezvous", "port": 23456, "targetPort": 23456}]
 
 
-def test_service_selects_every_worker_pod_of_its_attempt_only() -> None:
-    job = make_job(workers=3)
-    selector = build_service(job, 4)["spec"]["selector"]
-    for pod in build_worker_pods(resolve_job(job), (0, 1, 2), 4):
-        assert selector.items() <= pod["metadata"]["labels"].items()
-        assert pod["spec"]["subdomain"] == build_service(job, 4)["metadata"]["name"]
-    # The gang before it, terminating, must not answer for its hostnames (service.py).
-    for pod in build_worker_pods(resolve_job(job), (0, 1, 2), 3):
-        assert not selector.items() <= pod["metadata"]["labels"].items()
+def test_endpoint_slice_names_each_worker_by_the_hostname_its_pod_carries() -> None:
+    job = make_job(workers=2, masterPort=23456)
+    workers = (
+        Published(0, "demo-a4-worker-0", "u0", "10.0.0.5", "n1", ready=False),
+        Published(1, "demo-a4-worker-1", "u1", "10.0.0.6", "", ready=True),
+    )
+    endpoints = build_endpoint_slice(job, 4, workers, "svc-uid")
+    meta = endpoints["metadata"]
+    service = build_service(job)["metadata"]["name"]
+    assert meta["name"] == service
+    # CoreDNS joins a slice to its Service by this label; the attempt is read back by ours.
+    assert meta["labels"]["kubernetes.io/service-name"] == service
+    assert meta["labels"][contract.LABEL_ATTEMPT] == "4"
+    assert meta["labels"][contract.LABEL_JOB_NAME] == "demo", "the job cache's watch selects it"
+    assert meta["labels"]["endpointslice.kubernetes.io/managed-by"] != (
+        "endpointslice-controller.k8s.io"
+    )
+    # The API server refuses a label value with a "/" (it failed every job once).
+    label_value = re.compile(r"^(([A-Za-z0-9][-A-Za-z0-9_.]*)?[A-Za-z0-9])?$")
+    assert all(label_value.match(v) and len(v) <= 63 for v in meta["labels"].values())
+    owner = meta["ownerReferences"][0]
+    assert (owner["kind"], owner["uid"], owner["controller"]) == ("Service", "svc-uid", True)
+    assert endpoints["addressType"] == "IPv4"
+    pods = build_worker_pods(resolve_job(job), (0, 1), 4)
+    for pod, endpoint in zip(pods, endpoints["endpoints"], strict=True):
+        assert endpoint["hostname"] == pod["spec"]["hostname"]
+        assert pod["spec"]["subdomain"] == service
+        assert endpoint["targetRef"]["name"] == pod["metadata"]["name"]
+    first, second = endpoints["endpoints"]
+    assert first["addresses"] == ["10.0.0.5"]
+    assert first["nodeName"] == "n1"
+    assert "nodeName" not in second
+    # Named before it is Ready: the rendezvous that makes it Ready needs the name.
+    assert first["conditions"] == {"ready": True, "serving": False, "terminating": False}
+    assert endpoints["ports"] == [{"name": "rendezvous", "port": 23456, "protocol": "TCP"}]
+    ipv6 = (Published(0, "demo-a4-worker-0", "u0", "fd00::5", "n1", ready=True),)
+    assert build_endpoint_slice(job, 4, ipv6, "svc-uid")["addressType"] == "IPv6"

@@ -11,7 +11,9 @@ import pytest
 
 from trainwave import contract
 from trainwave.api.trainingjob import JobKey
+from trainwave.builders.service import MANAGED_BY, MANAGED_BY_LABEL
 from trainwave.controller.job_cache import JobCache
+from trainwave.lifecycle.endpoints import FOREIGN
 from unit.test_cluster_cache import FakeApi, raw_pod, until
 
 pytestmark = pytest.mark.timeout(20)
@@ -27,24 +29,32 @@ def raw_job(name: str, namespace: str = "ns", version: str = "1") -> dict[str, A
     }
 
 
-def raw_service(job: str, namespace: str = "ns", attempt: int | None = None) -> dict[str, Any]:
-    labels = {contract.LABEL_JOB_NAME: job}
-    selector = {} if attempt is None else {contract.LABEL_ATTEMPT: str(attempt)}
+def raw_slice(
+    job: str, namespace: str = "ns", attempt: int | None = None, named: dict[str, str] | None = None
+) -> dict[str, Any]:
+    """An EndpointSlice as the operator writes it: `named` maps pod names to addresses."""
+    labels = {contract.LABEL_JOB_NAME: job, MANAGED_BY_LABEL: MANAGED_BY}
+    if attempt is not None:
+        labels[contract.LABEL_ATTEMPT] = str(attempt)
+    endpoints = [
+        {"addresses": [address], "targetRef": {"kind": "Pod", "name": pod}}
+        for pod, address in (named or {}).items()
+    ]
     return {"metadata": {"name": job, "namespace": namespace, "labels": labels},
-            "spec": {"selector": {**labels, **selector}}}  # fmt: skip
+            "endpoints": endpoints}  # fmt: skip
 
 
 class Cluster:
     """Three fake listers behind a JobCache; `woken` counts wakes per job."""
 
-    def __init__(self, jobs: list[Any], pods: list[Any], services: list[Any], **options: Any):
-        self.jobs, self.pods, self.services = FakeApi(jobs), FakeApi(pods), FakeApi(services)
+    def __init__(self, jobs: list[Any], pods: list[Any], slices: list[Any], **options: Any):
+        self.jobs, self.pods, self.slices = FakeApi(jobs), FakeApi(pods), FakeApi(slices)
         kube = SimpleNamespace(
             custom=SimpleNamespace(list_cluster_custom_object=lambda *_, **kw: self.jobs(**kw)),
             core=SimpleNamespace(
                 list_pod_for_all_namespaces=self.pods,
-                list_service_for_all_namespaces=self.services,
             ),
+            discovery=SimpleNamespace(list_endpoint_slice_for_all_namespaces=self.slices),
         )
         self.woken: Counter[JobKey] = Counter()
         self.cache = JobCache(kube, lambda key: self.woken.update([key]), page_size=2, **options)  # type: ignore[arg-type]
@@ -62,14 +72,14 @@ def test_first_list_fills_every_store_and_wakes_every_job() -> None:
     fake = Cluster(
         [raw_job("a"), raw_job("b"), raw_job("c", namespace="other")],
         [raw_pod("a-0", job="a"), raw_pod("a-1", job="a"), raw_pod("stray")],
-        [raw_service("a")],
+        [raw_slice("a")],
     )
     with fake as cache:
         assert sorted(cache.job_keys()) == [("ns", "a"), ("ns", "b"), ("other", "c")]
         assert sorted(p.name for p in cache.worker_pods(("ns", "a"))) == ["a-0", "a-1"]
         assert cache.worker_pods(("ns", "b")) == []
-        assert cache.service_attempts(("ns", "a")) == {None}, "a selector without the attempt"
-        assert cache.service_attempts(("ns", "b")) == frozenset()
+        assert cache.service_states(("ns", "a")) == {(-1, frozenset())}, "no attempt label"
+        assert cache.service_states(("ns", "b")) == frozenset()
         assert set(fake.woken) == {("ns", "a"), ("ns", "b"), ("other", "c")}
         assert cache.phase_counts() == Counter({"Running": 3})
         assert cache.stats()["worker-pods"] == (2, 0), "the unlabelled pod is not kept"
@@ -125,30 +135,43 @@ def test_a_worker_s_change_wakes_through_wake_pod_and_a_job_s_change_directly() 
         assert batched == Counter({("ns", "a"): 1})
 
 
-def test_service_count_follows_adds_and_deletes() -> None:
+def test_slice_states_follow_adds_changes_and_deletes() -> None:
     fake = Cluster([raw_job("a")], [], [])
     with fake as cache:
-        service = raw_service("a", attempt=0)
-        cache.services.apply({"type": "ADDED", "object": service})
-        assert cache.service_attempts(("ns", "a")) == {0}
-        cache.services.apply({"type": "MODIFIED", "object": raw_service("a", attempt=2)})
-        assert cache.service_attempts(("ns", "a")) == {2}, "the selector moved to attempt 2"
-        cache.services.apply({"type": "DELETED", "object": raw_service("a", attempt=2)})
-        assert cache.service_attempts(("ns", "a")) == frozenset()
+        cache.slices.apply({"type": "ADDED", "object": raw_slice("a", attempt=0)})
+        assert cache.service_states(("ns", "a")) == {(0, frozenset())}
+        fake.woken.clear()
+        named = raw_slice("a", attempt=2, named={"a-a2-worker-0": "10.0.0.1"})
+        cache.slices.apply({"type": "MODIFIED", "object": named})
+        assert cache.service_states(("ns", "a")) == {
+            (2, frozenset({("a-a2-worker-0", "10.0.0.1")}))
+        }
+        assert fake.woken == Counter({("ns", "a"): 1}), "what it names changed"
+        cache.slices.apply({"type": "MODIFIED", "object": named})
+        assert fake.woken == Counter({("ns", "a"): 1}), "the same names wake nobody"
+        cache.slices.apply({"type": "DELETED", "object": named})
+        assert cache.service_states(("ns", "a")) == frozenset()
+        # kube-controller-manager's, with the labels it copies from a Service that had a
+        # selector: whatever it names, it is foreign.
+        theirs = raw_slice("a", attempt=2, named={"a-a2-worker-0": "10.0.0.1"})
+        theirs["metadata"]["name"] = "a-x7k2p"
+        theirs["metadata"]["labels"][MANAGED_BY_LABEL] = "endpointslice-controller.k8s.io"
+        cache.slices.apply({"type": "ADDED", "object": theirs})
+        assert cache.service_states(("ns", "a")) == {(FOREIGN, frozenset())}
 
 
 def test_namespaces_filter_keeps_only_matching_jobs_and_children() -> None:
     fake = Cluster(
         [raw_job("a", "team-x"), raw_job("b", "team-y"), raw_job("c", "default")],
         [raw_pod("a-0", job="a", namespace="team-x"), raw_pod("c-0", job="c", namespace="default")],
-        [raw_service("c", "default")],
+        [raw_slice("c", "default")],
         namespaces=("team-*",),
     )
     with fake as cache:
         assert sorted(cache.job_keys()) == [("team-x", "a"), ("team-y", "b")]
         assert cache.worker_pods(("default", "c")) == []
         assert [p.name for p in cache.worker_pods(("team-x", "a"))] == ["a-0"]
-        assert cache.service_attempts(("default", "c")) == frozenset()
+        assert cache.service_states(("default", "c")) == frozenset()
 
 
 def test_deleted_job_leaves_the_store_and_wakes_its_key() -> None:
@@ -199,7 +222,7 @@ class NamespacedCluster(Cluster):
     """The same objects behind namespaced listers only: a cluster-wide call fails, as
     the chart's RBAC refuses it with watchNamespaces."""
 
-    def __init__(self, jobs: list[Any], pods: list[Any], services: list[Any], **options: Any):
+    def __init__(self, jobs: list[Any], pods: list[Any], slices: list[Any], **options: Any):
         def in_namespace(objects: list[Any], namespace: str) -> FakeApi:
             return FakeApi([o for o in objects if o["metadata"]["namespace"] == namespace])
 
@@ -207,7 +230,7 @@ class NamespacedCluster(Cluster):
             raise AssertionError("a cluster-wide LIST or WATCH")
 
         self.apis: dict[tuple[str, str], FakeApi] = {}
-        for kind, objects in (("jobs", jobs), ("pods", pods), ("services", services)):
+        for kind, objects in (("jobs", jobs), ("pods", pods), ("slices", slices)):
             for namespace in {o["metadata"]["namespace"] for o in objects}:
                 self.apis[kind, namespace] = in_namespace(objects, namespace)
 
@@ -225,9 +248,11 @@ class NamespacedCluster(Cluster):
             ),
             core=SimpleNamespace(
                 list_pod_for_all_namespaces=refused,
-                list_service_for_all_namespaces=refused,
                 list_namespaced_pod=lister("pods"),
-                list_namespaced_service=lister("services"),
+            ),
+            discovery=SimpleNamespace(
+                list_endpoint_slice_for_all_namespaces=refused,
+                list_namespaced_endpoint_slice=lister("slices"),
             ),
         )
         self.woken: Counter[JobKey] = Counter()
@@ -238,14 +263,14 @@ def test_named_namespaces_are_each_watched_through_their_own_endpoints() -> None
     fake = NamespacedCluster(
         [raw_job("a", "team-x"), raw_job("b", "team-y"), raw_job("c", "default")],
         [raw_pod("a-0", job="a", namespace="team-x"), raw_pod("b-0", job="b", namespace="team-y")],
-        [raw_service("c", "default")],
+        [raw_slice("c", "default")],
         namespaces=("team-x", "team-y"),
     )
     with fake as cache:
         assert sorted(cache.job_keys()) == [("team-x", "a"), ("team-y", "b")]
         assert not fake.apis["jobs", "default"].calls, "an unwatched namespace is never listed"
         assert {kind for kind, ns in fake.apis if fake.apis[kind, ns].calls} == {
-            "jobs", "pods", "services",
+            "jobs", "pods", "slices",
         }  # fmt: skip
         # One namespace relists (its own 410) and a-0 went meanwhile: team-y's worker stays.
         fake.apis["pods", "team-x"].objects = []

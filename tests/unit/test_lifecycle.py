@@ -384,6 +384,10 @@ def test_the_service_is_wanted_once_every_worker_of_the_attempt_has_an_address()
     both = [make_pod(r, phase="Pending", pod_ip=f"10.0.0.{r + 1}") for r in (0, 1)]
     starting = decide(resolve_job(scheduling), both, NOW)
     assert (starting.status.phase, starting.wants_service) == (Phase.STARTING, True)
+    assert [(e.rank, e.address) for e in starting.service_endpoints] == [
+        (0, "10.0.0.1"),
+        (1, "10.0.0.2"),
+    ]
     up = [make_pod(r, pod_ip=f"10.0.0.{r + 1}") for r in (0, 1)]
     assert decide(resolve_job(make_job(**RUNNING)), up, NOW).wants_service
     assert not decide(resolve_job(make_job(**RUNNING)), up, NOW, service_exists=True).wants_service
@@ -392,11 +396,12 @@ def test_the_service_is_wanted_once_every_worker_of_the_attempt_has_an_address()
     assert (restarting.status.phase, restarting.wants_service) == (Phase.RESTARTING, False)
 
 
-def test_a_service_selecting_another_attempt_is_applied_again_before_the_new_gang_exists() -> None:
+def test_endpoints_naming_another_attempt_are_written_again_before_the_new_gang_exists() -> None:
     """The old gang's pods, terminating, must not answer for the new gang's hostnames
-    (builders/service.py): the selector moves at once, not when the new gang has addresses."""
+    (builders/service.py): their names go at once, not when the new gang has addresses."""
     restarted = make_job(phase="Restarting", start_time=START, attempt=1, restarts=1)
     old_gang = [make_pod(r, attempt=0, deleting=True) for r in (0, 1)]
     stale = decide(resolve_job(restarted), old_gang, NOW, service_stale=True)
     assert stale.wants_service
+    assert stale.service_endpoints == (), "no name leads to the old gang any more"
     assert not decide(resolve_job(restarted), old_gang, NOW).wants_service

@@ -61,7 +61,7 @@ def test_named_namespaces_are_listed_and_watched_only_at_their_own_endpoints() -
         for prefix, plural in (
             ("/apis/trainwave.io/v1alpha1", "trainingjobs"),
             ("/api/v1", "pods"),
-            ("/api/v1", "services"),
+            ("/apis/discovery.k8s.io/v1", "endpointslices"),
         )
     }
     assert client.paths(watch=False) == expected
@@ -75,7 +75,11 @@ def test_named_namespaces_are_listed_and_watched_only_at_their_own_endpoints() -
 
 def test_a_namespace_pattern_names_no_endpoint_so_it_is_watched_cluster_wide() -> None:
     client = watched_paths(("team-*",))
-    expected = {"/apis/trainwave.io/v1alpha1/trainingjobs", "/api/v1/pods", "/api/v1/services"}
+    expected = {
+        "/apis/trainwave.io/v1alpha1/trainingjobs",
+        "/api/v1/pods",
+        "/apis/discovery.k8s.io/v1/endpointslices",
+    }
     assert client.paths(watch=True) == expected
 
 
@@ -84,5 +88,5 @@ def test_no_namespaces_means_the_cluster_wide_endpoints() -> None:
     assert client.paths(watch=False) == {
         "/apis/trainwave.io/v1alpha1/trainingjobs",
         "/api/v1/pods",
-        "/api/v1/services",
+        "/apis/discovery.k8s.io/v1/endpointslices",
     }

@@ -19,6 +19,8 @@ from trainwave.controller.departures import Departures
 from trainwave.controller.kube import Refused
 from trainwave.controller.reconciler import Reconciler
 from trainwave.lifecycle.decide import JobEvent
+from trainwave.lifecycle.endpoints import ServiceState, addresses, published
+from trainwave.lifecycle.observed import WorkerPod
 
 pytestmark = pytest.mark.timeout(10)
 KEY = ("team-a", "demo")
@@ -47,16 +49,28 @@ class StatusStore:
     def apply_pod(self, _pod: dict[str, Any]) -> None:
         pass
 
-    def apply_service(self, _service: dict[str, Any]) -> None:
+    def apply_service(self, _service: dict[str, Any]) -> str:
+        return "svc-uid"
+
+    def apply_endpoint_slice(self, _endpoints: dict[str, Any]) -> None:
         pass
 
     def delete_pod(self, _namespace: str, _name: str) -> None:
         pass
 
 
+def named(pods: list[WorkerPod], attempt: int = 0) -> frozenset[ServiceState]:
+    """The EndpointSlice a watch shows once the operator named `pods`' attempt."""
+    return frozenset({(attempt, addresses(published(pods, attempt)))})
+
+
 def reconciler(
-    store: StatusStore, pods: Any, service_attempts: Any = lambda _key: frozenset({0})
+    store: StatusStore, pods: Any, service_states: Any = None
 ) -> tuple[Reconciler, list[JobEvent]]:
+    """`service_states`: what the watch shows of the job's EndpointSlice; by default it
+    names the attempt-0 workers `pods` returns."""
+    if service_states is None:
+        service_states = lambda key: named(pods(key))  # noqa: E731
     events: list[JobEvent] = []
     placer = SimpleNamespace(withdraw=lambda _k: None, submit=lambda _k, _t: None,
                              waiting=lambda _k: None)  # fmt: skip
@@ -64,7 +78,7 @@ def reconciler(
         store,  # type: ignore[arg-type]
         job_body=lambda _key: store.body,
         worker_pods=pods,
-        service_attempts=service_attempts,
+        service_states=service_states,
         placer=placer,  # type: ignore[arg-type]
         levels=(),
         record_event=lambda _body, event: events.append(event),
@@ -189,7 +203,7 @@ def test_a_departure_the_job_cache_records_reaches_the_reconciler() -> None:
         store,  # type: ignore[arg-type]
         job_body=lambda _key: store.body,
         worker_pods=lambda _key: [make_pod(0)],
-        service_attempts=lambda _key: frozenset({0}),
+        service_states=lambda _key: named([make_pod(0)]),
         placer=placer,  # type: ignore[arg-type]
         levels=(),
         record_event=lambda _body, _event: None,
@@ -212,10 +226,11 @@ class QuotaOnServices(StatusStore):
         self.refuse = True
         self.services = 0
 
-    def apply_service(self, _service: dict[str, Any]) -> None:
+    def apply_service(self, _service: dict[str, Any]) -> str:
         if self.refuse:
             raise Refused("service team-a/demo", "exceeded quota: q, limited: services=0")
         self.services += 1
+        return "svc-uid"
 
 
 def replica_failure(body: dict[str, Any]) -> dict[str, Any]:
@@ -226,7 +241,7 @@ def test_a_refused_service_stays_on_the_job_and_is_retried_until_it_is_created()
     store = QuotaOnServices(make_body(phase="Starting", start_time=NOW))
     pods = [make_pod(rank, pod_ip=f"10.0.0.{rank + 1}") for rank in (0, 1)]
     reconcile, events = reconciler(
-        store, lambda _key: pods, lambda _key: frozenset({0}) if store.services else frozenset()
+        store, lambda _key: pods, lambda _key: named(pods) if store.services else frozenset()
     )
     for _ in range(3):
         assert (asyncio.run(reconcile(KEY)) or 0) > 0  # a retry with backoff

@@ -22,6 +22,7 @@ from trainwave.api.status import TrainingJobStatus
 from trainwave.api.trainingjob import ObjectMeta
 from trainwave.controller.reconciler import Reconciler
 from trainwave.lifecycle import decide as decide_module
+from trainwave.lifecycle.endpoints import addresses, published
 from trainwave.lifecycle.observed import WorkerPod
 
 pytestmark = pytest.mark.timeout(10)
@@ -46,7 +47,10 @@ class Api:
     def apply_pod(self, pod: dict[str, Any]) -> None:
         self.pods.append(pod)
 
-    def apply_service(self, _service: dict[str, Any]) -> None:
+    def apply_service(self, _service: dict[str, Any]) -> str:
+        return "svc-uid"
+
+    def apply_endpoint_slice(self, _endpoints: dict[str, Any]) -> None:
         pass
 
     def delete_pod(self, _namespace: str, _name: str) -> None:
@@ -93,7 +97,7 @@ def reconcile(api: Api, pods: list[WorkerPod]) -> float | None:
         api,  # type: ignore[arg-type]
         job_body=lambda _key: api.body,
         worker_pods=lambda _key: pods,
-        service_attempts=lambda _key: frozenset({0}),
+        service_states=lambda _key: frozenset({(0, addresses(published(pods, 0)))}),
         placer=placer,  # type: ignore[arg-type]
         levels=(),
         record_event=lambda _body, _event: None,

@@ -48,7 +48,10 @@ class Api:
             raise Refused(f"pod {pod['metadata']['name']}", "exceeded quota")
         self.pods.append(pod)
 
-    def apply_service(self, _service: dict[str, Any]) -> None:
+    def apply_service(self, _service: dict[str, Any]) -> str:
+        return "svc-uid"
+
+    def apply_endpoint_slice(self, _endpoints: dict[str, Any]) -> None:
         pass
 
     def delete_pod(self, _namespace: str, _name: str) -> None:
@@ -104,7 +107,7 @@ class Operator:
             api,  # type: ignore[arg-type]
             job_body=lambda _key: api.body,
             worker_pods=lambda _key: self.pods(),
-            service_attempts=lambda _key: frozenset(),
+            service_states=lambda _key: frozenset(),
             placer=placer,  # type: ignore[arg-type]
             levels=(),
             record_event=lambda _body, event: self.events.append(event),

@@ -104,6 +104,13 @@ when it watches every namespace, a Role's in each of `watchNamespaces` otherwise
 - apiGroups: [""]
   resources: ["pods", "services"]
   verbs: ["create", "patch", "delete"]
+# Each Service's EndpointSlice, naming its workers: the Services have no selector,
+# so kube-controller-manager does not write them (builders/service.py says why).
+# deletecollection: the slices kube-controller-manager wrote for a job's Service
+# while an earlier operator gave it a selector, which it leaves behind.
+- apiGroups: ["discovery.k8s.io"]
+  resources: ["endpointslices"]
+  verbs: ["create", "patch", "deletecollection"]
 # Each job's status key, mounted into its workers to sign their /status
 # reports. Create only: the operator derives the key it verifies with from its
 # master key and never reads these back; ownerReferences let GC remove them.
@@ -127,13 +134,13 @@ when it watches every namespace, a Role's in each of `watchNamespaces` otherwise
 cluster-wide, or with watchNamespaces by the Role in each (the operator then lists and
 watches each namespace through its namespaced endpoints, kube/namespaced.py). */}}
 {{- define "trainwave.jobReadRules" -}}
-# The jobs it reconciles and their rendezvous Services: listed and watched
+# The jobs it reconciles and their rendezvous EndpointSlices: listed and watched
 # (reconciles read the watched copy, never a GET).
 - apiGroups: ["trainwave.io"]
   resources: ["trainingjobs"]
   verbs: ["list", "watch"]
-- apiGroups: [""]
-  resources: ["services"]
+- apiGroups: ["discovery.k8s.io"]
+  resources: ["endpointslices"]
   verbs: ["list", "watch"]
 # What could change or refuse a worker pod on its way in (a LimitRange, a
 # ResourceQuota): read from watches, so a gang is placed before its pods exist

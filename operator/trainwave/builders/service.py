@@ -1,29 +1,60 @@
-"""The headless Service that gives every worker a stable DNS name.
+"""The headless Service that gives every worker a stable DNS name, and its EndpointSlice.
 
-Pure. publishNotReadyAddresses: rank 0 must be resolvable before it is Ready,
-because readiness comes only after the rendezvous that needs the name. The
-reconciler creates it once every worker of the attempt has an address
-(Decision.wants_service): the endpoint controllers then write its endpoints
-once, instead of once per worker getting its address.
+Pure. The Service has no selector: the operator writes its EndpointSlice itself, naming
+the workers lifecycle/endpoints.py publishes, once every worker of the attempt has an
+address (one write per gang, not one per worker's address), and again when a worker
+leaves or the attempt changes, before the new gang's pods exist.
 
-The selector names the attempt. Hostnames do not (`<job>-worker-<rank>` in every
-attempt), and publishNotReadyAddresses keeps a terminating pod in the endpoints, so a
-Service selecting every attempt's workers gave a new gang's rank 0 name the address of
-the old gang's rank 0 while that pod was still terminating (a SIGSTOPped process holds
-it for the whole grace period). In the fault benchmark the new gang's workers then waited
-for a dead address and the gang was recreated twice more. When the attempt changes, the
-reconciler applies the Service again at once, before the new gang's pods exist.
+Why not a selector, as JobSet and Kubeflow use: kube-controller-manager's endpoint
+controllers scan every pod of the namespace each time they sync a Service (client-go
+cache.ListAllByNamespace), and match every pod change against every Service of the
+namespace (k8s.io/endpointslice util `GetPodServiceMemberships`). With 2,000 jobs of 4
+workers in one namespace the endpoint controllers took 54 % of kube-controller-manager's
+CPU samples while the jobs started (docs/benchmarks.md, "2,000 TrainingJobs on 4,096
+nodes"), and they also wrote a legacy Endpoints object per job. The operator already sees
+every worker's address in its pod watch.
+
+Hostnames are the same in every attempt (`<job>-worker-<rank>`): the slice carries the
+attempt it names (a label), and the operator withdraws the old gang's names at once when
+the attempt changes, so a new gang's rank 0 name never leads to the old gang's rank 0
+while that pod is still terminating (a SIGSTOPped process holds it for the whole grace
+period: in the fault benchmark the new gang's workers waited for a dead address).
 """
 
-from typing import Any
+from collections.abc import Sequence
+from typing import Any, Protocol
 
 from trainwave import contract
 from trainwave.api.trainingjob import TrainingJob
-from trainwave.builders.names import service_name
+from trainwave.builders.names import service_name, worker_hostname
 from trainwave.builders.owners import job_labels, owner_reference
 
+# The label kube-proxy and CoreDNS join an EndpointSlice to its Service by, and the one
+# that tells kube-controller-manager's controllers the slice is not theirs
+# (discovery.k8s.io/v1 LabelServiceName, LabelManagedBy).
+SERVICE_NAME_LABEL = "kubernetes.io/service-name"
+MANAGED_BY_LABEL = "endpointslice.kubernetes.io/managed-by"
+MANAGED_BY = "trainwave.io"  # a label value: no "/"
 
-def build_service(job: TrainingJob, attempt: int) -> dict[str, Any]:
+
+class Named(Protocol):
+    """A worker the slice names (lifecycle/endpoints.py `Published`)."""
+
+    @property
+    def rank(self) -> int: ...
+    @property
+    def pod(self) -> str: ...
+    @property
+    def uid(self) -> str: ...
+    @property
+    def address(self) -> str: ...
+    @property
+    def node(self) -> str: ...
+    @property
+    def ready(self) -> bool: ...
+
+
+def build_service(job: TrainingJob) -> dict[str, Any]:
     port = job.spec.master_port
     return {
         "apiVersion": "v1",
@@ -36,14 +67,64 @@ def build_service(job: TrainingJob, attempt: int) -> dict[str, Any]:
         },
         "spec": {
             "clusterIP": "None",
-            "publishNotReadyAddresses": True,
-            "selector": {
-                contract.LABEL_JOB_NAME: job.metadata.name,
-                contract.LABEL_ROLE: contract.ROLE_WORKER,
-                contract.LABEL_ATTEMPT: str(attempt),
-            },
             "ports": [
                 {"name": contract.MASTER_PORT_NAME, "port": port, "targetPort": port},
             ],
         },
     }
+
+
+def build_endpoint_slice(
+    job: TrainingJob, attempt: int, workers: Sequence[Named], service_uid: str
+) -> dict[str, Any]:
+    """The slice naming `workers`, owned by the Service (`service_uid`) as
+    kube-controller-manager's own slices are: deleting the Service deletes it."""
+    name = service_name(job.metadata.name)
+    ipv6 = any(":" in w.address for w in workers)
+    return {
+        "apiVersion": "discovery.k8s.io/v1",
+        "kind": "EndpointSlice",
+        "metadata": {
+            "name": name,
+            "namespace": job.metadata.namespace,
+            "labels": {
+                **job_labels(job.metadata),
+                contract.LABEL_ATTEMPT: str(attempt),
+                SERVICE_NAME_LABEL: name,
+                MANAGED_BY_LABEL: MANAGED_BY,
+            },
+            "ownerReferences": [
+                {
+                    "apiVersion": "v1",
+                    "kind": "Service",
+                    "name": name,
+                    "uid": service_uid,
+                    "controller": True,
+                    "blockOwnerDeletion": True,
+                }
+            ],
+        },
+        "addressType": "IPv6" if ipv6 else "IPv4",
+        "endpoints": [_endpoint(job, w) for w in workers],
+        "ports": [
+            {"name": contract.MASTER_PORT_NAME, "port": job.spec.master_port, "protocol": "TCP"}
+        ],
+    }
+
+
+def _endpoint(job: TrainingJob, worker: Named) -> dict[str, Any]:
+    endpoint: dict[str, Any] = {
+        "addresses": [worker.address],
+        "hostname": worker_hostname(job.metadata.name, worker.rank),
+        # Ready before the pod is: publishNotReadyAddresses, as lifecycle/endpoints.py says.
+        "conditions": {"ready": True, "serving": worker.ready, "terminating": False},
+        "targetRef": {
+            "kind": "Pod",
+            "namespace": job.metadata.namespace,
+            "name": worker.pod,
+            "uid": worker.uid,
+        },
+    }
+    if worker.node:
+        endpoint["nodeName"] = worker.node
+    return endpoint

@@ -6,8 +6,8 @@ dropped as soon as the watch catches up or the job goes:
   that write replaced (a decision never rests on a status older than our own;
   resourceVersions are compared by equality, never by order, as the API asks);
 - pods created and not seen by the watch yet (kube/expectations.py, tagged by attempt);
-- Services applied and not seen yet (the same `Expectations`: otherwise each reconcile
-  between the apply and its watch event applied the Service once more);
+- EndpointSlices applied and not seen yet (the same `Expectations`: otherwise each
+  reconcile between the apply and its watch event applied the slice once more);
 - a status held after a gang was created placed (lifecycle/plan.py says when);
 - children refused in a row (the backoff's count) and what the goodput decisions
   remember of the reports between polls.
@@ -20,6 +20,7 @@ from typing import Any
 from trainwave.api.status import TrainingJobStatus
 from trainwave.api.trainingjob import JobKey
 from trainwave.kube.expectations import Expectations
+from trainwave.lifecycle.endpoints import ServiceState
 from trainwave.lifecycle.goodput import Memory
 from trainwave.lifecycle.observed import WorkerPod
 from trainwave.lifecycle.plan import Held
@@ -43,7 +44,8 @@ class Bookkeeping:
         self._written: dict[JobKey, tuple[str, dict[str, Any]]] = {}
         self._pods: Expectations[JobKey] = Expectations(EXPECTATIONS_SECONDS, clock)
         self._services: Expectations[JobKey] = Expectations(EXPECTATIONS_SECONDS, clock)
-        self._service_applied: dict[JobKey, int] = {}  # the attempt it was last applied for
+        self._service_applied: dict[JobKey, ServiceState] = {}  # what it last applied
+        self._foreign_slices: set[JobKey] = set()  # jobs with another controller's slice
         self._held: dict[JobKey, Held] = {}
         self._refusals: dict[JobKey, int] = {}
         self._memories: dict[JobKey, Memory] = {}
@@ -54,6 +56,7 @@ class Bookkeeping:
         self._pods.delete(key)
         self._services.delete(key)
         self._service_applied.pop(key, None)
+        self._foreign_slices.discard(key)
         self._held.pop(key, None)
         self._refusals.pop(key, None)
         self._memories.pop(key, None)
@@ -91,19 +94,28 @@ class Bookkeeping:
             return None
         return self._pods.wait(key, {p.name for p in pods if p.attempt == expected.tag})
 
-    def applied_service(self, key: JobKey, attempt: int) -> None:
+    def applied_service(self, key: JobKey, state: ServiceState) -> None:
         self._services.expect(key, {_SERVICE})
-        self._service_applied[key] = attempt
+        self._service_applied[key] = state
 
-    def service_exists(self, key: JobKey, attempt: int, watched: bool) -> bool:
-        """The watch shows the job's Service selecting `attempt`'s workers (`watched`), or
-        this reconciler applied it so less than EXPECTATIONS_SECONDS ago. A Service deleted
-        later is gone from the watch and applied again."""
+    def foreign_slices(self, key: JobKey, seen: bool | None = None) -> bool:
+        """Whether the watch last showed another controller's EndpointSlice for the job's
+        Service (kube-controller-manager's, from when it had a selector); `seen` updates it."""
+        if seen is True:
+            self._foreign_slices.add(key)
+        elif seen is False:
+            self._foreign_slices.discard(key)
+        return key in self._foreign_slices
+
+    def service_exists(self, key: JobKey, state: ServiceState, watched: bool) -> bool:
+        """The watch shows the job's EndpointSlice naming `state` (`watched`: its attempt
+        and addresses), or this reconciler applied exactly that less than
+        EXPECTATIONS_SECONDS ago. A slice deleted or changed later is applied again."""
         if watched:
             self._services.wait(key, {_SERVICE})  # met: forgotten
             return True
         awaited = self._services.wait(key, ())
-        return awaited is not None and self._service_applied.get(key) == attempt
+        return awaited is not None and self._service_applied.get(key) == state
 
     # -- a held status ------------------------------------------------------------------------
 

@@ -15,8 +15,9 @@ from typing import Any
 from trainwave import contract
 from trainwave.api.reasons import Reason
 from trainwave.api.status import Phase, TrainingJobStatus
+from trainwave.api.trainingjob import TrainingJob
 from trainwave.builders.pods import build_worker_pods
-from trainwave.builders.service import build_service
+from trainwave.builders.service import MANAGED_BY, build_endpoint_slice, build_service
 from trainwave.builders.status_key import build_status_key_secret
 from trainwave.builders.workload import build_workload
 from trainwave.controller import metrics
@@ -36,6 +37,7 @@ from trainwave.controller.workloads import (
 )
 from trainwave.lifecycle.admission import finished_conditions, queue_of, released_conditions
 from trainwave.lifecycle.decide import Decision, JobEvent
+from trainwave.lifecycle.endpoints import addresses
 from trainwave.lifecycle.observed import WorkerPod, observe_pod
 from trainwave.lifecycle.workload_actions import WorkloadAction
 from trainwave.resolving import ResolvedJob
@@ -150,14 +152,26 @@ class Executor:
         if decision.create_ranks and resolved is not None:
             await self.create_workers(read, decision, with_status(resolved, decision.status))
         if resolved is not None and decision.wants_service:
-            attempt = decision.status.attempt
-            await asyncio.to_thread(kube.apply_service, build_service(resolved.job, attempt))
-            self._books.applied_service((meta.namespace, meta.name), attempt)
+            await self._publish(resolved.job, decision)
         if decision.delete_job:
             logger.info(
                 "%s/%s: ttlSecondsAfterFinished passed; deleting", meta.namespace, meta.name
             )
             await asyncio.to_thread(kube.delete_job, meta.namespace, meta.name, meta.uid)
+
+    async def _publish(self, job: TrainingJob, decision: Decision) -> None:
+        """The Service, then the EndpointSlice it owns naming the decided workers."""
+        kube, attempt, workers = self._kube, decision.status.attempt, decision.service_endpoints
+        service_uid = await asyncio.to_thread(kube.apply_service, build_service(job))
+        slice_ = build_endpoint_slice(job, attempt, workers, service_uid)
+        await asyncio.to_thread(kube.apply_endpoint_slice, slice_)
+        key = (job.metadata.namespace, job.metadata.name)
+        if self._books.foreign_slices(key):
+            # The Service lost its selector in the apply above: kube-controller-manager no
+            # longer writes its slices, but leaves those it wrote, with old addresses.
+            name = slice_["metadata"]["name"]
+            await asyncio.to_thread(kube.delete_foreign_slices, key[0], name, MANAGED_BY)
+        self._books.applied_service(key, (attempt, addresses(workers)))
 
     async def create_workers(
         self, read: JobRead, decision: Decision, resolved: ResolvedJob

@@ -163,7 +163,7 @@ async def start(*, settings: kopf.OperatorSettings, memo: Any, **_: Any) -> None
         record_event=recorder.record,
         job_body=jobs.body,
         worker_pods=jobs.worker_pods,
-        service_attempts=jobs.service_attempts,
+        service_states=jobs.service_states,
         placer=placer,
         levels=OPTIONS.topology_levels,
         runtime_image=OPTIONS.runtime_image,

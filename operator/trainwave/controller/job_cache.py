@@ -1,4 +1,4 @@
-"""TrainingJobs, their worker pods and their Services, as reconciles read them.
+"""TrainingJobs, their worker pods and their EndpointSlices, as reconciles read them.
 
 Three informers (kube/informer.py: one paginated LIST, then a WATCH; relist and
 REPLACE after a failed or expired watch) fill the stores below. They replaced
@@ -12,7 +12,7 @@ handed to `on_departure` with the last state seen (kube/informer.py's tombstone)
 A job is woken (`wake(key)`, from an informer thread) only when what its
 reconcile reads changed: the job's resourceVersion, a worker's `WorkerPod`
 record (a pod update that changes nothing decisions read wakes nobody), or
-whether its Service exists. A worker's change wakes it through `wake_pod`, which
+what its EndpointSlice names. A worker's change wakes it through `wake_pod`, which
 the operator batches (handlers.py), as kube-controller-manager's Job controller
 batches pod events: a gang's pods change together, one reconcile sees them all.
 """
@@ -28,6 +28,7 @@ from typing import Any
 
 from trainwave import contract
 from trainwave.api.trainingjob import JobKey
+from trainwave.builders.service import MANAGED_BY, MANAGED_BY_LABEL
 from trainwave.controller.kube import KubeClient
 from trainwave.controller.reading import kept_body
 from trainwave.kube.index import ByOwner
@@ -41,6 +42,7 @@ from trainwave.kube.informer import (
     StoreFuncs,
 )
 from trainwave.kube.namespaced import AnyInformer, informer_in, watched
+from trainwave.lifecycle.endpoints import FOREIGN, ServiceState
 from trainwave.lifecycle.observed import WorkerPod, observe_pod
 
 logger = logging.getLogger(__name__)
@@ -48,7 +50,7 @@ logger = logging.getLogger(__name__)
 Wake = Callable[[JobKey], None]
 Departure = Callable[[JobKey, WorkerPod], None]
 Body = dict[str, Any]
-ServiceRecord = tuple[JobKey, int | None]  # owner, attempt selected (None: any)
+SliceRecord = tuple[JobKey, ServiceState]  # owner; the attempt and addresses it names
 
 
 class JobCache(InformerGroup):
@@ -77,10 +79,10 @@ class JobCache(InformerGroup):
         self._namespaces = tuple(namespaces)
         self._bodies: dict[JobKey, Body] = {}
         self._pods: ByOwner[JobKey, WorkerPod] = ByOwner()
-        # A Service: its owner and the attempt its selector picks (None: every attempt's
-        # workers, as Services applied before the selector named it did).
-        self._services: dict[str, ServiceRecord] = {}
-        self._service_attempts: dict[JobKey, Counter[int | None]] = {}
+        # The EndpointSlices the operator wrote (builders/service.py), and per job what
+        # they name.
+        self._slices: dict[str, SliceRecord] = {}
+        self._service_states: dict[JobKey, Counter[ServiceState]] = {}
         labelled = contract.LABEL_JOB_NAME  # a bare key selects "label present"
         common: dict[str, Any] = {"page_size": page_size, "watch_seconds": watch_seconds}
         group = (contract.GROUP, contract.VERSION)
@@ -108,19 +110,24 @@ class JobCache(InformerGroup):
             handlers=EventHandlers(on_delete=_departure_handler(on_departure)),
             **common,
         )
-        self.services: AnyInformer[ServiceRecord] = informer_in(
-            "services",
+        discovery = kube.discovery
+        self.slices: AnyInformer[SliceRecord] = informer_in(
+            "endpoint-slices",
             self._namespaces,
-            everywhere=partial(core.list_service_for_all_namespaces, label_selector=labelled),
-            lister_in=lambda ns: partial(core.list_namespaced_service, ns, label_selector=labelled),
-            convert=self._service_record,
-            store=StoreFuncs(self._replace_services, self._put_service),
+            everywhere=partial(
+                discovery.list_endpoint_slice_for_all_namespaces, label_selector=labelled
+            ),
+            lister_in=lambda ns: partial(
+                discovery.list_namespaced_endpoint_slice, ns, label_selector=labelled
+            ),
+            convert=self._slice_record,
+            store=StoreFuncs(self._replace_slices, self._put_slice),
             **common,
         )
 
     @property
     def informers(self) -> tuple[AnyInformer[Any], ...]:
-        return self.jobs, self.pods, self.services
+        return self.jobs, self.pods, self.slices
 
     # What reconciles read.
 
@@ -132,10 +139,10 @@ class JobCache(InformerGroup):
         with self._lock:
             return self._pods.of(key)
 
-    def service_attempts(self, key: JobKey) -> frozenset[int | None]:
-        """The attempts the job's Services select (None: any); empty without a Service."""
+    def service_states(self, key: JobKey) -> frozenset[ServiceState]:
+        """What the job's EndpointSlices name; empty without one."""
         with self._lock:
-            return frozenset(self._service_attempts.get(key, ()))
+            return frozenset(self._service_states.get(key, ()))
 
     def jobs_on(self, nodes: set[str]) -> set[JobKey]:
         """The jobs with a worker bound to one of `nodes`."""
@@ -168,7 +175,7 @@ class JobCache(InformerGroup):
             held = {
                 self.jobs.kind: len(self._bodies),
                 self.pods.kind: len(self._pods),
-                self.services.kind: len(self._services),
+                self.slices.kind: len(self._slices),
             }
         return {i.kind: (held[i.kind], i.relists) for i in self.informers}
 
@@ -191,12 +198,22 @@ class JobCache(InformerGroup):
         pod = observe_pod(dict(obj))
         return (key, pod) if pod is not None else None
 
-    def _service_record(self, obj: Mapping[str, Any]) -> ServiceRecord | None:
+    def _slice_record(self, obj: Mapping[str, Any]) -> SliceRecord | None:
         key = _owner_key(obj)
         if key is None or not self._watched(key[0]):
             return None
-        selected = str(((obj.get("spec") or {}).get("selector") or {}).get(contract.LABEL_ATTEMPT))
-        return key, int(selected) if selected.isdigit() else None
+        labels = (obj.get("metadata") or {}).get("labels") or {}
+        if labels.get(MANAGED_BY_LABEL) != MANAGED_BY:
+            # Another controller's: kube-controller-manager's, left from when the Service
+            # had a selector (an operator before this one). Written again and deleted.
+            return key, (FOREIGN, frozenset())
+        attempt = str(labels.get(contract.LABEL_ATTEMPT))
+        named = frozenset(
+            (str((e.get("targetRef") or {}).get("name", "")), str(address))
+            for e in obj.get("endpoints") or ()
+            for address in e.get("addresses") or ()
+        )
+        return key, (int(attempt) if attempt.isdigit() else -1, named)
 
     # Store writes, on informer threads; wakes are sent after the lock is released.
 
@@ -229,33 +246,33 @@ class JobCache(InformerGroup):
         for key in {r[0] for r in (old, record) if r is not None}:
             self._wake_pod(key)
 
-    def _replace_services(self, records: Mapping[str, ServiceRecord]) -> None:
+    def _replace_slices(self, records: Mapping[str, SliceRecord]) -> None:
         with self._lock:
-            old, self._services = self._services, dict(records)
-            self._service_attempts = {}
-            for record in self._services.values():
-                self._count_service(record, 1)
+            old, self._slices = self._slices, dict(records)
+            self._service_states = {}
+            for record in self._slices.values():
+                self._count_slice(record, 1)
         self._wake_all({key for key, _ in set(old.values()) ^ set(records.values())})
 
-    def _put_service(self, name: str, record: ServiceRecord | None) -> None:
+    def _put_slice(self, name: str, record: SliceRecord | None) -> None:
         with self._lock:
-            old = self._services.pop(name, None)
+            old = self._slices.pop(name, None)
             if old is not None:
-                self._count_service(old, -1)
+                self._count_slice(old, -1)
             if record is not None:
-                self._services[name] = record
-                self._count_service(record, 1)
+                self._slices[name] = record
+                self._count_slice(record, 1)
         self._wake_all({r[0] for r in (old, record) if r is not None and old != record})
 
-    def _count_service(self, record: ServiceRecord, change: int) -> None:
+    def _count_slice(self, record: SliceRecord, change: int) -> None:
         """Under the lock."""
-        key, attempt = record
-        attempts = self._service_attempts.setdefault(key, Counter())
-        attempts[attempt] += change
-        if attempts[attempt] <= 0:
-            del attempts[attempt]
-        if not attempts:
-            del self._service_attempts[key]
+        key, state = record
+        states = self._service_states.setdefault(key, Counter())
+        states[state] += change
+        if states[state] <= 0:
+            del states[state]
+        if not states:
+            del self._service_states[key]
 
     def _wake_all(self, keys: Iterable[JobKey]) -> None:
         for key in keys:

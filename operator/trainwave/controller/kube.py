@@ -67,6 +67,7 @@ class KubeClient:
         self.events = client.EventsV1Api(api_client)
         self.resource = client.ResourceV1Api(api_client)
         self.admission = client.AdmissionregistrationV1Api(api_client)
+        self.discovery = client.DiscoveryV1Api(api_client)
         self.instance = os.environ.get("POD_NAME") or socket.gethostname()
         # Asked before every write: with leader election, it refuses a replica that does
         # not hold the Lease (leadership.LeaderElector.check). Reads are never gated.
@@ -120,9 +121,22 @@ class KubeClient:
             body=options,
         )
 
-    def apply_service(self, service: dict[str, Any]) -> None:
+    def apply_service(self, service: dict[str, Any]) -> str:
+        """Apply the job's Service; its UID, which its EndpointSlice names as owner."""
         meta = service["metadata"]
-        self._apply(self.core.patch_namespaced_service, meta["name"], meta["namespace"], service)
+        answer = self._apply(
+            self.core.patch_namespaced_service, meta["name"], meta["namespace"], service
+        )
+        return str(json.loads(answer).get("metadata", {}).get("uid", ""))
+
+    def apply_endpoint_slice(self, endpoints: dict[str, Any]) -> None:
+        meta = endpoints["metadata"]
+        self._apply(
+            self.discovery.patch_namespaced_endpoint_slice,
+            meta["name"],
+            meta["namespace"],
+            endpoints,
+        )
 
     def apply_pod(self, pod: dict[str, Any]) -> None:
         meta = pod["metadata"]
@@ -268,6 +282,20 @@ class KubeClient:
         )
         raise Conflict(f"resourceclaim {namespace}/{name} was left by an earlier pod; replaced")
 
+    def delete_foreign_slices(self, namespace: str, service: str, ours: str) -> None:
+        """Delete the EndpointSlices of `service` that another controller manages (`ours`:
+        the operator's managed-by value)."""
+        selector = (
+            f"kubernetes.io/service-name={service},endpointslice.kubernetes.io/managed-by!={ours}"
+        )
+        self._ignore_gone(
+            lambda: _release(
+                self.discovery.delete_collection_namespaced_endpoint_slice(
+                    namespace, label_selector=selector, _preload_content=False
+                )
+            )
+        )
+
     def delete_pod(self, namespace: str, name: str, *, force: bool = False) -> None:
         """`force`: grace period 0, for a pod whose node will never confirm a graceful
         delete (lost or NotReady) and whose name must come free for its replacement."""
@@ -315,7 +343,8 @@ class KubeClient:
                 "could not post event %s for %s: %s", event.reason, meta["name"], error.reason
             )
 
-    def _apply(self, patch: Any, name: str, namespace: str, body: dict[str, Any]) -> None:
+    def _apply(self, patch: Any, name: str, namespace: str, body: dict[str, Any]) -> bytes:
+        """Apply `body`; the answer's raw JSON."""
         self.guard()
         try:
             response = patch(
@@ -325,16 +354,15 @@ class KubeClient:
                 field_manager=contract.FIELD_MANAGER,
                 force=True,
                 _content_type=APPLY,
-                # The response is not used; turning it into client models costs
-                # more CPU than the request itself.
+                # Turning the answer into client models costs more CPU than the request.
                 _preload_content=False,
             )
-            _release(response)
+            return _release(response)
         except ApiException as error:
             if error.status == 422 or malformed(error):
                 raise Rejected(_status_message(error)) from None
             if error.status in (400, 403, 404):  # quota, RBAC, a webhook, a missing namespace
-                kind = "service" if "service" in getattr(patch, "__name__", "") else "pod"
+                kind = body.get("kind", "object").lower()
                 raise Refused(f"{kind} {namespace}/{name}", _status_message(error)) from None
             raise
 
@@ -347,14 +375,15 @@ class KubeClient:
                 raise
 
 
-def _release(response: Any) -> None:
+def _release(response: Any) -> bytes:
     """Read an unparsed response to its end and hand its connection back to the pool.
 
     Without this every call would leave its connection checked out, and the
-    next one would pay for a new TLS handshake.
+    next one would pay for a new TLS handshake. Returns the body, unparsed.
     """
-    response.read()
+    data: bytes = response.read()
     response.release_conn()
+    return data
 
 
 def _items(response: Any) -> list[dict[str, Any]]:

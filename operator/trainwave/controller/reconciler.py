@@ -53,6 +53,13 @@ from trainwave.lifecycle.decide import (
     decide,
     decide_invalid,
 )
+from trainwave.lifecycle.endpoints import (
+    ServiceState,
+    addresses,
+    foreign,
+    published,
+    service_state,
+)
 from trainwave.lifecycle.errors import reconcile_failed, reconciled
 from trainwave.lifecycle.observed import NodeHealth, PodPhase, WorkerPod
 from trainwave.lifecycle.plan import Held, may_hold, only_creates, with_held_news
@@ -91,8 +98,8 @@ class Seen:
     pods: list[WorkerPod]
     now: datetime
     waiting: PlacementWait | None
-    service_exists: bool  # selecting this attempt's workers
-    service_stale: bool  # only one selecting another attempt's (or every attempt's)
+    service_exists: bool  # the EndpointSlice names exactly this attempt's live workers
+    service_stale: bool  # it names another attempt's, or a worker no longer live
 
 
 class Reconciler:
@@ -102,7 +109,7 @@ class Reconciler:
         *,
         job_body: Callable[[JobKey], dict[str, Any] | None],
         worker_pods: Callable[[JobKey], Iterable[WorkerPod]],
-        service_attempts: Callable[[JobKey], frozenset[int | None]],
+        service_states: Callable[[JobKey], frozenset[ServiceState]],
         placer: Placer,
         levels: tuple[str, ...],
         record_event: Callable[[dict[str, Any], JobEvent], None],
@@ -125,7 +132,7 @@ class Reconciler:
         self._master_key = master_key  # each job's status key is derived from it
         self._job_body = job_body
         self._worker_pods = worker_pods
-        self._service_attempts = service_attempts
+        self._service_states = service_states
         self._clock = clock
         self._books = Bookkeeping()
         # Not `departures or ...`: an empty Departures is falsy (it has a length), and the
@@ -190,7 +197,10 @@ class Reconciler:
                 return await self._write_held(key, read, held, unseen)
             return unseen
         seen = Seen(
-            pods, self._clock(), self._placer.waiting(key), *self._service(key, status.attempt)
+            pods,
+            self._clock(),
+            self._placer.waiting(key),
+            *self._service(key, read.meta.uid, status.attempt, pods),
         )
         understood = self._understand(key, read, status)
         if isinstance(understood, str):
@@ -404,13 +414,17 @@ class Reconciler:
         self._books.remember(key, decision.memory)
         return decision
 
-    def _service(self, key: JobKey, attempt: int) -> tuple[bool, bool]:
-        """Whether the job's Service selects `attempt`'s workers (the watch shows it, or this
-        reconciler applied it moments ago), and whether only a Service selecting others
-        exists (builders/service.py: it is applied again at once)."""
-        attempts = self._service_attempts(key)
-        exists = self._books.service_exists(key, attempt, attempt in attempts)
-        return exists, not exists and bool(attempts)
+    def _service(
+        self, key: JobKey, uid: str, attempt: int, pods: list[WorkerPod]
+    ) -> tuple[bool, bool]:
+        """Whether the job's EndpointSlice names exactly `attempt`'s live workers (the watch
+        shows it, or this reconciler applied it moments ago), and whether it names others
+        (written again at once: lifecycle/endpoints.py)."""
+        wanted = addresses(published((p for p in pods if p.owner_uid == uid), attempt))
+        states = self._service_states(key)
+        applied = self._books.service_exists(key, (attempt, wanted), (attempt, wanted) in states)
+        self._books.foreign_slices(key, foreign(states))
+        return service_state(states, attempt, wanted, applied)
 
     def _admission(self, key: JobKey, job: TrainingJob) -> Admission | None:
         """A job with a queue-name label, when the Kueue integration is on."""

@@ -23,6 +23,7 @@ from trainwave.api.status import ConditionType, Phase, TrainingJobStatus
 from trainwave.api.trainingjob import ObjectMeta, TrainingJob
 from trainwave.lifecycle.admission import Admission, finish, gate, suspended
 from trainwave.lifecycle.draft import Decision, Draft, JobEvent, PlacementWait, complete, fail
+from trainwave.lifecycle.endpoints import published
 from trainwave.lifecycle.failures import Cause, Incident, find_incidents, judge_failure
 from trainwave.lifecycle.goodput import Memory
 from trainwave.lifecycle.observed import NodeHealth, PodPhase, WorkerPod
@@ -60,9 +61,9 @@ def decide(
     """`resolved` is the job resolved once by the caller (resolving.py). `nodes`: the
     health of the workers' nodes, as far as the caller knows it (a node missing from it is
     not judged). `admission`: for a job queued in Kueue, its Workload as observed (None:
-    not queued, runs as soon as placed). `service_exists`: whether the job's headless
-    Service is observed selecting this attempt's workers; `service_stale`: whether only
-    one selecting other workers is (applied again at once: builders/service.py).
+    not queued, runs as soon as placed). `service_exists`: whether the job's EndpointSlice
+    names exactly this attempt's live workers; `service_stale`: whether it names others
+    (written again at once; lifecycle/endpoints.py `service_state`).
     `memory`: what the previous decision remembered of the reports (Decision.memory), for
     hangs and stragglers."""
     job = resolved.job
@@ -92,7 +93,8 @@ def decide(
         if draft.status.phase is not None and draft.status.phase.terminal:
             finish(draft, admission)
         elif service_stale:
-            # Before the new gang's pods exist: the old gang's, terminating, leave its names.
+            # At once, before the new gang's pods exist: the names must not lead to the old
+            # gang's workers, terminating, or to a replaced worker's old address.
             draft.wants_service = True
     if reports:
         _reported(draft, job, reports)
@@ -104,6 +106,7 @@ def decide(
             repair = apply_preflight(draft, job, current, reports or {})
         if repair is not None:
             _repair(draft, job, current, repair)
+    draft.service_endpoints = published(mine, draft.status.attempt)
     return draft.finish()
 
 
@@ -143,6 +146,7 @@ def count_created(
     current = [p for p in pods if p.owner_uid == job.metadata.uid and p.attempt == attempt]
     _count(draft, job, current)
     _progress(draft, job, current, waiting, service_exists)
+    draft.service_endpoints = published(current, attempt)
     return draft.finish()
 
 

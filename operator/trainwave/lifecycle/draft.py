@@ -12,6 +12,7 @@ from typing import Literal
 from trainwave.api.status import ConditionType, Phase, TrainingJobStatus
 from trainwave.api.trainingjob import ObjectMeta
 from trainwave.lifecycle.conditions import clear_condition, set_condition
+from trainwave.lifecycle.endpoints import Published
 from trainwave.lifecycle.goodput import Memory
 from trainwave.lifecycle.observed import WorkerPod
 from trainwave.lifecycle.workload_actions import WorkloadAction
@@ -59,9 +60,12 @@ class Decision:
     wants_placement: bool = False
     # What to do to the job's Kueue Workload (lifecycle/admission.py).
     workload: WorkloadAction = WorkloadAction.NONE
-    # Every worker of the attempt has an address and the headless Service is not observed:
-    # create it (created earlier, its endpoints would be rewritten per worker's address).
+    # Write the headless Service and its EndpointSlice naming `service_endpoints`: every
+    # worker of the attempt has an address and the slice does not name them yet (written
+    # earlier, it would be rewritten per worker's address), or it names workers that are
+    # gone or of another attempt (lifecycle/endpoints.py).
     wants_service: bool = False
+    service_endpoints: tuple[Published, ...] = ()
     # What the goodput decisions remember of the reports until the next poll
     # (lifecycle/goodput.py); the controller keeps it and passes it back in.
     memory: Memory | None = None
@@ -87,6 +91,7 @@ class Draft:
     wants_placement: bool = False
     workload: WorkloadAction = WorkloadAction.NONE
     wants_service: bool = False
+    service_endpoints: tuple[Published, ...] = ()
     memory: Memory | None = None
     mark_nodes: list[tuple[str, datetime]] = field(default_factory=list)
 
@@ -146,6 +151,7 @@ class Draft:
             wants_placement=self.wants_placement,
             workload=self.workload,
             wants_service=self.wants_service,
+            service_endpoints=self.service_endpoints if self.wants_service else (),
             memory=self.memory,
             mark_nodes=tuple(self.mark_nodes),
         )

@@ -1,0 +1,78 @@
+"""Which workers the job's DNS names point at: the endpoints the operator publishes.
+
+Pure. The operator writes its headless Service's EndpointSlice itself
+(builders/service.py says why). What it publishes follows kube-controller-manager's
+EndpointSlice controller for a headless Service with publishNotReadyAddresses
+(k8s.io/endpointslice util/controller_utils.go `ShouldPodBeInEndpoints`, utils.go
+`podToEndpoint`): a pod with an address that has not ended, published ready before it is
+Ready (readiness comes only after the rendezvous that needs the name), with one
+difference: a terminating pod is left out. A worker replaced alone keeps its hostname, so
+kube-controller-manager published the old, terminating pod's address beside the new one's
+under the same name; here only the current attempt's live workers are named.
+"""
+
+from collections.abc import Iterable
+from dataclasses import dataclass
+
+from trainwave.lifecycle.observed import PodPhase, WorkerPod
+
+# What the published endpoints are, compared with what a watch shows: (pod, address).
+Addresses = frozenset[tuple[str, str]]
+# An EndpointSlice as the operator reads it back: the attempt it names, and its addresses.
+ServiceState = tuple[int, Addresses]
+# The attempt of a slice another controller manages: never current, so the operator writes
+# its own and deletes that one (controller/executing.py).
+FOREIGN = -2
+
+
+@dataclass(frozen=True, slots=True)
+class Published:
+    """One worker as its EndpointSlice names it."""
+
+    rank: int
+    pod: str
+    uid: str
+    address: str
+    node: str
+    ready: bool
+
+
+def published(pods: Iterable[WorkerPod], attempt: int) -> tuple[Published, ...]:
+    """The workers of `attempt` that DNS should name, by rank."""
+    chosen = {
+        p.rank: Published(p.rank, p.name, p.uid, p.pod_ip, p.node, p.ready)
+        for p in pods
+        if p.attempt == attempt
+        and p.pod_ip
+        and not p.deleting
+        and not p.departed
+        and p.phase not in (PodPhase.SUCCEEDED, PodPhase.FAILED)
+    }
+    return tuple(chosen[rank] for rank in sorted(chosen))
+
+
+def addresses(endpoints: Iterable[Published]) -> Addresses:
+    return frozenset((e.pod, e.address) for e in endpoints)
+
+
+def service_state(
+    states: Iterable[ServiceState], attempt: int, wanted: Addresses, applied: bool
+) -> tuple[bool, bool]:
+    """(current, stale) for a job whose attempt is `attempt` and whose live workers are
+    `wanted`, given the EndpointSlices the watch shows (`states`) and whether this
+    reconciler applied exactly (attempt, wanted) moments ago (`applied`).
+
+    Current: the names point at exactly the live workers. Stale: a slice names another
+    attempt or an address no longer live, or another controller's slice is there; it is
+    written again at once, before the new workers exist. Neither: workers are still
+    getting their addresses; the slice is written once all have one (lifecycle/decide.py),
+    not once per address."""
+    states = list(states)
+    foreign = any(a == FOREIGN for a, _ in states)
+    current = not foreign and (applied or (attempt, wanted) in states)
+    stale = not current and any(a != attempt or not named <= wanted for a, named in states)
+    return current, stale
+
+
+def foreign(states: Iterable[ServiceState]) -> bool:
+    return any(a == FOREIGN for a, _ in states)

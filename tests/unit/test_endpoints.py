@@ -1,0 +1,60 @@
+"""Which workers the job's EndpointSlice names, and when it is written (lifecycle/endpoints.py)."""
+
+from dataclasses import replace
+
+from factories import make_pod
+
+from trainwave.lifecycle.endpoints import FOREIGN, addresses, foreign, published, service_state
+
+
+def test_only_the_attempt_s_live_workers_with_an_address_are_named_by_rank() -> None:
+    pods = [
+        make_pod(1, attempt=2, pod_ip="10.0.0.2", ready=False),
+        make_pod(0, attempt=2, pod_ip="10.0.0.1"),
+        make_pod(2, attempt=2),  # no address yet
+        make_pod(3, attempt=2, pod_ip="10.0.0.4", deleting=True),  # terminating
+        make_pod(4, attempt=2, phase="Failed", pod_ip="10.0.0.5"),  # ended
+        make_pod(5, attempt=2, phase="Succeeded", pod_ip="10.0.0.6"),
+        replace(make_pod(6, attempt=2, pod_ip="10.0.0.7"), departed=True),  # gone
+        make_pod(0, attempt=1, pod_ip="10.0.0.9"),  # the gang before
+    ]
+    named = published(pods, 2)
+    assert [(e.rank, e.address, e.ready) for e in named] == [
+        (0, "10.0.0.1", True),
+        (1, "10.0.0.2", False),
+    ]
+    assert named[0].pod == pods[1].name
+    assert named[0].uid == pods[1].uid
+    assert addresses(named) == {(pods[1].name, "10.0.0.1"), (pods[0].name, "10.0.0.2")}
+
+
+LIVE = frozenset({("w0", "10.0.0.1"), ("w1", "10.0.0.2")})
+
+
+def test_a_slice_naming_exactly_the_live_workers_is_current() -> None:
+    assert service_state([(3, LIVE)], 3, LIVE, applied=False) == (True, False)
+    assert service_state([], 3, LIVE, applied=True) == (True, False), "applied moments ago"
+
+
+def test_no_slice_yet_is_neither_current_nor_stale_it_waits_for_every_address() -> None:
+    assert service_state([], 3, LIVE, applied=False) == (False, False)
+    # Named so far: a subset of the live workers (a replacement still getting its address).
+    partial = frozenset({("w0", "10.0.0.1")})
+    assert service_state([(3, partial)], 3, LIVE, applied=False) == (False, False)
+
+
+def test_a_slice_naming_a_gone_worker_or_another_attempt_is_stale() -> None:
+    gone = frozenset({("w0", "10.0.0.1"), ("w1-old", "10.0.0.8")})
+    assert service_state([(3, gone)], 3, LIVE, applied=False) == (False, True)
+    assert service_state([(2, frozenset())], 3, LIVE, applied=False) == (False, True)
+    # Withdrawn to nothing while the new gang has no address: current, nothing to write.
+    assert service_state([(3, frozenset())], 3, frozenset(), applied=False) == (True, False)
+
+
+def test_another_controller_s_slice_is_stale_even_beside_a_current_one() -> None:
+    """kube-controller-manager's slices, left from a Service that had a selector, name the
+    same hostnames: written again (and deleted) until the watch shows them gone."""
+    states = [(3, LIVE), (FOREIGN, frozenset())]
+    assert foreign(states)
+    assert service_state(states, 3, LIVE, applied=True) == (False, True)
+    assert not foreign([(3, LIVE)])
