@@ -4,7 +4,14 @@ from dataclasses import replace
 
 from factories import make_pod
 
-from trainwave.lifecycle.endpoints import FOREIGN, addresses, foreign, published, service_state
+from trainwave.lifecycle.endpoints import (
+    FOREIGN,
+    addresses,
+    foreign,
+    nameable,
+    published,
+    service_state,
+)
 
 
 def test_only_the_attempt_s_live_workers_with_an_address_are_named_by_rank() -> None:
@@ -58,3 +65,15 @@ def test_another_controller_s_slice_is_stale_even_beside_a_current_one() -> None
     assert foreign(states)
     assert service_state(states, 3, LIVE, applied=True) == (False, True)
     assert not foreign([(3, LIVE)])
+
+
+def test_addresses_an_endpoint_slice_may_not_hold_are_not_named() -> None:
+    """The API server refuses them (ValidateEndpointIP): a host-network worker of the test
+    kubelet has 127.0.0.1, and a refused slice must not stop the job."""
+    for refused in ("127.0.0.1", "::1", "0.0.0.0", "169.254.1.2", "fe80::1", "224.0.0.5", "x"):
+        assert not nameable(refused), refused
+    for fine in ("10.244.0.7", "192.168.5.1", "fd00::5"):
+        assert nameable(fine), fine
+    assert (
+        published([make_pod(0, pod_ip="127.0.0.1"), make_pod(1, pod_ip="10.0.0.2")], 0)[0].rank == 1
+    )

@@ -24,7 +24,7 @@ from trainwave.controller import metrics
 from trainwave.controller.admission_guards import AdmissionGuards
 from trainwave.controller.bookkeeping import Bookkeeping
 from trainwave.controller.goodput_metrics import record_goodput
-from trainwave.controller.kube import KubeClient
+from trainwave.controller.kube import KubeClient, Refused, Rejected
 from trainwave.controller.placement_inputs import Ticket
 from trainwave.controller.placer import Placer
 from trainwave.controller.reading import JobRead, kept_body
@@ -160,11 +160,17 @@ class Executor:
             await asyncio.to_thread(kube.delete_job, meta.namespace, meta.name, meta.uid)
 
     async def _publish(self, job: TrainingJob, decision: Decision) -> None:
-        """The Service, then the EndpointSlice it owns naming the decided workers."""
+        """The Service, then the EndpointSlice it owns naming the decided workers. A refusal
+        is the names' problem, not the spec's: a ReplicaFailure retried with backoff, the
+        workers keep running (never an invalid spec that fails the job)."""
         kube, attempt, workers = self._kube, decision.status.attempt, decision.service_endpoints
-        service_uid = await asyncio.to_thread(kube.apply_service, build_service(job))
-        slice_ = build_endpoint_slice(job, attempt, workers, service_uid)
-        await asyncio.to_thread(kube.apply_endpoint_slice, slice_)
+        slice_ = build_endpoint_slice(job, attempt, workers, "")
+        try:
+            service_uid = await asyncio.to_thread(kube.apply_service, build_service(job))
+            slice_["metadata"]["ownerReferences"][0]["uid"] = service_uid
+            await asyncio.to_thread(kube.apply_endpoint_slice, slice_)
+        except Rejected as rejected:
+            raise Refused(f"endpoints of service {job.metadata.name}", str(rejected)) from None
         key = (job.metadata.namespace, job.metadata.name)
         if self._books.foreign_slices(key):
             # The Service lost its selector in the apply above: kube-controller-manager no

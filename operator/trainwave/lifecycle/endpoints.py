@@ -11,6 +11,7 @@ kube-controller-manager published the old, terminating pod's address beside the 
 under the same name; here only the current attempt's live workers are named.
 """
 
+import ipaddress
 from collections.abc import Iterable
 from dataclasses import dataclass
 
@@ -43,12 +44,26 @@ def published(pods: Iterable[WorkerPod], attempt: int) -> tuple[Published, ...]:
         p.rank: Published(p.rank, p.name, p.uid, p.pod_ip, p.node, p.ready)
         for p in pods
         if p.attempt == attempt
-        and p.pod_ip
+        and nameable(p.pod_ip)
         and not p.deleting
         and not p.departed
         and p.phase not in (PodPhase.SUCCEEDED, PodPhase.FAILED)
     }
     return tuple(chosen[rank] for rank in sorted(chosen))
+
+
+def nameable(address: str) -> bool:
+    """An address an EndpointSlice may hold: the API server refuses unspecified, loopback
+    and link-local ones (pkg/apis/core/validation `ValidateEndpointIP`), which no peer could
+    reach by name anyway (a host-network worker of a test kubelet has 127.0.0.1)."""
+    try:
+        ip = ipaddress.ip_address(address)
+    except ValueError:
+        return False
+    link_local_multicast = ip in ipaddress.ip_network(
+        "224.0.0.0/24" if ip.version == 4 else "ff02::/16"
+    )
+    return not (ip.is_unspecified or ip.is_loopback or ip.is_link_local or link_local_multicast)
 
 
 def addresses(endpoints: Iterable[Published]) -> Addresses:
