@@ -164,28 +164,27 @@ def test_slices_kube_controller_manager_wrote_before_an_upgrade_are_deleted(
     assert applied.returncode == 0, applied.stderr
 
     def only_ours():
+        """The one slice left, if the selector is gone and it is the operator's alone."""
         found = service_of(cluster, namespace, "upgraded")
         slices = endpoint_slices(cluster, namespace, "upgraded")
         managers = [
             s["metadata"]["labels"]["endpointslice.kubernetes.io/managed-by"] for s in slices
         ]
-        return (
-            managers if "selector" not in found["spec"] and managers == ["trainwave.io"] else None
-        )
+        if "selector" in found["spec"] or managers != ["trainwave.io"]:
+            return None
+        return sorted(e["hostname"] for e in slices[0]["endpoints"])
 
     # kube-controller-manager writes a slice for the selector at once; the operator sees it
     # (it carries the Service's labels), and only then acts: nothing else woke it.
     # kube-controller-manager may write its slice once more from a view that still had the
-    # selector, after the operator deleted the first: that one goes too.
+    # selector, after the operator deleted the first: that one goes too. So the end state
+    # is read twice, 3 s apart, and both reads are part of the wait.
     def settled():
-        return only_ours() and (time.sleep(3) or only_ours())
+        first = only_ours()
+        return first if first and (time.sleep(3) or only_ours() == first) else None
 
-    wait_until(settled, 90, "the selector gone and only the operator's slice left")
-    (ours,) = endpoint_slices(cluster, namespace, "upgraded")
-    assert sorted(e["hostname"] for e in ours["endpoints"]) == [
-        "upgraded-worker-0",
-        "upgraded-worker-1",
-    ]
+    names = wait_until(settled, 90, "the selector gone and only the operator's slice left")
+    assert names == ["upgraded-worker-0", "upgraded-worker-1"]
 
 
 def test_a_deleted_service_comes_back_with_its_endpoints(cluster, namespace, running_operator):
