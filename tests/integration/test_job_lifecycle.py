@@ -74,8 +74,9 @@ def service_of(cluster, namespace, name):
     return json.loads(found.stdout) if found.returncode == 0 else None
 
 
-def test_the_service_waits_until_every_worker_has_an_address(cluster, namespace, running_operator):
-    """Its endpoints are then written once, not once per worker getting its address."""
+def test_the_endpoints_wait_until_every_worker_has_an_address(cluster, namespace, running_operator):
+    """They are then written once, not once per worker getting its address; the Service
+    itself comes with the pods, so that the reconcile that names them writes once."""
     nowhere = {"nodeSelector": {"trainwave.test/pool": "nowhere"}}
     apply(cluster, namespace, job_manifest("held", workers=2, result=None, template_spec=nowhere))
     apply(cluster, namespace, job_manifest("went", workers=3, result=None))
@@ -94,7 +95,10 @@ def test_the_service_waits_until_every_worker_has_an_address(cluster, namespace,
     held = job(cluster, namespace, "held")
     assert held["status"]["phase"] == "Scheduling", held["status"]
     assert all(p["spec"].get("schedulingGates") for p in worker_pods(cluster, namespace, "held"))
-    assert service_of(cluster, namespace, "held") is None
+    assert (
+        service_of(cluster, namespace, "held")["metadata"]["ownerReferences"][0]["name"] == "held"
+    )
+    assert endpoint_slices(cluster, namespace, "held") == []
 
 
 def endpoint_slices(cluster, namespace, name):

@@ -83,3 +83,14 @@ def test_an_applied_slice_counts_as_there_until_watched_or_expired() -> None:
     assert not books.service_exists(KEY, (2, named), watched=False), "applied for another attempt"
     assert not books.service_exists(KEY, (1, frozenset()), watched=False), "other addresses"
     assert books.service_exists(KEY, (1, named), watched=False)
+
+
+def test_the_service_applied_with_the_pods_is_named_once() -> None:
+    books = Bookkeeping(Clock())
+    assert books.service_uid(KEY) is None
+    books.applied_service_with_pods(KEY, "uid-1")
+    assert books.service_uid(KEY) == "uid-1"
+    assert books.service_uid(KEY) is None, "a later publish applies the Service itself"
+    books.applied_service_with_pods(KEY, "uid-2")
+    books.forget(KEY)
+    assert books.service_uid(KEY) is None

@@ -35,6 +35,8 @@ class Api:
         self.body = body
         self.status_patches = 0
         self.pods: list[dict[str, Any]] = []
+        self.services = 0
+        self.slices: list[dict[str, Any]] = []
         self.refuse = ""
 
     def patch_job_status(self, _ns: str, _name: str, _version: str, status: dict[str, Any]):
@@ -49,10 +51,11 @@ class Api:
         self.pods.append(pod)
 
     def apply_service(self, _service: dict[str, Any]) -> str:
-        return "svc-uid"
+        self.services += 1
+        return f"svc-uid-{self.services}"
 
-    def apply_endpoint_slice(self, _endpoints: dict[str, Any]) -> None:
-        pass
+    def apply_endpoint_slice(self, endpoints: dict[str, Any]) -> None:
+        self.slices.append(endpoints)
 
     def delete_pod(self, _namespace: str, _name: str) -> None:
         pass
@@ -161,6 +164,37 @@ def test_the_next_reconcile_writes_one_status_from_the_held_one() -> None:
     assert [c["type"] for c in status["conditions"]][:1] == ["Created"]
     reasons = [event.reason for event in operator.events]
     assert reasons == ["AllWorkersRunning"], "no news of phases no status showed"
+
+
+def test_the_service_comes_with_the_pods_and_the_publishing_reconcile_writes_one_slice() -> None:
+    """At 2,000 jobs a second write in a row on the reconcile that found the gang addressed
+    held the reconcile workers a third longer: the Service is applied with the pods."""
+    api, placer = Api(make_body(workers=2, gpus_per_worker=1)), Placer()
+    operator = Operator(api, placer, Guards())
+    operator.reconcile()
+    assert (api.services, api.slices) == (1, []), "no names before the workers have addresses"
+    operator.seen = running
+    operator.now = NOW + timedelta(seconds=1)
+    operator.reconcile()
+
+    assert api.services == 1, "not applied again"
+    (endpoints,) = api.slices
+    assert endpoints["metadata"]["ownerReferences"][0]["uid"] == "svc-uid-1"
+
+
+def test_a_publish_without_a_service_applied_with_the_pods_applies_it_first() -> None:
+    """An operator restarted between the two (or a Service deleted since) applies it again,
+    and the slice takes the UID it answers with."""
+    api, placer = Api(make_body(workers=2, gpus_per_worker=1)), Placer()
+    Operator(api, placer, Guards()).reconcile()
+    successor = Operator(api, placer, Guards())
+    successor.seen = running
+    successor.now = NOW + timedelta(seconds=2)
+    successor.reconcile()
+
+    assert api.services == 2
+    (endpoints,) = api.slices
+    assert endpoints["metadata"]["ownerReferences"][0]["uid"] == "svc-uid-2"
 
 
 def test_a_warning_about_the_spec_outlives_the_held_phase() -> None:

@@ -8,6 +8,9 @@ dropped as soon as the watch catches up or the job goes:
 - pods created and not seen by the watch yet (kube/expectations.py, tagged by attempt);
 - EndpointSlices applied and not seen yet (the same `Expectations`: otherwise each
   reconcile between the apply and its watch event applied the slice once more);
+- the UID of the Service applied with the job's latest pods, which the slice that
+  names them takes as owner (used once: a Service deleted since costs one slice
+  that garbage collection removes, and the next publish applies the Service again);
 - a status held after a gang was created placed (lifecycle/plan.py says when);
 - children refused in a row (the backoff's count) and what the goodput decisions
   remember of the reports between polls.
@@ -46,6 +49,7 @@ class Bookkeeping:
         self._services: Expectations[JobKey] = Expectations(EXPECTATIONS_SECONDS, clock)
         self._service_applied: dict[JobKey, ServiceState] = {}  # what it last applied
         self._foreign_slices: set[JobKey] = set()  # jobs with another controller's slice
+        self._service_uids: dict[JobKey, str] = {}  # applied with the pods, not used yet
         self._held: dict[JobKey, Held] = {}
         self._refusals: dict[JobKey, int] = {}
         self._memories: dict[JobKey, Memory] = {}
@@ -57,6 +61,7 @@ class Bookkeeping:
         self._services.delete(key)
         self._service_applied.pop(key, None)
         self._foreign_slices.discard(key)
+        self._service_uids.pop(key, None)
         self._held.pop(key, None)
         self._refusals.pop(key, None)
         self._memories.pop(key, None)
@@ -97,6 +102,14 @@ class Bookkeeping:
     def applied_service(self, key: JobKey, state: ServiceState) -> None:
         self._services.expect(key, {_SERVICE})
         self._service_applied[key] = state
+
+    def applied_service_with_pods(self, key: JobKey, uid: str) -> None:
+        self._service_uids[key] = uid
+
+    def service_uid(self, key: JobKey) -> str | None:
+        """The UID of the Service applied with the job's latest pods, once; None: the
+        publishing reconcile applies the Service itself."""
+        return self._service_uids.pop(key, None)
 
     def foreign_slices(self, key: JobKey, seen: bool | None = None) -> bool:
         """Whether the watch last showed another controller's EndpointSlice for the job's

@@ -160,20 +160,24 @@ class Executor:
             await asyncio.to_thread(kube.delete_job, meta.namespace, meta.name, meta.uid)
 
     async def _publish(self, job: TrainingJob, decision: Decision) -> None:
-        """The Service, then the EndpointSlice it owns naming the decided workers. A refusal
-        is the names' problem, not the spec's: a ReplicaFailure retried with backoff, the
-        workers keep running (never an invalid spec that fails the job)."""
+        """The EndpointSlice naming the decided workers, owned by the Service: applied with
+        the pods (`create_workers`), or here first when it was not. A refusal is the
+        names' problem, not the spec's: a ReplicaFailure retried with backoff, the workers
+        keep running (never an invalid spec that fails the job)."""
         kube, attempt, workers = self._kube, decision.status.attempt, decision.service_endpoints
-        slice_ = build_endpoint_slice(job, attempt, workers, "")
+        key = (job.metadata.namespace, job.metadata.name)
         try:
-            service_uid = await asyncio.to_thread(kube.apply_service, build_service(job))
-            slice_["metadata"]["ownerReferences"][0]["uid"] = service_uid
+            # One write, not two in a row, on the reconcile that found the gang addressed:
+            # at 2,000 jobs the second held the reconcile workers a third longer.
+            service_uid = self._books.service_uid(key)
+            if service_uid is None:
+                service_uid = await asyncio.to_thread(kube.apply_service, build_service(job))
+            slice_ = build_endpoint_slice(job, attempt, workers, service_uid)
             await asyncio.to_thread(kube.apply_endpoint_slice, slice_)
         except Rejected as rejected:
             raise Refused(f"endpoints of service {job.metadata.name}", str(rejected)) from None
-        key = (job.metadata.namespace, job.metadata.name)
         if self._books.foreign_slices(key):
-            # The Service lost its selector in the apply above: kube-controller-manager no
+            # The Service lost its selector when it was applied: kube-controller-manager no
             # longer writes its slices, but leaves those it wrote, with old addresses.
             name = slice_["metadata"]["name"]
             await asyncio.to_thread(kube.delete_foreign_slices, key[0], name, MANAGED_BY)
@@ -198,10 +202,14 @@ class Executor:
             resolved, decision.create_ranks, decision.status.attempt, self._runtime_image
         )
         placed = await self._place_at_creation(read, decision, resolved, pods)
-        results = await asyncio.gather(
+        service, *results = await asyncio.gather(
+            asyncio.to_thread(kube.apply_service, build_service(job)),
             *(asyncio.to_thread(kube.apply_pod, pod) for pod in placed or pods),
             return_exceptions=True,
         )
+        if isinstance(service, str) and service:
+            self._books.applied_service_with_pods((meta.namespace, meta.name), service)
+        # A refused Service is left to the publishing reconcile, which reports it.
         failed = [r for r in results if isinstance(r, BaseException)]
         if failed:
             if placed:  # a refused pod holds nothing; the created ones are placed already
