@@ -20,6 +20,11 @@ B. everything deleted, the operator stopped; the same number of bare Pods with t
    kube-scheduler binds them. Measured: apply start -> last pod Running, the control plane's
    own limit on this machine, and the CPU seconds per process as in A (both phases keep
    the 2 cores busy, so the ratio of A to B follows the ratio of CPU they need).
+B2. (BENCH_BARE_AS_WORKERS=1, the default) everything deleted; phase A's worker pods once
+   more, as the operator wrote them (labels, annotations, environment, hostname) but without
+   owner, node pin or gate, bound by kube-scheduler: B's pods are a few hundred bytes, the
+   workers a few kilobytes, and kube-apiserver, etcd and kwok carry every byte; B2 tells
+   what the workers' content costs from what the operator costs.
 C. everything deleted, the operator still stopped; the same TrainingJobs as in phase A in one
    `kubectl apply --server-side`, nothing acting on them. Measured: the apply's seconds, what
    the API server alone takes to accept the jobs on this machine (phase A's apply shares it
@@ -38,10 +43,12 @@ operator, and reports each phase's writes by client: a diagnostic, auditing cost
 
 from __future__ import annotations
 
+import copy
 import json
 import sys
 import time
 from collections import Counter
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 from urllib.parse import quote
@@ -71,6 +78,7 @@ from benchmarks.scale_measures import (  # noqa: E402
 from benchmarks.scale_report import quantiles, report, summarize  # noqa: E402
 from benchmarks.scale_settings import (  # noqa: E402
     AUDIT_ALL,
+    BARE_AS_WORKERS,
     BARE_LABEL,
     CLUSTER_TIMEOUT,
     GPUS,
@@ -115,9 +123,14 @@ def main() -> int:
         print(json.dumps({k: v for k, v in phase_a.items() if k != "worker_pod"}), flush=True)
         clear(bench.cluster, api, load)
         bench.operator.stop()
-        phase_b = run_bare(bench.cluster, api, phase_a["worker_pod"], load)
+        phase_b = run_bare(bench.cluster, api, phase_a["worker_pod"], load, bare_pod)
         print(json.dumps(phase_b), flush=True)
         clear(bench.cluster, api, load)
+        if BARE_AS_WORKERS:
+            as_workers = run_bare(bench.cluster, api, phase_a["worker_pod"], load, worker_copy)
+            phase_b["as_workers"] = as_workers
+            print(json.dumps(as_workers), flush=True)
+            clear(bench.cluster, api, load)
         load.enter("jobs-alone")
         phase_b["jobs_alone_apply_seconds"] = round(apply(bench.cluster, job_manifests()), 1)
         print(f"applied {JOBS} jobs, operator stopped, in {phase_b['jobs_alone_apply_seconds']}s")
@@ -161,10 +174,12 @@ class Api:
 def apply(cluster: Cluster, objects: list[dict[str, Any]]) -> float:
     """One server-side apply of all `objects` (one PATCH each, no GET); its seconds."""
     started = time.time()
-    cluster.kubectl(
+    applied = cluster.kubectl(
         "apply", "--server-side", "--field-manager=bench-scale", "-n", NAMESPACE, "-f", "-",
-        input=yaml.safe_dump_all(objects), timeout=1200,
+        input=yaml.safe_dump_all(objects), timeout=1200, check=False,
     )  # fmt: skip
+    if applied.returncode != 0:
+        raise RuntimeError(f"kubectl apply failed: {applied.stderr.strip()[-2000:]}")
     return time.time() - started
 
 
@@ -292,10 +307,14 @@ def run_trainwave(
 
 
 def run_bare(
-    cluster: Cluster, api: Api, worker: dict[str, Any], load: LoadSampler
+    cluster: Cluster,
+    api: Api,
+    worker: dict[str, Any],
+    load: LoadSampler,
+    make: Callable[[dict[str, Any], int], dict[str, Any]],
 ) -> dict[str, Any]:
     total = JOBS * WORKERS
-    pods = [bare_pod(worker, i) for i in range(total)]
+    pods = [make(worker, i) for i in range(total)]
     audit_log = Layout(cluster.state_dir).audit_log
     audit_offset = audit_log.stat().st_size if audit_log.exists() else 0
     load.enter("kube-scheduler")
@@ -358,6 +377,28 @@ def bare_pod(worker: dict[str, Any], index: int) -> dict[str, Any]:
             "terminationGracePeriodSeconds": 0,
         },
     }  # fmt: skip
+
+
+# What the API server fills in or the operator chose per gang: left out of a worker's copy.
+_SERVER_FIELDS = ("uid", "resourceVersion", "creationTimestamp", "generation", "managedFields")
+_CHOSEN_FIELDS = ("nodeName", "affinity", "schedulingGates", "priority", "serviceAccount")
+
+
+def worker_copy(worker: dict[str, Any], index: int) -> dict[str, Any]:
+    """Phase A's worker pod as the operator wrote it (labels, annotations, environment,
+    hostname, every container), without its owner, its node pin or its gate: the same
+    bytes for kube-apiserver, etcd and kwok to carry, bound by kube-scheduler. Against
+    `bare_pod`, it tells what the pods' content costs from what the operator costs."""
+    pod = {**copy.deepcopy(worker), "apiVersion": "v1", "kind": "Pod"}  # a list's item lacks them
+    pod.pop("status", None)
+    meta = pod["metadata"]
+    for name in (*_SERVER_FIELDS, "ownerReferences"):  # the job is gone: GC would take them
+        meta.pop(name, None)
+    meta["name"] = f"bare-{index:04d}"
+    meta["labels"] = {**meta.get("labels", {}), BARE_LABEL: "1"}
+    for name in _CHOSEN_FIELDS:
+        pod["spec"].pop(name, None)
+    return pod
 
 
 # kube-controller-manager's annotation on every node (ttl-controller) and its Event per new

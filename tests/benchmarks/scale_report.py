@@ -63,9 +63,16 @@ def summarize(
         }
         for name, value in figures.items()
     }
+    copies = b.get("as_workers") or {}
+    over_copies = (
+        round(a["apply_to_all_running_seconds"] / copies["apply_to_all_running_seconds"], 2)
+        if a["apply_to_all_running_seconds"] and copies.get("apply_to_all_running_seconds")
+        else None
+    )
     return {
         "smoke": SMOKE,
         "goals": goals,
+        "trainwave_over_worker_copies": over_copies,
         "trainwave": a,
         "bare_pods": b,
         "conditions": {
@@ -170,6 +177,8 @@ Phase B, bare pods bound by kube-scheduler (operator stopped):
 - CPU seconds per process, apply start -> all Running: {b.get("cpu_seconds_until_all_running")}
 - writes by client, apply start -> all Running (BENCH_AUDIT_ALL): {b.get("writes_by_client_until_all_running")}
 
+{_as_workers(a, b.get("as_workers"))}
+
 Phase C, the same TrainingJobs with the operator stopped (nothing acts on them):
 
 - `kubectl apply --server-side` of {a["jobs"]} jobs: {b.get("jobs_alone_apply_seconds")} s
@@ -179,3 +188,19 @@ Phase C, the same TrainingJobs with the operator stopped (nothing acts on them):
 Conditions:
 {conditions}
 """
+
+
+def _as_workers(a: dict[str, Any], b: dict[str, Any] | None) -> str:
+    if b is None:
+        return "Phase B with the workers' own pods: not run (BENCH_BARE_AS_WORKERS=0)."
+    ratio = (
+        round(a["apply_to_all_running_seconds"] / b["apply_to_all_running_seconds"], 2)
+        if a["apply_to_all_running_seconds"] and b["apply_to_all_running_seconds"]
+        else None
+    )
+    return f"""Phase B again, with phase A's worker pods as the operator wrote them (labels,
+annotations, environment; no owner, node pin or gate), bound by kube-scheduler:
+
+- `kubectl apply --server-side` of {b["pods"]} pods: {b["apply_seconds"]} s
+- apply start -> all {b["pods"]} pods Running: {b["apply_to_all_running_seconds"]} s (all Running: {b["all_running"]}); trainwave over these: {ratio}x
+- CPU seconds per process, apply start -> all Running: {b.get("cpu_seconds_until_all_running")}"""

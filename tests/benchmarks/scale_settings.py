@@ -30,6 +30,9 @@ OPERATOR_WORKERS = os.environ.get("BENCH_OPERATOR_WORKERS", "")
 # Appended to the results' name, so a repeat does not replace the reference run.
 TAG = os.environ.get("BENCH_TAG", "")
 AUDIT_ALL = os.environ.get("BENCH_AUDIT_ALL", "0") == "1"
+# Phase B once more with phase A's worker pods as the operator wrote them (bench_scale.py
+# worker_copy): what the pods' content costs, apart from what the operator costs.
+BARE_AS_WORKERS = os.environ.get("BENCH_BARE_AS_WORKERS", "1") == "1"
 NAMESPACE = "bench-scale"
 # A cluster of its own per topology, so a 1,024-node run never reshapes a 4,096-node one.
 STATE_NAME = os.environ.get(
