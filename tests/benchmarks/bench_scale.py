@@ -436,18 +436,29 @@ def settle(api: Api, nodes: int) -> float:
     return time.monotonic() - started
 
 
+DELETE_COLLECTION_TRIES = 10
+
+
 def clear(cluster: Cluster, api: Api, load: LoadSampler) -> None:
     """Delete every job and pod of the namespace and wait until the pods are gone."""
     load.enter("cleanup")
     # One DELETE per collection first: kubectl deletes one object per request, and 8,000
-    # pods took 13 minutes at load 12. kubectl then deletes whatever is left.
+    # pods took 13 minutes at load 12. kube-apiserver ends a request after 60 s (HTTP 504)
+    # and keeps what it deleted by then, so a collection too large for one is asked again
+    # while it shrinks. kubectl then deletes whatever is left.
     immediately = {"apiVersion": "v1", "kind": "DeleteOptions", "gracePeriodSeconds": 0}
     for path in (f"/apis/trainwave.io/v1alpha1/namespaces/{NAMESPACE}/trainingjobs",
                  api.pods_path()):  # fmt: skip
-        try:
-            api.client.request("DELETE", path, immediately)
-        except (ApiError, OSError) as error:
-            print(f"delete collection {path}: {error}; kubectl deletes one by one", flush=True)
+        left = len(api.names(path))
+        for _ in range(DELETE_COLLECTION_TRIES):
+            try:
+                api.client.request("DELETE", path, immediately)
+                break
+            except (ApiError, OSError) as error:
+                before, left = left, len(api.names(path))
+                print(f"delete collection {path}: {error}; {left} left", flush=True)
+                if left >= before:
+                    break  # no progress: kubectl deletes one by one
     cluster.kubectl("delete", "trainingjobs", "--all", "-n", NAMESPACE, "--wait=false",
                     check=False, timeout=300)  # fmt: skip
     cluster.kubectl("delete", "pods", "--all", "-n", NAMESPACE, "--wait=false",
