@@ -132,6 +132,16 @@ def running(pod: dict[str, Any]) -> dict[str, Any]:
     return pod
 
 
+def created_then_restarted(api: Api) -> None:
+    """One operator creates a placed gang; another, started after it, sees it running."""
+    placer = Placer()
+    Operator(api, placer, Guards()).reconcile()
+    successor = Operator(api, placer, Guards())
+    successor.seen = running
+    successor.now = NOW + timedelta(seconds=2)
+    successor.reconcile()
+
+
 def reconcile(api: Api, placer: Placer, guards: Guards | None) -> None:
     Operator(api, placer, guards).reconcile()
 
@@ -185,12 +195,8 @@ def test_the_service_comes_with_the_pods_and_the_publishing_reconcile_writes_one
 def test_a_publish_without_a_service_applied_with_the_pods_applies_it_first() -> None:
     """An operator restarted between the two (or a Service deleted since) applies it again,
     and the slice takes the UID it answers with."""
-    api, placer = Api(make_body(workers=2, gpus_per_worker=1)), Placer()
-    Operator(api, placer, Guards()).reconcile()
-    successor = Operator(api, placer, Guards())
-    successor.seen = running
-    successor.now = NOW + timedelta(seconds=2)
-    successor.reconcile()
+    api = Api(make_body(workers=2, gpus_per_worker=1))
+    created_then_restarted(api)
 
     assert api.services == 2
     (endpoints,) = api.slices
@@ -257,12 +263,8 @@ def test_a_held_status_gives_way_to_one_written_meanwhile() -> None:
 
 def test_a_lost_status_is_rebuilt_from_the_workers() -> None:
     """An operator restarted while it held the status: the new one decides from the pods."""
-    api, placer = Api(make_body(workers=2, gpus_per_worker=1)), Placer()
-    Operator(api, placer, Guards()).reconcile()
-    successor = Operator(api, placer, Guards())
-    successor.seen = running
-    successor.now = NOW + timedelta(seconds=2)
-    successor.reconcile()
+    api = Api(make_body(workers=2, gpus_per_worker=1))
+    created_then_restarted(api)
 
     assert len(api.pods) == 2, "no worker created twice"
     status = api.body["status"]
