@@ -5,6 +5,7 @@ import time
 
 import pytest
 
+from integration.node_pools import node_pool
 from integration.trainwave_fixtures import (
     apply,
     condition,
@@ -200,19 +201,49 @@ def test_a_deleted_service_comes_back_with_its_endpoints(cluster, namespace, run
     wait_until(lambda: endpoint_slices(cluster, namespace, "named"), 20, "its EndpointSlice")
     cluster.kubectl("delete", "service", "named", "-n", namespace, "--wait=true")
 
-    def again():
-        found = service_of(cluster, namespace, "named")
-        if not found or found["metadata"]["uid"] == first["metadata"]["uid"]:
-            return None
-        slices = endpoint_slices(cluster, namespace, "named")
-        owners = {o["uid"] for s in slices for o in s["metadata"]["ownerReferences"]}
-        hosts = sorted(e["hostname"] for s in slices for e in s.get("endpoints") or [])
-        return hosts if owners == {found["metadata"]["uid"]} and len(hosts) == 2 else None
+    again = wait_until(
+        lambda: named_anew(cluster, namespace, "named", first["metadata"]["uid"], 2),
+        60,
+        "the Service and its slice again",
+    )
+    assert again == ["named-worker-0", "named-worker-1"]
 
-    assert wait_until(again, 60, "the Service and its slice again") == [
-        "named-worker-0",
-        "named-worker-1",
-    ]
+
+def test_a_service_deleted_before_its_gang_ran_comes_back_with_its_endpoints(
+    cluster, namespace, running_operator
+):
+    """The Service comes with the pods and the slice later takes its UID: deleted between
+    the two, the slice names a dead owner, garbage collection removes it, and the operator
+    applies both again."""
+    later = {"trainwave.test/later": "yes"}
+    with node_pool(cluster, rack_sizes=(1,)) as pool:
+        template = {"nodeSelector": {**pool.selector, **later}}
+        apply(cluster, namespace, job_manifest("late", workers=2, result=None,
+                                               template_spec=template))  # fmt: skip
+        first = wait_until(lambda: service_of(cluster, namespace, "late"), 30, "the Service")
+        wait_for_phase(cluster, namespace, "late", "Scheduling")  # gated: no node matches yet
+        cluster.kubectl("delete", "service", "late", "-n", namespace, "--wait=true")
+        cluster.kubectl("label", "node", pool.nodes[0], "trainwave.test/later=yes")
+        wait_for_phase(cluster, namespace, "late", "Running")
+
+        again = wait_until(
+            lambda: named_anew(cluster, namespace, "late", first["metadata"]["uid"], 2),
+            60,
+            "the Service and its slice again",
+        )
+        assert again == ["late-worker-0", "late-worker-1"]
+
+
+def named_anew(cluster, namespace, name, old_uid, workers):
+    """The hostnames the job's slice names, once a Service other than `old_uid` owns it
+    and it names all `workers`."""
+    found = service_of(cluster, namespace, name)
+    if not found or found["metadata"]["uid"] == old_uid:
+        return None
+    slices = endpoint_slices(cluster, namespace, name)
+    owners = {o["uid"] for s in slices for o in s["metadata"]["ownerReferences"]}
+    hosts = sorted(e["hostname"] for s in slices for e in s.get("endpoints") or [])
+    return hosts if owners == {found["metadata"]["uid"]} and len(hosts) == workers else None
 
 
 def test_worker_failure_restarts_the_whole_gang_until_max_restarts(
