@@ -168,27 +168,44 @@ def test_slices_kube_controller_manager_wrote_before_an_upgrade_are_deleted(
                               check=False)  # fmt: skip
     assert applied.returncode == 0, applied.stderr
 
+    seen = []  # what the last look found, for the failure's message
+
     def only_ours():
         """The one slice left, if the selector is gone and it is the operator's alone."""
         found = service_of(cluster, namespace, "upgraded")
         slices = endpoint_slices(cluster, namespace, "upgraded")
         managers = [
-            s["metadata"]["labels"]["endpointslice.kubernetes.io/managed-by"] for s in slices
+            (
+                s["metadata"]["name"],
+                s["metadata"]["labels"]["endpointslice.kubernetes.io/managed-by"],
+            )
+            for s in slices
         ]
-        if "selector" in found["spec"] or managers != ["trainwave.io"]:
+        endpoints = [
+            e["metadata"]["name"] for e in get_json(cluster, namespace, "endpoints")["items"]
+        ]
+        seen[:] = [found["spec"].get("selector"), managers, endpoints]
+        if "selector" in found["spec"] or [m for _, m in managers] != ["trainwave.io"]:
+            return None
+        if endpoints:  # left, kube-controller-manager's mirroring controller writes them again
             return None
         return sorted(e["hostname"] for e in slices[0]["endpoints"])
 
     # kube-controller-manager writes a slice for the selector at once; the operator sees it
     # (it carries the Service's labels), and only then acts: nothing else woke it.
     # kube-controller-manager may write its slice once more from a view that still had the
-    # selector, after the operator deleted the first: that one goes too. So the end state
-    # is read twice, 3 s apart, and both reads are part of the wait.
+    # selector, after the operator deleted the first: that one goes too. Its Endpoints for
+    # the selector must go as well: left, its mirroring controller copied them into a slice
+    # of its own, written again each time the operator deleted it (found in CI). So the end
+    # state is read twice, 3 s apart, and both reads are part of the wait.
     def settled():
         first = only_ours()
         return first if first and (time.sleep(3) or only_ours() == first) else None
 
-    names = wait_until(settled, 90, "the selector gone and only the operator's slice left")
+    try:
+        names = wait_until(settled, 90, "the selector gone and only the operator's slice left")
+    except AssertionError as error:
+        raise AssertionError(f"{error}; selector, slices, Endpoints last seen: {seen}") from None
     assert names == ["upgraded-worker-0", "upgraded-worker-1"]
 
 

@@ -111,6 +111,13 @@ when it watches every namespace, a Role's in each of `watchNamespaces` otherwise
 - apiGroups: ["discovery.k8s.io"]
   resources: ["endpointslices"]
   verbs: ["create", "patch", "deletecollection"]
+# deletecollection of the Endpoints kube-controller-manager's endpoints controller wrote
+# for such a Service, matched by name and its managed-by label: left behind, its
+# EndpointSlice mirroring controller copies them into a slice of old addresses
+# for a Service without a selector, and writes that slice again whenever it goes.
+- apiGroups: [""]
+  resources: ["endpoints"]
+  verbs: ["deletecollection"]
 # Each job's status key, mounted into its workers to sign their /status
 # reports. Create only: the operator derives the key it verifies with from its
 # master key and never reads these back; ownerReferences let GC remove them.

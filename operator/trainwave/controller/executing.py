@@ -178,8 +178,10 @@ class Executor:
             raise Refused(f"endpoints of service {job.metadata.name}", str(rejected)) from None
         if self._books.foreign_slices(key):
             # The Service lost its selector when it was applied: kube-controller-manager no
-            # longer writes its slices, but leaves those it wrote, with old addresses.
+            # longer writes its slices, but leaves those it wrote, with old addresses, and
+            # its Endpoints, which it would mirror into a slice again: those go first.
             name = slice_["metadata"]["name"]
+            await asyncio.to_thread(kube.delete_foreign_endpoints, key[0], name)
             await asyncio.to_thread(kube.delete_foreign_slices, key[0], name, MANAGED_BY)
         self._books.applied_service(key, (attempt, addresses(workers)))
 

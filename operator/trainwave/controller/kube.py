@@ -30,6 +30,10 @@ APPLY = "application/apply-patch+yaml"
 MERGE = "application/merge-patch+json"
 # Pods that hold nothing are left out of the listings placement needs.
 ACTIVE_PODS = "status.phase!=Succeeded,status.phase!=Failed"
+# How kube-controller-manager's endpoints controller marks the Endpoints it writes
+# (k8s.io/kubernetes pkg/controller/endpoint, LabelManagedBy / ControllerName).
+ENDPOINTS_MANAGED_BY_LABEL = "endpoints.kubernetes.io/managed-by"
+ENDPOINTS_CONTROLLER = "endpoint-controller"
 
 
 class Conflict(Exception):
@@ -292,6 +296,24 @@ class KubeClient:
             lambda: _release(
                 self.discovery.delete_collection_namespaced_endpoint_slice(
                     namespace, label_selector=selector, _preload_content=False
+                )
+            )
+        )
+
+    def delete_foreign_endpoints(self, namespace: str, service: str) -> None:
+        """Delete the Endpoints kube-controller-manager's endpoints controller wrote for
+        `service` while it had a selector. It leaves them when the selector goes, and its
+        EndpointSlice mirroring controller then mirrors them, for a Service without a
+        selector, into a slice it writes again each time it is deleted
+        (k8s.io/kubernetes pkg/controller/endpointslicemirroring, v1.34: only a selector
+        or the skip-mirror label, which the endpoints controller no longer sets, stops it)."""
+        self._ignore_gone(
+            lambda: _release(
+                self.core.delete_collection_namespaced_endpoints(
+                    namespace,
+                    field_selector=f"metadata.name={service}",
+                    label_selector=f"{ENDPOINTS_MANAGED_BY_LABEL}={ENDPOINTS_CONTROLLER}",
+                    _preload_content=False,
                 )
             )
         )
