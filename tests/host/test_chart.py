@@ -97,6 +97,7 @@ EXPECTED_RULES = {
         "patch",
         "deletecollection",
     },
+    ("", "endpoints"): {"deletecollection"},  # kube-controller-manager's, left by a selector
     ("", "nodes"): {"list", "watch", "patch"},  # the straggler-until annotation only
     ("", "limitranges"): {"list", "watch"},
     ("", "resourcequotas"): {"list", "watch"},
@@ -155,6 +156,7 @@ JOB_WRITES = {
     ("", "pods"): {"create", "patch", "delete"},
     ("", "services"): {"create", "patch", "delete"},
     ("discovery.k8s.io", "endpointslices"): {"create", "patch", "deletecollection"},
+    ("", "endpoints"): {"deletecollection"},
     ("", "secrets"): {"create"},
     ("", "events"): {"create", "patch"},
     ("events.k8s.io", "events"): {"create", "patch"},
