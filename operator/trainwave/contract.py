@@ -24,6 +24,8 @@ LABEL_JOB_NAME: Final = "trainwave.io/job-name"
 LABEL_ROLE: Final = "trainwave.io/role"
 LABEL_RANK: Final = "trainwave.io/rank"
 LABEL_ATTEMPT: Final = "trainwave.io/attempt"
+# On a worker replaced alone: the replacement's serial, which also ends its pod's name.
+LABEL_REPLACEMENT: Final = "trainwave.io/replacement"
 ROLE_WORKER: Final = "worker"
 
 # Kueue (v0.11 to v0.17): a job with this label is admitted through a Workload that

@@ -3,7 +3,8 @@
 Jobs with the runtime (in-place restarts on by default) on a private pool of kwok nodes:
 rack 0 has four 8-GPU nodes, rack 1 one. The gang of two 8-GPU workers fits only rack 0,
 leaving two of its nodes free. When worker 1's node goes NotReady (or is drained), only
-worker 1 gets a new pod, of the same attempt and name, on a free node of rack 0, although
+worker 1 gets a new pod, of the same attempt and hostname, named with the replacement's
+serial (`-r1`) and created while the old pod may still terminate, on a free node of rack 0, although
 placement's objective alone (best fit) would take rack 1's single node; worker 0 keeps
 its pod (same UID). Worker 0, which hosts the rendezvous store, is replaced alone the same
 way. No training runs here (kwok plays the pods); the healthy workers re-entering torch's
@@ -93,7 +94,9 @@ def assert_replaced_alone(
     new = replaced(cluster, namespace, name, before[rank]["metadata"]["uid"], rank)
     now = by_rank(worker_pods(cluster, namespace, name))
     assert now[kept]["metadata"]["uid"] == before[kept]["metadata"]["uid"]  # the other stayed
-    assert new["metadata"]["name"] == before[rank]["metadata"]["name"]  # same attempt and name
+    # Same attempt, rank and hostname (so the same DNS name); a name of its own.
+    assert new["metadata"]["name"] == before[rank]["metadata"]["name"] + "-r1"
+    assert new["spec"]["hostname"] == before[rank]["spec"]["hostname"]
     assert new["metadata"]["labels"][contract.LABEL_RANK] == str(rank)
     new_node = new["spec"]["nodeName"]
     assert new_node != old_node
@@ -147,11 +150,7 @@ def test_a_drained_node_replaces_only_its_worker(cluster, namespace, running_ope
         node = before[1]["spec"]["nodeName"]
         # What kubectl drain does: cordon, then evict through the Eviction API.
         cluster.kubectl("cordon", node)
-        victim = before[1]["metadata"]["name"]
-        eviction = {"apiVersion": "policy/v1", "kind": "Eviction",
-                    "metadata": {"name": victim, "namespace": namespace}}  # fmt: skip
-        cluster.kubectl("create", "--raw", f"/api/v1/namespaces/{namespace}/pods/{victim}/eviction",
-                        "-f", "-", input=json.dumps(eviction))  # fmt: skip
+        evict(cluster, namespace, before[1]["metadata"]["name"])
         assert_replaced_alone(
             cluster,
             namespace,
@@ -161,6 +160,49 @@ def test_a_drained_node_replaces_only_its_worker(cluster, namespace, running_ope
             operator=running_operator,
             counted_before=counted,
         )
+
+
+def test_the_replacement_runs_while_the_old_pod_is_still_terminating(
+    cluster, namespace, running_operator
+):
+    # A finalizer keeps the evicted pod in the API, terminating, as a kubelet does for
+    # its grace period; the replacement must not wait for its name.
+    with node_pool(cluster, rack_sizes=(4, 1)) as pool:
+        counted = replaced_counter(running_operator)
+        before = start(cluster, namespace, "lingering", pool)
+        victim = before[1]["metadata"]["name"]
+        hold = {"metadata": {"finalizers": ["test.trainwave.io/hold"]}}
+        cluster.kubectl("patch", "pod", victim, "-n", namespace, "--type", "merge",
+                        "-p", json.dumps(hold))  # fmt: skip
+        try:
+            evict(cluster, namespace, victim)
+            assert_replaced_alone(
+                cluster,
+                namespace,
+                "lingering",
+                pool,
+                before=before,
+                operator=running_operator,
+                counted_before=counted,
+            )
+            old = cluster.kubectl("get", "pod", victim, "-n", namespace, "-o", "json").stdout
+            assert json.loads(old)["metadata"].get("deletionTimestamp"), old
+        finally:
+            cluster.kubectl("patch", "pod", victim, "-n", namespace, "--type", "merge",
+                            "-p", '{"metadata":{"finalizers":null}}')  # fmt: skip
+        # Gone at last, it is no news: the gang runs on, nothing counted again.
+        wait_until(lambda: not [p for p in worker_pods(cluster, namespace, "lingering")
+                                if p["metadata"]["name"] == victim], 60, "the old pod gone")  # fmt: skip
+        status = job(cluster, namespace, "lingering")["status"]
+        assert (status["phase"], status["attempt"], status["disruptions"]) == ("Running", 0, 1)
+
+
+def evict(cluster: Cluster, namespace: str, pod: str) -> None:
+    """What kubectl drain does to each pod after the cordon: the Eviction API."""
+    eviction = {"apiVersion": "policy/v1", "kind": "Eviction",
+                "metadata": {"name": pod, "namespace": namespace}}  # fmt: skip
+    cluster.kubectl("create", "--raw", f"/api/v1/namespaces/{namespace}/pods/{pod}/eviction",
+                    "-f", "-", input=json.dumps(eviction))  # fmt: skip
 
 
 def test_losing_worker_0_the_store_host_replaces_it_alone(cluster, namespace, running_operator):

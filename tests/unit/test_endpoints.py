@@ -77,3 +77,12 @@ def test_addresses_an_endpoint_slice_may_not_hold_are_not_named() -> None:
     assert (
         published([make_pod(0, pod_ip="127.0.0.1"), make_pod(1, pod_ip="10.0.0.2")], 0)[0].rank == 1
     )
+
+
+def test_of_two_live_pods_of_a_rank_the_newest_replacement_is_named() -> None:
+    # The old pod's delete not seen yet, its replacement up: DNS must name the new one.
+    old = replace(make_pod(1, pod_ip="10.0.0.1"), uid="old")
+    new = replace(make_pod(1, pod_ip="10.0.0.2"), name="demo-a0-worker-1-r1", uid="new", serial=1)
+    for pods in ([old, new], [new, old]):
+        (chosen,) = published(pods, 0)
+        assert (chosen.pod, chosen.address) == ("demo-a0-worker-1-r1", "10.0.0.2")

@@ -6,6 +6,7 @@ round and its objective. Against a watch cache filled by hand."""
 from __future__ import annotations
 
 import asyncio
+import copy
 from typing import Any
 
 import pytest
@@ -50,18 +51,31 @@ def pinned_node(patch: dict[str, Any]) -> str:
     return str(value)
 
 
-def replace_worker_1(nodes: list[dict[str, Any]], running_on: str) -> str:
+def replace_worker_1(
+    nodes: list[dict[str, Any]], running_on: str, terminating_on: str | None = None
+) -> str:
     """Worker 0 of a 2 x 8 GPU gang runs on `running_on`; worker 1 waits behind the gate
-    (its replacement). The node the placer pins worker 1 to."""
+    (its replacement), its old pod still terminating on `terminating_on` if given. The
+    node the placer pins worker 1 to."""
     index = ClusterIndex()
     for body in nodes:
         index.put_node(body["metadata"]["name"], node_record(body))
     resolved = resolve_job(make_job("job", workers=2, gpus_per_worker=8), LEVELS)
     worker0, worker1 = build_worker_pods(resolved, (0, 1), 0)
+    pods = [worker0, worker1]
+    if terminating_on is not None:
+        old = copy.deepcopy(worker1)
+        del old["spec"]["schedulingGates"]
+        old["spec"]["nodeName"] = terminating_on
+        old["metadata"]["deletionTimestamp"] = "2026-11-28T12:00:00Z"
+        old["status"] = {"phase": "Running"}
+        worker1["metadata"]["name"] += "-r1"  # as builders/names.py names a replacement
+        worker1["metadata"]["labels"][contract.LABEL_REPLACEMENT] = "1"
+        pods.append(old)
     del worker0["spec"]["schedulingGates"]
     worker0["spec"]["nodeName"] = running_on
     worker0["status"] = {"phase": "Running"}
-    for pod in (worker0, worker1):
+    for pod in pods:
         meta = pod["metadata"]
         meta["uid"] = f"uid-{meta['name']}"
         index.put_pod(f"{meta['namespace']}/{meta['name']}", pod_record(pod))
@@ -96,6 +110,13 @@ def test_without_the_gangs_rack_first_best_fit_would_take_the_other_rack(
     monkeypatch.setattr(Placer, "_place_near", nowhere)
     nodes = [node("a", "r0"), node("b", "r0"), node("c", "r0"), node("d", "r1")]
     assert replace_worker_1(nodes, running_on="a") == "d"
+
+
+def test_the_old_pod_still_terminating_holds_its_node_and_does_not_count_in_the_gang() -> None:
+    # The old worker 1 terminates on b and holds its GPUs there, as kube-scheduler counts
+    # a terminating pod; the gang is still whole (worker 0 and the gated replacement).
+    nodes = [node("a", "r0"), node("b", "r0"), node("c", "r0"), node("d", "r1")]
+    assert replace_worker_1(nodes, running_on="a", terminating_on="b") == "c"
 
 
 def test_with_no_room_in_the_gangs_rack_the_objective_places_it() -> None:

@@ -10,13 +10,16 @@ from typing import Any
 import pytest
 from factories import NOW, ago, make_body, make_pod
 
+from trainwave import contract
 from trainwave.api.reasons import Reason
 from trainwave.api.status import ConditionType, Phase
 from trainwave.api.trainingjob import parse_trainingjob
+from trainwave.builders.pods import build_worker_pods
+from trainwave.controller.executing import with_status
 from trainwave.controller.placement_inputs import gang_domains
 from trainwave.lifecycle.decide import Decision, decide
 from trainwave.lifecycle.failures import Incident
-from trainwave.lifecycle.observed import NodeHealth, WorkerPod
+from trainwave.lifecycle.observed import NodeHealth, WorkerPod, observe_pod
 from trainwave.lifecycle.replacing import judge_replacement
 from trainwave.resolving import resolve_job
 
@@ -69,13 +72,14 @@ def test_a_worker_whose_node_went_not_ready_is_replaced_alone() -> None:
     assert (status.attempt, status.disruptions, status.restarts) == (0, 1, 0)
     assert found.force_delete_pods == ("demo-a0-worker-1",)  # no kubelet will confirm
     assert found.delete_pods == ()  # worker 0 keeps its pod
-    assert found.create_ranks == ()  # only once the old pod is gone: same name
+    assert found.create_ranks == ()  # in the next reconcile, from the status written first
     assert status.replacements is not None
     (pending,) = status.replacements.pending
     assert (pending.rank, pending.pod_uid, pending.node, pending.cause) == (
         1, "uid-1", "node-1", "disruption",
     )  # fmt: skip
     assert (status.replacements.total, status.replacements.in_attempt) == (1, 1)
+    assert pending.serial == 1  # the new pod's name ends with it
     assert (status.phase, status.reason) == (Phase.RESTARTING, Reason.REPLACING_WORKER)
     condition = status.condition(ConditionType.WORKER_REPLACEMENT)
     assert condition is not None
@@ -156,9 +160,11 @@ def test_spent_disruptions_fail_the_job_as_before() -> None:
 
 
 def replacing(**changes: Any) -> dict[str, Any]:
-    """A job whose worker 1 (old pod uid-1 on node-1) is being replaced since `since`."""
+    """A job whose worker 1 (old pod uid-1 on node-1) is being replaced since `since`;
+    `serial` 0 (the default here) is an entry an earlier operator wrote."""
     pending = {"rank": 1, "podUID": "uid-1", "node": "node-1", "cause": "disruption",
-               "what": "worker 1 lost its node", "since": changes.pop("since", ago(5))}  # fmt: skip
+               "what": "worker 1 lost its node", "since": changes.pop("since", ago(5)),
+               "serial": changes.pop("serial", 0)}  # fmt: skip
     status = {
         "disruptions": 1,
         "replacements": {"total": 1, "attempt": 0, "inAttempt": 1, "pending": [pending]},
@@ -172,18 +178,73 @@ def stamp(made: dict[str, Any]) -> dict[str, Any]:
     return made
 
 
-def test_the_replacement_is_created_once_the_old_pod_is_gone_from_the_api() -> None:
-    departed = replace(gang(r1={"deleting": True})[1], departed=True)
-    found = run(stamp(replacing()), [gang()[0], departed], nodes={"node-1": NOT_READY})
+def test_the_replacement_is_created_while_the_old_pod_still_terminates() -> None:
+    made = stamp(replacing(serial=1))
+    found = run(made, gang(r1={"deleting": True}), nodes={"node-1": NOT_READY})
     assert found.create_ranks == (1,)
     assert (found.status.attempt, found.status.disruptions) == (0, 1)  # not counted twice
     assert not [e for e in found.events if e.reason == Reason.REPLACING_WORKER]
+    # Its pod, as the operator builds it from the decided status: a name of its own, the
+    # worker's hostname (so its DNS name and PET_LOCAL_ADDR) unchanged.
+    resolved = with_status(resolve_job(parse_trainingjob(made)), found.status)
+    (pod,) = build_worker_pods(resolved, found.create_ranks, found.status.attempt)
+    assert pod["metadata"]["name"] == "demo-a0-worker-1-r1"
+    assert pod["metadata"]["labels"][contract.LABEL_REPLACEMENT] == "1"
+    assert pod["spec"]["hostname"] == "demo-worker-1"
+    observed = observe_pod(pod)
+    assert observed is not None
+    assert observed.serial == 1
 
 
-def test_no_replacement_while_the_old_pod_still_terminates() -> None:
-    found = run(stamp(replacing()), gang(r1={"deleting": True}), nodes={"node-1": NOT_READY})
+def test_an_entry_without_a_serial_waits_for_the_old_pod_whose_name_it_reuses() -> None:
+    # An entry an earlier operator wrote: its new pod takes the old one's name.
+    made = stamp(replacing())
+    found = run(made, gang(r1={"deleting": True}), nodes={"node-1": NOT_READY})
     assert found.create_ranks == ()
     assert (found.status.attempt, found.status.disruptions) == (0, 1)
+    departed = replace(gang(r1={"deleting": True})[1], departed=True)
+    found = run(made, [gang()[0], departed], nodes={"node-1": NOT_READY})
+    assert found.create_ranks == (1,)
+    resolved = with_status(resolve_job(parse_trainingjob(made)), found.status)
+    (pod,) = build_worker_pods(resolved, found.create_ranks, found.status.attempt)
+    assert pod["metadata"]["name"] == "demo-a0-worker-1"
+    assert contract.LABEL_REPLACEMENT not in pod["metadata"]["labels"]
+
+
+def test_serials_count_every_replacement_of_the_job_so_names_never_repeat() -> None:
+    earlier = {"total": 4, "attempt": 0, "inAttempt": 0, "pending": []}
+    found = run(body(status={"replacements": earlier}), gang(), nodes={"node-1": NOT_READY})
+    assert found.status.replacements is not None
+    assert [p.serial for p in found.status.replacements.pending] == [5]
+
+
+def newer(rank: int, serial: int, **options: Any) -> WorkerPod:
+    pod = make_pod(rank, **options)
+    return replace(pod, name=f"{pod.name}-r{serial}", uid=f"uid-{rank}-r{serial}", serial=serial)
+
+
+@pytest.mark.parametrize("departed", [False, True], ids=["terminating", "departed"])
+def test_a_replaced_pod_still_around_after_its_replacement_runs_is_no_trouble(
+    departed: bool,
+) -> None:
+    old = replace(gang(r1={"deleting": True})[1], departed=departed)
+    done = {"total": 1, "attempt": 0, "inAttempt": 1, "pending": []}
+    found = run(body(status={"replacements": done, "disruptions": 1}),
+                [gang()[0], old, newer(1, 1)])  # fmt: skip
+    assert (found.status.attempt, found.status.disruptions, found.status.restarts) == (0, 1, 0)
+    assert found.status.phase == Phase.RUNNING
+    assert (found.create_ranks, found.delete_pods, found.force_delete_pods) == ((), (), ())
+
+
+def test_the_newest_replacement_lost_is_trouble_again() -> None:
+    old = replace(gang(r1={"deleting": True})[1], departed=True)
+    done = {"total": 1, "attempt": 0, "inAttempt": 1, "pending": []}
+    found = run(body(status={"replacements": done, "disruptions": 1}),
+                [gang()[0], old, newer(1, 1, deleting=True)])  # fmt: skip
+    assert (found.status.attempt, found.status.disruptions) == (0, 2)
+    assert found.status.replacements is not None
+    (pending,) = found.status.replacements.pending
+    assert (pending.rank, pending.pod_uid, pending.serial) == (1, "uid-1-r1", 2)
 
 
 def test_a_running_replacement_ends_it_with_an_event_naming_both_nodes() -> None:

@@ -207,8 +207,8 @@ class PreflightStatus(ApiModel):
 
 
 class PendingReplacement(ApiModel):
-    """A worker being recreated alone: its old pod's UID tells the old pod (same name, the
-    attempt's) from the new one."""
+    """A worker being recreated alone: its old pod's UID tells the old pod from the new one,
+    whose name ends with the serial (builders/names.py)."""
 
     model_config = _LENIENT
 
@@ -221,6 +221,13 @@ class PendingReplacement(ApiModel):
     cause: str = Field(description="cause: disruption or straggler.")
     what: str = Field(default="", description="what: what happened to the worker, for people.")
     since: datetime = Field(description="since: when the replacement was decided.")
+    serial: int = Field(
+        default=0,
+        description="serial: the replacement's number in the job, which ends the new pod's "
+        "name (<job>-a<attempt>-worker-<rank>-r<serial>), so the new pod is created while the "
+        "old one still terminates. 0 (an entry an earlier operator wrote): the new pod reuses "
+        "the old one's name and is created once that pod is gone.",
+    )
 
 
 class ReplacementStatus(ApiModel):
@@ -239,6 +246,12 @@ class ReplacementStatus(ApiModel):
     pending: list[PendingReplacement] = Field(
         default_factory=list, description="pending: replacements not running yet."
     )
+
+    def serial_of(self, rank: int, attempt: int) -> int:
+        """The serial of worker `rank`'s pending replacement in `attempt`; 0 for none."""
+        if self.attempt != attempt:
+            return 0
+        return next((p.serial for p in self.pending if p.rank == rank), 0)
 
 
 class TrainingJobStatus(ApiModel):

@@ -1,7 +1,8 @@
 """Deterministic names of a job's children.
 
-Pure. Names are functions of (job, rank, attempt) only, so a restarted
-operator computes the same names and cannot create a second copy of a worker.
+Pure. Names are functions of (job, rank, attempt, replacement serial) only, all
+read from the job and its status, so a restarted operator computes the same names
+and cannot create a second copy of a worker.
 """
 
 
@@ -13,10 +14,13 @@ def worker_hostname(job: str, rank: int) -> str:
     return f"{job}-worker-{rank}"
 
 
-def worker_pod_name(job: str, rank: int, attempt: int) -> str:
+def worker_pod_name(job: str, rank: int, attempt: int, serial: int = 0) -> str:
     # The attempt is part of the name so a restarted gang never waits for, or
-    # collides with, the terminating pods of the gang before it.
-    return f"{job}-a{attempt}-worker-{rank}"
+    # collides with, the terminating pods of the gang before it; a worker replaced
+    # alone adds its replacement's serial (status.replacements.pending) for the same
+    # reason: its new pod is created while the old one still terminates.
+    base = f"{job}-a{attempt}-worker-{rank}"
+    return f"{base}-r{serial}" if serial else base
 
 
 def master_address(job: str) -> str:

@@ -67,12 +67,15 @@ def build_worker_pod(worker: Worker) -> dict[str, Any]:
 
 def set_identity(pod: dict[str, Any], worker: Worker) -> None:
     meta = worker.job.metadata
+    replacements = worker.job.status.replacements
+    serial = replacements.serial_of(worker.rank, worker.attempt) if replacements else 0
     pod["metadata"].update(
-        name=worker_pod_name(meta.name, worker.rank, worker.attempt),
+        name=worker_pod_name(meta.name, worker.rank, worker.attempt, serial),
         namespace=meta.namespace,
         ownerReferences=[owner_reference(meta)],
     )
-    pod["metadata"]["labels"].update(
+    labels = pod["metadata"]["labels"]
+    labels.update(
         {
             **job_labels(meta),
             contract.LABEL_ROLE: contract.ROLE_WORKER,
@@ -80,6 +83,10 @@ def set_identity(pod: dict[str, Any], worker: Worker) -> None:
             contract.LABEL_ATTEMPT: str(worker.attempt),
         }
     )
+    if serial:
+        labels[contract.LABEL_REPLACEMENT] = str(serial)
+    else:  # the user's template may not pose as a replacement
+        labels.pop(contract.LABEL_REPLACEMENT, None)
     pod["spec"].update(
         hostname=worker_hostname(meta.name, worker.rank),
         subdomain=service_name(meta.name),

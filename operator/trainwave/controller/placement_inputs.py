@@ -123,7 +123,8 @@ def gated_gangs(
             p
             for p in view.workers.get(key, ())
             if p.worker is not None and p.worker.attempt == ticket.attempt and not p.gated
-        ]
+            and not p.deleting  # a replaced worker's old pod, still terminating
+        ]  # fmt: skip
         whole = len(gated) + len(released) == ticket.request.workers
         if gated and whole and all(p.needs is not None for p in gated):
             gangs[key] = sorted(gated, key=lambda p: p.worker.rank if p.worker else 0)

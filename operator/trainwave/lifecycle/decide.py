@@ -36,6 +36,7 @@ from trainwave.lifecycle.replacing import (
     follow_replacements,
     judge_replacement,
     start_replacement,
+    superseded,
 )
 from trainwave.lifecycle.reported import Repair, apply_reports
 from trainwave.lifecycle.reports import WorkerReport, progress_status, rdma_verdict
@@ -230,7 +231,8 @@ def _run(
         restart_or_fail(draft, job, flight.overdue, Cause.DISRUPTION)
         return
     # A replaced worker's old pod is neither trouble nor a worker of the gang any more.
-    visible = [p for p in current if not flight.hides(p)]
+    replaced = superseded(current)
+    visible = [p for p in current if not (flight.hides(p) or p.name in replaced)]
     _count(draft, job, visible)
     incidents = find_incidents(
         visible,
@@ -258,8 +260,8 @@ def _run(
     if _backing_off(draft):
         return
 
-    # A replaced worker's old pod gone from the API frees its name for the new one.
-    present = {p.rank for p in current if not (flight.hides(p) and p.departed)}
+    # A replaced worker's new pod has a name of its own: created while the old one goes.
+    present = {p.rank for p in visible} | {p.rank for p in current if flight.holds_name(p)}
     draft.create.extend(r for r in range(job.spec.workers) if r not in present)
     # Workers of the attempt and no start time at all: their status was lost after they
     # were created (a write that failed, an operator restarted before writing a held

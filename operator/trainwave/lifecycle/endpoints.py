@@ -8,7 +8,8 @@ EndpointSlice controller for a headless Service with publishNotReadyAddresses
 Ready (readiness comes only after the rendezvous that needs the name), with one
 difference: a terminating pod is left out. A worker replaced alone keeps its hostname, so
 kube-controller-manager published the old, terminating pod's address beside the new one's
-under the same name; here only the current attempt's live workers are named.
+under the same name; here only the current attempt's live workers are named, and the new
+pod is named as soon as it has an address, while the old one may still terminate.
 """
 
 import ipaddress
@@ -39,10 +40,11 @@ class Published:
 
 
 def published(pods: Iterable[WorkerPod], attempt: int) -> tuple[Published, ...]:
-    """The workers of `attempt` that DNS should name, by rank."""
+    """The workers of `attempt` that DNS should name, by rank; of two live pods of one
+    rank (an old pod whose delete has not reached the API yet), the newest replacement."""
     chosen = {
         p.rank: Published(p.rank, p.name, p.uid, p.pod_ip, p.node, p.ready)
-        for p in pods
+        for p in sorted(pods, key=lambda p: p.serial)
         if p.attempt == attempt
         and nameable(p.pod_ip)
         and not p.deleting

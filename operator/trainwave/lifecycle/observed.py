@@ -72,7 +72,8 @@ class WorkerPod:
     container_reason: str = ""  # the worker container's terminated reason (OOMKilled, Error)
     pod_reason: str = ""  # status.reason (Evicted, Terminated, OutOfcpu...)
     conditions: tuple[PodCondition, ...] = ()
-    uid: str = ""  # a replacement keeps its worker's name; the UID tells the two apart
+    uid: str = ""
+    serial: int = 0  # a worker replaced alone: its replacement's serial (label), else 0
     # Gone from the API (its DELETED event seen), kept by controller/departures.py as
     # evidence: a name that may be created again.
     departed: bool = False
@@ -111,6 +112,7 @@ def observe_pod(body: dict[str, Any]) -> WorkerPod | None:
     try:
         rank = int(labels[contract.LABEL_RANK])
         attempt = int(labels[contract.LABEL_ATTEMPT])
+        serial = int(labels.get(contract.LABEL_REPLACEMENT) or 0)
     except (KeyError, ValueError):
         return None
     owner_uid = next(
@@ -135,6 +137,7 @@ def observe_pod(body: dict[str, Any]) -> WorkerPod | None:
         owner_uid=_text(owner_uid),
         rank=rank,
         attempt=attempt,
+        serial=serial,
         phase=phase,
         ready=_condition_true(status, "Ready"),
         bound=bool((body.get("spec") or {}).get("nodeName")),

@@ -5,9 +5,10 @@ agent and c10d rendezvous (builders/runtime.py `in_place_env`): when one worker'
 is lost, the other workers' agents see their peer fail, restart their processes into a
 new rendezvous round and wait there for the missing node (torch's join timeout, 600 s
 by default). So the gang need not be recreated: the lost worker alone gets a new pod of
-the same attempt, with the same name and rank (so the same hostname, DNS name and
-`PET_LOCAL_ADDR`), placed by the placer in the gang's topology domain where there is
-room; the healthy workers keep their pods.
+the same attempt and rank (so the same hostname, DNS name and `PET_LOCAL_ADDR`), named
+with the replacement's serial (`<job>-a<attempt>-worker-<rank>-r<serial>`), placed by the
+placer in the gang's topology domain where there is room; the healthy workers keep their
+pods.
 
 `judge_replacement` says whether a trouble may be repaired so, and if not, why the gang
 is recreated instead. Replacement when all of these hold:
@@ -27,11 +28,16 @@ is recreated instead. Replacement when all of these hold:
 - maxDisruptions is not spent (then the gang path fails the job as before).
 
 A replacement is written into the status first (`status.replacements.pending`, with the
-old pod's UID), then the old pod is deleted: force-deleted when its node is lost or
-NotReady (no kubelet will confirm a graceful delete, and the name must come free), and
-the new pod is created once the old one is gone from the API. `follow_replacements`
-finishes each replacement when its new pod runs (a Warning Event names the worker, the
-old node and the new one) and gives up after `timeoutSeconds`: the gang is recreated.
+old pod's UID and the serial), then the old pod is deleted: force-deleted when its node is
+lost or NotReady (no kubelet will confirm a graceful delete). The new pod has a name of its
+own, so it is created in the next reconcile, while the old one may still terminate (a pod
+keeps its name in the API until its kubelet confirms the end, seconds after an eviction);
+the old pod's resources count on its node until it is gone, as kube-scheduler counts them.
+An entry an earlier operator wrote has no serial: its new pod reuses the old name and is
+created once the old pod is gone. A worker's pods with a lower serial than its newest are
+`superseded`: neither trouble nor workers of the gang. `follow_replacements` finishes each
+replacement when its new pod runs (a Warning Event names the worker, the old node and the
+new one) and gives up after `timeoutSeconds`: the gang is recreated.
 """
 
 from collections.abc import Iterable, Sequence
@@ -71,10 +77,27 @@ class InFlight:
     ranks: frozenset[int] = frozenset()
     old_uids: frozenset[str] = frozenset()
     overdue: str = ""  # set: a replacement ran out of time; recreate the gang with this
+    # Ranks whose entry has no serial (an earlier operator's): the new pod takes the old
+    # pod's name, so it waits for that pod to be gone from the API.
+    reuse_names: frozenset[int] = frozenset()
 
     def hides(self, pod: WorkerPod) -> bool:
         """An old pod of a worker being replaced: neither an incident nor a present worker."""
         return pod.rank in self.ranks and pod.uid in self.old_uids
+
+    def holds_name(self, pod: WorkerPod) -> bool:
+        """An old pod whose name its replacement waits for."""
+        return self.hides(pod) and pod.rank in self.reuse_names and not pod.departed
+
+
+def superseded(pods: Iterable[WorkerPod]) -> frozenset[str]:
+    """The names of pods replaced since: of each rank, those with a serial below the
+    newest one's (an old pod still terminating, or its last state kept as departed)."""
+    pods = list(pods)
+    newest: dict[int, int] = {}
+    for pod in pods:
+        newest[pod.rank] = max(newest.get(pod.rank, 0), pod.serial)
+    return frozenset(p.name for p in pods if p.serial < newest[p.rank])
 
 
 def replacement_on(job: TrainingJob) -> bool:
@@ -158,6 +181,7 @@ def start_replacement(
     pending = list(_pending_of(status))
     known = {p.rank for p in pending}
     what = {i.rank: i for i in incidents}
+    before = status.replacements or ReplacementStatus()
     added: list[PendingReplacement] = []
     for rank in verdict.ranks:
         if rank in known:
@@ -174,19 +198,19 @@ def start_replacement(
             cause=cause,
             what=incident.describe(),
             since=draft.now,
+            serial=before.total + len(added) + 1,  # total counts every attempt: unique
         )
         added.append(entry)
         if pod is None or pod.departed:
             continue
         # A drained, evicted or deleted pod is already going; a finished one (evicted:
-        # Failed) holds nothing, but its name must come free for the replacement.
+        # Failed) holds nothing, but is deleted all the same: a worker has one pod.
         if _node_gone(incident):
-            draft.force_delete.append(pod.name)  # no kubelet will confirm; the name must free
+            draft.force_delete.append(pod.name)  # no kubelet will confirm the end
         elif not pod.deleting:
             draft.delete.append(pod.name)
     if not added:
         return
-    before = status.replacements or ReplacementStatus()
     in_attempt = before.in_attempt if before.attempt == attempt else 0
     limit = job.spec.run_policy.failure_policy.max_disruptions
     draft.update(
@@ -233,6 +257,7 @@ def follow_replacements(draft: Draft, job: TrainingJob, current: Sequence[Worker
                 for p in current
                 if p.rank == entry.rank and p.uid != entry.pod_uid and not p.departed
                 and not p.deleting and p.phase == PodPhase.RUNNING
+                and (not entry.serial or p.serial == entry.serial)
             ),
             None,
         )  # fmt: skip
@@ -264,6 +289,7 @@ def follow_replacements(draft: Draft, job: TrainingJob, current: Sequence[Worker
     return InFlight(
         ranks=frozenset(e.rank for e in left),
         old_uids=frozenset(e.pod_uid for e in left),
+        reuse_names=frozenset(e.rank for e in left if not e.serial),
     )
 
 
