@@ -10,6 +10,8 @@ from factories import make_body
 from trainwave import contract
 from trainwave.api.trainingjob import parse_trainingjob
 from trainwave.builders.pods import build_worker_pods
+from trainwave.builders.runtime import rendezvous_conf
+from trainwave.builders.worker import Worker
 from trainwave.resolving import resolve_job
 
 pytestmark = pytest.mark.timeout(30)
@@ -64,8 +66,9 @@ def test_the_runtime_gives_every_worker_the_c10d_rendezvous_on_rank_0() -> None:
         assert found[contract.ENV_PET_RDZV_ID] == "uid-1-a2"  # the job's uid and attempt
         assert found[contract.ENV_PET_MAX_RESTARTS] == "3"  # spec.runtime.inPlaceRestarts default
         assert found[contract.ENV_HANG_TIMEOUT_SECONDS] == "20"
-    assert rank0[contract.ENV_PET_RDZV_CONF] == "is_host=true"
-    assert rank1[contract.ENV_PET_RDZV_CONF] == "is_host=false"
+    keep_alive = "keep_alive_interval=2,keep_alive_max_attempt=3"
+    assert rank0[contract.ENV_PET_RDZV_CONF] == f"is_host=true,{keep_alive}"
+    assert rank1[contract.ENV_PET_RDZV_CONF] == f"is_host=false,{keep_alive}"
     assert rank0[contract.ENV_PET_LOCAL_ADDR] == "ddp-worker-0.ddp"
     assert rank1[contract.ENV_PET_LOCAL_ADDR] == "ddp-worker-1.ddp"
 
@@ -143,3 +146,35 @@ def test_a_worker_replaced_alone_skips_preflight_the_rest_of_its_gang_ran_it() -
     # ...and it knows it replaces its worker (a worker 0 then announces its address).
     assert rank1[contract.ENV_REPLACEMENT] == "true"
     assert contract.ENV_REPLACEMENT not in rank0
+
+
+@pytest.mark.parametrize(
+    ("workers", "interval"), [(2, 2), (32, 2), (33, 3), (64, 4), (65, 5), (512, 5)]
+)
+def test_a_dead_node_leaves_the_rendezvous_sooner_than_torchs_15_s_and_heartbeats_scale(
+    workers: int, interval: int
+) -> None:
+    worker = Worker(parse_trainingjob(make_body(workers=workers, runtime={})), 1, 0)
+    assert rendezvous_conf(worker) == (
+        f"is_host=false,keep_alive_interval={interval},keep_alive_max_attempt=3"
+    )
+    assert workers / interval <= 16 or interval == 5  # heartbeats a second on worker 0's store
+
+
+def test_torchs_dynamic_rendezvous_reads_the_keep_alive_from_the_conf() -> None:
+    """What the conf is for: torch's own parser (run.py splits PET_RDZV_CONF the same way)
+    and handler factory take the keys; an unknown key would be silently ignored."""
+    from torch.distributed import HashStore
+    from torch.distributed.elastic.rendezvous import RendezvousParameters
+    from torch.distributed.elastic.rendezvous.c10d_rendezvous_backend import C10dRendezvousBackend
+    from torch.distributed.elastic.rendezvous.dynamic_rendezvous import create_handler
+    from torch.distributed.elastic.rendezvous.utils import _parse_rendezvous_config
+
+    worker = Worker(parse_trainingjob(make_body(workers=2, runtime={})), 1, 0)
+    conf = _parse_rendezvous_config(rendezvous_conf(worker))
+    params = RendezvousParameters("c10d", "ddp-worker-0.ddp:29400", "run", 2, 2, **conf)
+    store = HashStore()
+    handler = create_handler(store, C10dRendezvousBackend(store, "run"), params)
+    settings = handler.settings
+    assert settings.keep_alive_interval.total_seconds() == 2
+    assert settings.keep_alive_max_attempt == 3
