@@ -12,7 +12,7 @@ from trainwave import contract
 from trainwave.api.trainingjob import InvalidSpec, TrainingJob
 from trainwave.builders.names import master_address, worker_hostname, worker_pod_name
 from trainwave.builders.pods import build_worker_pods
-from trainwave.builders.service import build_endpoint_slice, build_service
+from trainwave.builders.service import build_endpoint_slices, build_service
 from trainwave.lifecycle.endpoints import Published
 from trainwave.resolving import check_template, resolve_job
 
@@ -308,7 +308,7 @@ def test_endpoint_slice_names_each_worker_by_the_hostname_its_pod_carries() -> N
         Published(0, "demo-a4-worker-0", "u0", "10.0.0.5", "n1", ready=False),
         Published(1, "demo-a4-worker-1", "u1", "10.0.0.6", "", ready=True),
     )
-    endpoints = build_endpoint_slice(job, 4, workers, "svc-uid")
+    (endpoints,) = build_endpoint_slices(job, 4, workers, "svc-uid")
     meta = endpoints["metadata"]
     service = build_service(job)["metadata"]["name"]
     assert meta["name"] == service
@@ -338,4 +338,26 @@ def test_endpoint_slice_names_each_worker_by_the_hostname_its_pod_carries() -> N
     assert first["conditions"] == {"ready": True, "serving": False, "terminating": False}
     assert endpoints["ports"] == [{"name": "rendezvous", "port": 23456, "protocol": "TCP"}]
     ipv6 = (Published(0, "demo-a4-worker-0", "u0", "fd00::5", "n1", ready=True),)
-    assert build_endpoint_slice(job, 4, ipv6, "svc-uid")["addressType"] == "IPv6"
+    assert build_endpoint_slices(job, 4, ipv6, "svc-uid")[0]["addressType"] == "IPv6"
+
+
+def test_a_job_of_over_1000_workers_is_named_by_a_slice_per_1000_ranks() -> None:
+    """The API refuses a slice of more than 1,000 endpoints; a job may have 10,000."""
+    job = make_job(workers=2001)
+    workers = tuple(
+        Published(r, f"demo-a0-worker-{r}", f"u{r}", f"10.1.{r // 250}.{r % 250 + 1}", "n", True)
+        for r in range(2001)
+        if r != 1500  # not addressed yet, or gone: its slice is written without it
+    )
+    slices = build_endpoint_slices(job, 0, workers, "svc-uid")
+    assert [s["metadata"]["name"] for s in slices] == ["demo", "demo.1", "demo.2"]
+    ranks = [[int(e["hostname"].rsplit("-", 1)[1]) for e in s["endpoints"]] for s in slices]
+    assert ranks[0] == list(range(1000))
+    assert ranks[1] == [r for r in range(1000, 2000) if r != 1500]
+    assert ranks[2] == [2000]
+    for s in slices:  # every one joined to the job's Service, and the job's
+        assert s["metadata"]["labels"]["kubernetes.io/service-name"] == "demo"
+        assert s["metadata"]["ownerReferences"][0]["name"] == "demo"
+    # The set is the job's size, not its live workers': a slice whose workers are gone is
+    # written empty, never left naming old addresses.
+    assert [len(s["endpoints"]) for s in build_endpoint_slices(job, 1, (), "u")] == [0, 0, 0]

@@ -160,6 +160,26 @@ def test_slice_states_follow_adds_changes_and_deletes() -> None:
         assert cache.service_states(("ns", "a")) == {(FOREIGN, frozenset())}
 
 
+def test_a_job_s_slices_are_one_state_per_attempt_they_name() -> None:
+    """A job of over 1,000 workers has a slice per 1,000 ranks (builders/service.py)."""
+    fake = Cluster([raw_job("a")], [], [])
+    first = raw_slice("a", attempt=3, named={"a-a3-worker-0": "10.0.0.1"})
+    second = raw_slice("a", attempt=3, named={"a-a3-worker-1000": "10.0.0.2"})
+    second["metadata"]["name"] = "a.1"
+    with fake as cache:
+        cache.slices.apply({"type": "ADDED", "object": first})
+        cache.slices.apply({"type": "ADDED", "object": second})
+        both = frozenset({("a-a3-worker-0", "10.0.0.1"), ("a-a3-worker-1000", "10.0.0.2")})
+        assert cache.service_states(("ns", "a")) == {(3, both)}
+        # Half written for the next attempt: the other half still names the old gang.
+        moved = raw_slice("a", attempt=4, named={"a-a4-worker-0": "10.0.0.3"})
+        cache.slices.apply({"type": "MODIFIED", "object": moved})
+        assert cache.service_states(("ns", "a")) == {
+            (4, frozenset({("a-a4-worker-0", "10.0.0.3")})),
+            (3, frozenset({("a-a3-worker-1000", "10.0.0.2")})),
+        }
+
+
 def test_namespaces_filter_keeps_only_matching_jobs_and_children() -> None:
     fake = Cluster(
         [raw_job("a", "team-x"), raw_job("b", "team-y"), raw_job("c", "default")],

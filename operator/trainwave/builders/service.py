@@ -1,4 +1,4 @@
-"""The headless Service that gives every worker a stable DNS name, and its EndpointSlice.
+"""The headless Service that gives every worker a stable DNS name, and its EndpointSlices.
 
 Pure. The Service has no selector: the operator writes its EndpointSlice itself, naming
 the workers lifecycle/endpoints.py publishes, once every worker of the attempt has an
@@ -19,6 +19,12 @@ attempt it names (a label), and the operator withdraws the old gang's names at o
 the attempt changes, so a new gang's rank 0 name never leads to the old gang's rank 0
 while that pod is still terminating (a SIGSTOPped process holds it for the whole grace
 period: in the fault benchmark the new gang's workers waited for a dead address).
+
+A slice holds at most 1,000 endpoints (k8s.io/kubernetes pkg/apis/discovery/validation,
+`maxEndpoints`), and a job may have up to 10,000 workers: ranks 0-999 are named by the
+slice `<job>`, ranks 1000-1999 by `<job>.1`, and so on. The set of slices is fixed by the
+job's size, so a slice is written again (emptied, if its workers are gone), never left
+behind. A "." cannot appear in a job's name, so no other job's slice can take these names.
 """
 
 from collections.abc import Sequence
@@ -35,6 +41,7 @@ from trainwave.builders.owners import job_labels, owner_reference
 SERVICE_NAME_LABEL = "kubernetes.io/service-name"
 MANAGED_BY_LABEL = "endpointslice.kubernetes.io/managed-by"
 MANAGED_BY = "trainwave.io"  # a label value: no "/"
+SLICE_CAPACITY = 1000  # endpoints in one EndpointSlice, the API's limit
 
 
 class Named(Protocol):
@@ -74,36 +81,62 @@ def build_service(job: TrainingJob) -> dict[str, Any]:
     }
 
 
-def build_endpoint_slice(
+def slice_name(job: str, index: int) -> str:
+    """The name of the job's `index`th EndpointSlice: the first has the Service's."""
+    name = service_name(job)
+    return f"{name}.{index}" if index else name
+
+
+def build_endpoint_slices(
     job: TrainingJob, attempt: int, workers: Sequence[Named], service_uid: str
-) -> dict[str, Any]:
-    """The slice naming `workers`, owned by the Service (`service_uid`) as
-    kube-controller-manager's own slices are: deleting the Service deletes it."""
-    name = service_name(job.metadata.name)
+) -> list[dict[str, Any]]:
+    """The slices naming `workers`, owned by the Service (`service_uid`) as
+    kube-controller-manager's own slices are: deleting the Service deletes them. One per
+    SLICE_CAPACITY ranks of the job, each naming the workers of its ranks."""
+    count = max(1, -(-job.spec.workers // SLICE_CAPACITY))
     ipv6 = any(":" in w.address for w in workers)
+    by_slice = [[w for w in workers if w.rank // SLICE_CAPACITY == i] for i in range(count)]
+    return [
+        _slice(job, attempt, i, named, ipv6=ipv6, service_uid=service_uid)
+        for i, named in enumerate(by_slice)
+    ]
+
+
+def _slice(
+    job: TrainingJob,
+    attempt: int,
+    index: int,
+    workers: Sequence[Named],
+    *,
+    ipv6: bool,
+    service_uid: str,
+) -> dict[str, Any]:
+    service = service_name(job.metadata.name)
     return {
         "apiVersion": "discovery.k8s.io/v1",
         "kind": "EndpointSlice",
         "metadata": {
-            "name": name,
+            "name": slice_name(job.metadata.name, index),
             "namespace": job.metadata.namespace,
             "labels": {
                 **job_labels(job.metadata),
                 contract.LABEL_ATTEMPT: str(attempt),
-                SERVICE_NAME_LABEL: name,
+                SERVICE_NAME_LABEL: service,
                 MANAGED_BY_LABEL: MANAGED_BY,
             },
             "ownerReferences": [
                 {
                     "apiVersion": "v1",
                     "kind": "Service",
-                    "name": name,
+                    "name": service,
                     "uid": service_uid,
                     "controller": True,
                     "blockOwnerDeletion": True,
                 }
             ],
         },
+        # One address type for every slice of the job: CoreDNS answers a name from
+        # whichever slice holds it, and a job's pods share their cluster's family.
         "addressType": "IPv6" if ipv6 else "IPv4",
         "endpoints": [_endpoint(job, w) for w in workers],
         "ports": [

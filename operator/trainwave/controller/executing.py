@@ -16,8 +16,9 @@ from trainwave import contract
 from trainwave.api.reasons import Reason
 from trainwave.api.status import Phase, TrainingJobStatus
 from trainwave.api.trainingjob import TrainingJob
+from trainwave.builders.names import service_name
 from trainwave.builders.pods import build_worker_pods
-from trainwave.builders.service import MANAGED_BY, build_endpoint_slice, build_service
+from trainwave.builders.service import MANAGED_BY, build_endpoint_slices, build_service
 from trainwave.builders.status_key import build_status_key_secret
 from trainwave.builders.workload import build_workload
 from trainwave.controller import metrics
@@ -160,7 +161,7 @@ class Executor:
             await asyncio.to_thread(kube.delete_job, meta.namespace, meta.name, meta.uid)
 
     async def _publish(self, job: TrainingJob, decision: Decision) -> None:
-        """The EndpointSlice naming the decided workers, owned by the Service: applied with
+        """The EndpointSlices naming the decided workers, owned by the Service: applied with
         the pods (`create_workers`), or here first when it was not. A refusal is the
         names' problem, not the spec's: a ReplicaFailure retried with backoff, the workers
         keep running (never an invalid spec that fails the job)."""
@@ -172,15 +173,15 @@ class Executor:
             service_uid = self._books.service_uid(key)
             if service_uid is None:
                 service_uid = await asyncio.to_thread(kube.apply_service, build_service(job))
-            slice_ = build_endpoint_slice(job, attempt, workers, service_uid)
-            await asyncio.to_thread(kube.apply_endpoint_slice, slice_)
+            slices = build_endpoint_slices(job, attempt, workers, service_uid)
+            await asyncio.gather(*(asyncio.to_thread(kube.apply_endpoint_slice, s) for s in slices))
         except Rejected as rejected:
             raise Refused(f"endpoints of service {job.metadata.name}", str(rejected)) from None
         if self._books.foreign_slices(key):
             # The Service lost its selector when it was applied: kube-controller-manager no
             # longer writes its slices, but leaves those it wrote, with old addresses, and
             # its Endpoints, which it would mirror into a slice again: those go first.
-            name = slice_["metadata"]["name"]
+            name = service_name(job.metadata.name)
             await asyncio.to_thread(kube.delete_foreign_endpoints, key[0], name)
             await asyncio.to_thread(kube.delete_foreign_slices, key[0], name, MANAGED_BY)
         self._books.applied_service(key, (attempt, addresses(workers)))

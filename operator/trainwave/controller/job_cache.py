@@ -140,9 +140,14 @@ class JobCache(InformerGroup):
             return self._pods.of(key)
 
     def service_states(self, key: JobKey) -> frozenset[ServiceState]:
-        """What the job's EndpointSlices name; empty without one."""
+        """What the job's EndpointSlices name, one state per attempt they carry (a job of
+        over 1,000 workers has several slices: builders/service.py); empty without one."""
         with self._lock:
-            return frozenset(self._service_states.get(key, ()))
+            states = list(self._service_states.get(key, ()))
+        named: dict[int, frozenset[tuple[str, str]]] = {}
+        for attempt, addresses in states:
+            named[attempt] = named.get(attempt, frozenset()) | addresses
+        return frozenset(named.items())
 
     def jobs_on(self, nodes: set[str]) -> set[JobKey]:
         """The jobs with a worker bound to one of `nodes`."""
