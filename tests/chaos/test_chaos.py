@@ -168,11 +168,13 @@ def orphans(cluster, namespace, jobs: dict[str, dict[str, Any]]) -> list[str]:
     except AssertionError:
         found += [f"pod {n} still active under a finished job"
                   for n in active_pods(cluster, namespace)]  # fmt: skip
-    # A job's Service comes once every worker of an attempt has an address, so a job whose
-    # gang never had that (it failed or finished first) has none.
+    # A job's Service comes with its gang's pods, one per attempt: `<job>`, then
+    # `<job>-a<attempt>` (builders/names.py).
     named = {s["metadata"]["name"] for s in services}
-    if not named <= set(jobs):
-        found.append(f"services {sorted(named - set(jobs))} are named after no job")
+    attempts = {f"{job}-a{n}" for job, body in jobs.items()
+                for n in range(1, int((body.get("status") or {}).get("attempt") or 0) + 1)}  # fmt: skip
+    if not named <= set(jobs) | attempts:
+        found.append(f"services {sorted(named - set(jobs) - attempts)} are named after no job")
     cluster.kubectl("delete", "trainingjobs", "--all", "-n", namespace, "--wait=true",
                     timeout=180)  # fmt: skip
 

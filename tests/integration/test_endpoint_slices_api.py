@@ -35,7 +35,7 @@ def test_a_job_of_1200_workers_is_named_by_two_slices_the_api_accepts(
         Published(r, f"wide-a0-worker-{r}", f"uid-{r}", f"10.9.{r // 200}.{r % 200 + 1}", "", True)
         for r in range(WORKERS)
     ]
-    service_uid = kube.apply_service(build_service(job))
+    service_uid = kube.apply_service(build_service(job, 0))
     whole = build_endpoint_slices(job, 0, workers, service_uid)[0]
     whole["endpoints"] = [e for s in build_endpoint_slices(job, 0, workers, service_uid)
                           for e in s["endpoints"]]  # fmt: skip

@@ -108,18 +108,18 @@ def endpoint_slices(cluster, namespace, name):
 
 
 def test_a_restarted_gang_s_names_lead_only_to_the_new_gang(cluster, namespace, running_operator):
-    """Hostnames are the same in every attempt, so the old gang's pods, terminating, must
-    leave the EndpointSlice before the new gang starts (builders/service.py)."""
+    """A recreated gang gets a Service of its own, so names no DNS cache has seen; the
+    previous attempt's Service goes, and its slice with it (builders/service.py)."""
     apply(cluster, namespace, job_manifest("again", workers=2, result=None))
     wait_for_phase(cluster, namespace, "again", "Running")
 
-    def named(attempt, count):
-        slices = endpoint_slices(cluster, namespace, "again")
+    def named(service, attempt, count):
+        slices = endpoint_slices(cluster, namespace, service)
         pods = sorted(e["targetRef"]["name"] for s in slices for e in s.get("endpoints") or [])
         labelled = {s["metadata"]["labels"].get("trainwave.io/attempt") for s in slices}
         return pods if labelled == {str(attempt)} and len(pods) == count else None
 
-    assert wait_until(lambda: named(0, 2), 20, "attempt 0's 2 workers named") == [
+    assert wait_until(lambda: named("again", 0, 2), 20, "attempt 0's 2 workers named") == [
         "again-a0-worker-0",
         "again-a0-worker-1",
     ]
@@ -129,10 +129,18 @@ def test_a_restarted_gang_s_names_lead_only_to_the_new_gang(cluster, namespace, 
     cluster.kubectl("delete", "pod", "-n", namespace, "again-a0-worker-1", "--wait=false")
     wait_until(lambda: job(cluster, namespace, "again")["status"].get("attempt") == 1, 60,
                "attempt 1")  # fmt: skip
-    assert wait_until(lambda: named(1, 2), 30, "attempt 1's 2 workers named") == [
+    assert wait_until(lambda: named("again-a1", 1, 2), 30, "attempt 1's 2 workers named") == [
         "again-a1-worker-0",
         "again-a1-worker-1",
     ]
+    pod = get_json(cluster, namespace, "pod", "again-a1-worker-1")
+    assert (pod["spec"]["hostname"], pod["spec"]["subdomain"]) == ("again-worker-1", "again-a1")
+    env = {e["name"]: e.get("value") for e in pod["spec"]["containers"][0]["env"]}
+    assert env["MASTER_ADDR"] == "again-worker-0.again-a1"
+    wait_until(
+        lambda: service_of(cluster, namespace, "again") is None, 30, "attempt 0's Service gone"
+    )
+    wait_until(lambda: not endpoint_slices(cluster, namespace, "again"), 30, "and its slice")
 
 
 def test_slices_kube_controller_manager_wrote_before_an_upgrade_are_deleted(

@@ -74,7 +74,7 @@ def test_pod_identity_labels_and_owner() -> None:
          "uid": "uid-1", "controller": True, "blockOwnerDeletion": True},
     ]  # fmt: skip
     spec = pod["spec"]
-    assert (spec["hostname"], spec["subdomain"]) == ("demo-worker-1", "demo")
+    assert (spec["hostname"], spec["subdomain"]) == ("demo-worker-1", "demo-a2")
     assert spec["restartPolicy"] == "Never"
 
 
@@ -91,8 +91,8 @@ def test_template_labels_cannot_override_trainwave_labels() -> None:
 def test_torch_env_per_rank(workers: int, per_worker: int) -> None:
     job = make_job(workers=workers, processes_per_worker=per_worker, masterPort=23456)
     pods = build_worker_pods(resolve_job(job), tuple(range(workers)), attempt=5)
-    master = master_address("demo")
-    assert master == "demo-worker-0.demo"
+    master = master_address("demo", 5)
+    assert master == "demo-worker-0.demo-a5", "a recreated gang's names are new (names.py)"
     for rank, pod in enumerate(pods):
         assert env_of(pod) == {
             "MASTER_ADDR": master,
@@ -291,10 +291,13 @@ def test_check_template_accepts(template: dict[str, Any]) -> None:
 
 
 def test_service_is_headless_without_a_selector() -> None:
-    service = build_service(make_job(masterPort=23456))
+    service = build_service(make_job(masterPort=23456), 0)
     assert service["metadata"]["name"] == "demo"
     assert service["metadata"]["namespace"] == NAMESPACE
-    assert service["metadata"]["labels"] == {contract.LABEL_JOB_NAME: "demo"}
+    assert service["metadata"]["labels"] == {
+        contract.LABEL_JOB_NAME: "demo",
+        contract.LABEL_ATTEMPT: "0",
+    }
     assert service["metadata"]["ownerReferences"][0]["uid"] == "uid-1"
     spec = service["spec"]
     assert spec["clusterIP"] == "None"
@@ -310,7 +313,8 @@ def test_endpoint_slice_names_each_worker_by_the_hostname_its_pod_carries() -> N
     )
     (endpoints,) = build_endpoint_slices(job, 4, workers, "svc-uid")
     meta = endpoints["metadata"]
-    service = build_service(job)["metadata"]["name"]
+    service = build_service(job, 4)["metadata"]["name"]
+    assert service == "demo-a4", "each attempt has a Service, so new names, of its own"
     assert meta["name"] == service
     # CoreDNS joins a slice to its Service by this label; the attempt is read back by ours.
     assert meta["labels"]["kubernetes.io/service-name"] == service

@@ -61,7 +61,8 @@ def test_the_runtime_gives_every_worker_the_c10d_rendezvous_on_rank_0() -> None:
     rank0, rank1 = (env(p) for p in pods({}, attempt=2, hang=20))
     for found in (rank0, rank1):
         assert found[contract.ENV_PET_RDZV_BACKEND] == "c10d"
-        assert found[contract.ENV_PET_RDZV_ENDPOINT] == "ddp-worker-0.ddp:29400"
+        # Attempt 2's Service: the names of a recreated gang are new (names.py).
+        assert found[contract.ENV_PET_RDZV_ENDPOINT] == "ddp-worker-0.ddp-a2:29400"
         assert found[contract.ENV_PET_RDZV_ENDPOINT].split(":")[0] == found["MASTER_ADDR"]
         assert found[contract.ENV_PET_RDZV_ID] == "uid-1-a2"  # the job's uid and attempt
         assert found[contract.ENV_PET_MAX_RESTARTS] == "3"  # spec.runtime.inPlaceRestarts default
@@ -69,8 +70,8 @@ def test_the_runtime_gives_every_worker_the_c10d_rendezvous_on_rank_0() -> None:
     keep_alive = "keep_alive_interval=2,keep_alive_max_attempt=3"
     assert rank0[contract.ENV_PET_RDZV_CONF] == f"is_host=true,{keep_alive}"
     assert rank1[contract.ENV_PET_RDZV_CONF] == f"is_host=false,{keep_alive}"
-    assert rank0[contract.ENV_PET_LOCAL_ADDR] == "ddp-worker-0.ddp"
-    assert rank1[contract.ENV_PET_LOCAL_ADDR] == "ddp-worker-1.ddp"
+    assert rank0[contract.ENV_PET_LOCAL_ADDR] == "ddp-worker-0.ddp-a2"
+    assert rank1[contract.ENV_PET_LOCAL_ADDR] == "ddp-worker-1.ddp-a2"
 
 
 def test_every_worker_can_name_the_others_and_the_store_host_knows_its_pod_ip() -> None:

@@ -11,7 +11,8 @@ import pytest
 
 from trainwave import contract
 from trainwave.api.trainingjob import JobKey
-from trainwave.builders.service import MANAGED_BY, MANAGED_BY_LABEL
+from trainwave.builders.names import service_name
+from trainwave.builders.service import MANAGED_BY, MANAGED_BY_LABEL, SERVICE_NAME_LABEL
 from trainwave.controller.job_cache import JobCache
 from trainwave.lifecycle.endpoints import FOREIGN
 from unit.test_cluster_cache import FakeApi, raw_pod, until
@@ -33,14 +34,16 @@ def raw_slice(
     job: str, namespace: str = "ns", attempt: int | None = None, named: dict[str, str] | None = None
 ) -> dict[str, Any]:
     """An EndpointSlice as the operator writes it: `named` maps pod names to addresses."""
-    labels = {contract.LABEL_JOB_NAME: job, MANAGED_BY_LABEL: MANAGED_BY}
+    service = service_name(job, attempt or 0)
+    labels = {contract.LABEL_JOB_NAME: job, MANAGED_BY_LABEL: MANAGED_BY,
+              SERVICE_NAME_LABEL: service}  # fmt: skip
     if attempt is not None:
         labels[contract.LABEL_ATTEMPT] = str(attempt)
     endpoints = [
         {"addresses": [address], "targetRef": {"kind": "Pod", "name": pod}}
         for pod, address in (named or {}).items()
     ]
-    return {"metadata": {"name": job, "namespace": namespace, "labels": labels},
+    return {"metadata": {"name": service, "namespace": namespace, "labels": labels},
             "endpoints": endpoints}  # fmt: skip
 
 
@@ -138,8 +141,8 @@ def test_a_worker_s_change_wakes_through_wake_pod_and_a_job_s_change_directly() 
 def test_slice_states_follow_adds_changes_and_deletes() -> None:
     fake = Cluster([raw_job("a")], [], [])
     with fake as cache:
-        cache.slices.apply({"type": "ADDED", "object": raw_slice("a", attempt=0)})
-        assert cache.service_states(("ns", "a")) == {(0, frozenset())}
+        cache.slices.apply({"type": "ADDED", "object": raw_slice("a", attempt=2)})
+        assert cache.service_states(("ns", "a")) == {(2, frozenset())}
         fake.woken.clear()
         named = raw_slice("a", attempt=2, named={"a-a2-worker-0": "10.0.0.1"})
         cache.slices.apply({"type": "MODIFIED", "object": named})
@@ -161,23 +164,38 @@ def test_slice_states_follow_adds_changes_and_deletes() -> None:
 
 
 def test_a_job_s_slices_are_one_state_per_attempt_they_name() -> None:
-    """A job of over 1,000 workers has a slice per 1,000 ranks (builders/service.py)."""
+    """A job of over 1,000 workers has a slice per 1,000 ranks, and each attempt a Service
+    of its own (builders/service.py)."""
     fake = Cluster([raw_job("a")], [], [])
     first = raw_slice("a", attempt=3, named={"a-a3-worker-0": "10.0.0.1"})
     second = raw_slice("a", attempt=3, named={"a-a3-worker-1000": "10.0.0.2"})
-    second["metadata"]["name"] = "a.1"
+    second["metadata"]["name"] = "a-a3.1"
     with fake as cache:
         cache.slices.apply({"type": "ADDED", "object": first})
         cache.slices.apply({"type": "ADDED", "object": second})
         both = frozenset({("a-a3-worker-0", "10.0.0.1"), ("a-a3-worker-1000", "10.0.0.2")})
         assert cache.service_states(("ns", "a")) == {(3, both)}
-        # Half written for the next attempt: the other half still names the old gang.
-        moved = raw_slice("a", attempt=4, named={"a-a4-worker-0": "10.0.0.3"})
-        cache.slices.apply({"type": "MODIFIED", "object": moved})
+        # The next attempt's Service, while the last one's has not gone yet.
+        after = raw_slice("a", attempt=4, named={"a-a4-worker-0": "10.0.0.3"})
+        cache.slices.apply({"type": "ADDED", "object": after})
         assert cache.service_states(("ns", "a")) == {
             (4, frozenset({("a-a4-worker-0", "10.0.0.3")})),
-            (3, frozenset({("a-a3-worker-1000", "10.0.0.2")})),
+            (3, both),
         }
+
+
+def test_a_slice_an_earlier_operator_wrote_for_a_later_attempt_is_not_read() -> None:
+    """It named every attempt under the job's own Service; the names of that attempt's pods
+    still lead there, and the operator leaves it as it was (builders/service.py)."""
+    fake = Cluster([raw_job("a")], [], [])
+    theirs = raw_slice("a", attempt=2, named={"a-a2-worker-1": "10.0.0.1"})
+    theirs["metadata"]["name"] = "a"
+    theirs["metadata"]["labels"][SERVICE_NAME_LABEL] = "a"
+    with fake as cache:
+        cache.slices.apply({"type": "ADDED", "object": theirs})
+        assert cache.service_states(("ns", "a")) == frozenset()
+        cache.slices.apply({"type": "ADDED", "object": raw_slice("a", attempt=2)})
+        assert cache.service_states(("ns", "a")) == {(2, frozenset())}
 
 
 def test_namespaces_filter_keeps_only_matching_jobs_and_children() -> None:

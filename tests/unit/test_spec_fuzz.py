@@ -62,7 +62,7 @@ def outcome(body: dict[str, Any]) -> str:
     ranks = tuple(sorted({ranks[0], ranks[-1], workers - 1}))  # not 10,000 pods per example
     for pod in build_worker_pods(resolved, ranks, decision.status.attempt):
         check_pod(pod)
-    json.dumps(build_service(resolved.job))
+    json.dumps(build_service(resolved.job, 0))
     return "built"
 
 

@@ -89,7 +89,7 @@ def set_identity(pod: dict[str, Any], worker: Worker) -> None:
         labels.pop(contract.LABEL_REPLACEMENT, None)
     pod["spec"].update(
         hostname=worker_hostname(meta.name, worker.rank),
-        subdomain=service_name(meta.name),
+        subdomain=service_name(meta.name, worker.attempt),
         # Never: a failed worker is a gang event, decided by the failure policy.
         restartPolicy="Never",
     )
@@ -167,7 +167,7 @@ def torch_contract(worker: Worker) -> dict[str, str]:
     spec = worker.job.spec
     meta = worker.job.metadata
     per_worker = spec.processes_per_worker
-    master = master_address(meta.name)
+    master = master_address(meta.name, worker.attempt)
     port = str(spec.master_port)
     return {
         contract.ENV_MASTER_ADDR: master,

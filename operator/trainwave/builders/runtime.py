@@ -174,15 +174,16 @@ def in_place_env(worker: Worker) -> dict[str, str]:
     runtime, meta = worker.job.spec.runtime, worker.job.metadata
     if runtime is None or not runtime.enabled or runtime.in_place_restarts <= 0:
         return {}
+    master = master_address(meta.name, worker.attempt)
     env = {
         contract.ENV_PET_RDZV_BACKEND: contract.RDZV_BACKEND,
-        contract.ENV_PET_RDZV_ENDPOINT: f"{master_address(meta.name)}:{rendezvous_port(worker)}",
+        contract.ENV_PET_RDZV_ENDPOINT: f"{master}:{rendezvous_port(worker)}",
         # A new attempt is a new gang: its agents must not join the old one's rounds.
         contract.ENV_PET_RDZV_ID: f"{meta.uid or meta.name}-a{worker.attempt}",
         contract.ENV_PET_RDZV_CONF: rendezvous_conf(worker),
         contract.ENV_PET_MAX_RESTARTS: str(runtime.in_place_restarts),
-        contract.ENV_PET_LOCAL_ADDR: worker_address(meta.name, worker.rank),
-        contract.ENV_WORKER_ADDRESS: worker_address_template(meta.name),
+        contract.ENV_PET_LOCAL_ADDR: worker_address(meta.name, worker.rank, worker.attempt),
+        contract.ENV_WORKER_ADDRESS: worker_address_template(meta.name, worker.attempt),
     }
     hang = worker.job.spec.run_policy.hang_timeout_seconds
     if hang is not None:

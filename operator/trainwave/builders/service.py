@@ -14,17 +14,21 @@ CPU samples while the jobs started (docs/benchmarks.md, "2,000 TrainingJobs on 4
 nodes"), and they also wrote a legacy Endpoints object per job. The operator already sees
 every worker's address in its pod watch.
 
-Hostnames are the same in every attempt (`<job>-worker-<rank>`): the slice carries the
-attempt it names (a label), and the operator withdraws the old gang's names at once when
-the attempt changes, so a new gang's rank 0 name never leads to the old gang's rank 0
-while that pod is still terminating (a SIGSTOPped process holds it for the whole grace
-period: in the fault benchmark the new gang's workers waited for a dead address).
+Each attempt has a Service of its own (names.service_name: `<job>`, then `<job>-a<attempt>`),
+so a recreated gang's names are new and no DNS cache holds an old address for them.
+Hostnames are the same in every attempt (`<job>-worker-<rank>`). The slice carries the
+attempt it names (a label); when a worker leaves, the operator withdraws its address at
+once, so a name never leads to a terminating pod (a SIGSTOPped process holds it for the
+whole grace period: in the fault benchmark a new gang's workers waited for a dead address).
+The previous attempt's Service is deleted when the next gang is created; garbage
+collection takes its slices.
 
 A slice holds at most 1,000 endpoints (k8s.io/kubernetes pkg/apis/discovery/validation,
 `maxEndpoints`), and a job may have up to 10,000 workers: ranks 0-999 are named by the
-slice `<job>`, ranks 1000-1999 by `<job>.1`, and so on. The set of slices is fixed by the
-job's size, so a slice is written again (emptied, if its workers are gone), never left
-behind. A "." cannot appear in a job's name, so no other job's slice can take these names.
+slice that has the Service's name, ranks 1000-1999 by `<service>.1`, and so on. The set of
+slices is fixed by the job's size, so a slice is written again (emptied, if its workers are
+gone), never left behind. A "." cannot appear in a job's name, so no other job's slice can
+take these names.
 """
 
 from collections.abc import Sequence
@@ -61,15 +65,15 @@ class Named(Protocol):
     def ready(self) -> bool: ...
 
 
-def build_service(job: TrainingJob) -> dict[str, Any]:
+def build_service(job: TrainingJob, attempt: int) -> dict[str, Any]:
     port = job.spec.master_port
     return {
         "apiVersion": "v1",
         "kind": "Service",
         "metadata": {
-            "name": service_name(job.metadata.name),
+            "name": service_name(job.metadata.name, attempt),
             "namespace": job.metadata.namespace,
-            "labels": job_labels(job.metadata),
+            "labels": {**job_labels(job.metadata), contract.LABEL_ATTEMPT: str(attempt)},
             "ownerReferences": [owner_reference(job.metadata)],
         },
         "spec": {
@@ -81,9 +85,9 @@ def build_service(job: TrainingJob) -> dict[str, Any]:
     }
 
 
-def slice_name(job: str, index: int) -> str:
-    """The name of the job's `index`th EndpointSlice: the first has the Service's."""
-    name = service_name(job)
+def slice_name(job: str, attempt: int, index: int) -> str:
+    """The name of the attempt's `index`th EndpointSlice: the first has the Service's."""
+    name = service_name(job, attempt)
     return f"{name}.{index}" if index else name
 
 
@@ -111,12 +115,12 @@ def _slice(
     ipv6: bool,
     service_uid: str,
 ) -> dict[str, Any]:
-    service = service_name(job.metadata.name)
+    service = service_name(job.metadata.name, attempt)
     return {
         "apiVersion": "discovery.k8s.io/v1",
         "kind": "EndpointSlice",
         "metadata": {
-            "name": slice_name(job.metadata.name, index),
+            "name": slice_name(job.metadata.name, attempt, index),
             "namespace": job.metadata.namespace,
             "labels": {
                 **job_labels(job.metadata),

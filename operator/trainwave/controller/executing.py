@@ -172,7 +172,8 @@ class Executor:
             # at 2,000 jobs the second held the reconcile workers a third longer.
             service_uid = self._books.service_uid(key)
             if service_uid is None:
-                service_uid = await asyncio.to_thread(kube.apply_service, build_service(job))
+                service = build_service(job, attempt)
+                service_uid = await asyncio.to_thread(kube.apply_service, service)
             slices = build_endpoint_slices(job, attempt, workers, service_uid)
             await asyncio.gather(*(asyncio.to_thread(kube.apply_endpoint_slice, s) for s in slices))
         except Rejected as rejected:
@@ -181,7 +182,7 @@ class Executor:
             # The Service lost its selector when it was applied: kube-controller-manager no
             # longer writes its slices, but leaves those it wrote, with old addresses, and
             # its Endpoints, which it would mirror into a slice again: those go first.
-            name = service_name(job.metadata.name)
+            name = service_name(job.metadata.name, attempt)
             await asyncio.to_thread(kube.delete_foreign_endpoints, key[0], name)
             await asyncio.to_thread(kube.delete_foreign_slices, key[0], name, MANAGED_BY)
         self._books.applied_service(key, (attempt, addresses(workers)))
@@ -205,11 +206,18 @@ class Executor:
             resolved, decision.create_ranks, decision.status.attempt, self._runtime_image
         )
         placed = await self._place_at_creation(read, decision, resolved, pods)
+        attempt = decision.status.attempt
         service, *results = await asyncio.gather(
-            asyncio.to_thread(kube.apply_service, build_service(job)),
+            asyncio.to_thread(kube.apply_service, build_service(job, attempt)),
             *(asyncio.to_thread(kube.apply_pod, pod) for pod in placed or pods),
             return_exceptions=True,
         )
+        if attempt > 0 and len(decision.create_ranks) == job.spec.workers:
+            # A new gang: the gang before it had the Service of the attempt before, whose
+            # names no worker of this one uses (builders/service.py). Older ones, left by a
+            # gang that never got this far, go with the job.
+            previous = service_name(meta.name, attempt - 1)
+            await asyncio.to_thread(kube.delete_service, meta.namespace, previous)
         if isinstance(service, str) and service:
             self._books.applied_service_with_pods((meta.namespace, meta.name), service)
         # A refused Service is left to the publishing reconcile, which reports it.

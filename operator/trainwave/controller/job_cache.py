@@ -28,7 +28,8 @@ from typing import Any
 
 from trainwave import contract
 from trainwave.api.trainingjob import JobKey
-from trainwave.builders.service import MANAGED_BY, MANAGED_BY_LABEL
+from trainwave.builders.names import service_name
+from trainwave.builders.service import MANAGED_BY, MANAGED_BY_LABEL, SERVICE_NAME_LABEL
 from trainwave.controller.kube import KubeClient
 from trainwave.controller.reading import kept_body
 from trainwave.kube.index import ByOwner
@@ -213,6 +214,13 @@ class JobCache(InformerGroup):
             # had a selector (an operator before this one). Written again and deleted.
             return key, (FOREIGN, frozenset())
         attempt = str(labels.get(contract.LABEL_ATTEMPT))
+        if attempt.isdigit() and labels.get(SERVICE_NAME_LABEL) != service_name(
+            key[1], int(attempt)
+        ):
+            # An operator before this one named every attempt by the job's own Service; such
+            # a slice of a later attempt is left as it was, for its pods' names, and goes
+            # with the job. Only the attempt's own Service's slices say what DNS answers.
+            return None
         named = frozenset(
             (str((e.get("targetRef") or {}).get("name", "")), str(address))
             for e in obj.get("endpoints") or ()

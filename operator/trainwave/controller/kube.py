@@ -318,6 +318,14 @@ class KubeClient:
             )
         )
 
+    def delete_service(self, namespace: str, name: str) -> None:
+        """Delete a Service; garbage collection takes the EndpointSlices it owns."""
+        self._ignore_gone(
+            lambda: _release(
+                self.core.delete_namespaced_service(name, namespace, _preload_content=False)
+            )
+        )
+
     def delete_pod(self, namespace: str, name: str, *, force: bool = False) -> None:
         """`force`: grace period 0, for a pod whose node will never confirm a graceful
         delete (lost or NotReady) and whose name must come free for its replacement."""
