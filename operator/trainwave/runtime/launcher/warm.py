@@ -11,7 +11,7 @@ Only upstream parts: torchrun's own argument parser and elastic agent
 worker process through runpy, as `run_script_path` there does) and the forkserver
 start method, whose server imports the preload modules once
 (multiprocessing/forkserver.py, set_forkserver_preload). The server starts before the
-rendezvous, so even the first generation's imports overlap the wait for the gang.
+agent imports torch, so its imports overlap the agent's own and the wait for the gang.
 
 A command this cannot run the same way (`--no-python`, `-m module`, a start method the
 user chose, a script that is not a file) runs under plain torchrun, and says why.
@@ -92,32 +92,53 @@ def log_line(event: str, **fields: object) -> None:
     print(json.dumps(record, default=str), file=sys.stderr, flush=True)
 
 
-def main(argv: Sequence[str] | None = None) -> None:
+def _start_forkserver(modules: Sequence[str]) -> str | None:
+    """Start the forkserver, which imports `modules`; why it did not start, else None."""
     import multiprocessing
     from multiprocessing import forkserver
+
+    multiprocessing.set_forkserver_preload(list(modules))
+    try:
+        forkserver.ensure_running()
+    except OSError as error:  # e.g. no writable temp directory for its socket (TMPDIR)
+        return f"the forkserver did not start: {error}"
+    return None
+
+
+def _stop_forkserver() -> None:
+    from multiprocessing import forkserver
+
+    # No public way to stop it; a server left running would hold torch's memory all along.
+    stop = getattr(forkserver._forkserver, "_stop", None)
+    if stop is not None:
+        stop()
+
+
+def main(argv: Sequence[str] | None = None) -> None:
+    # The server starts before this process imports torch, so that the two imports run side
+    # by side: started after it, the server was still importing when a replaced worker's
+    # gang had met (2.2-5.3 s from the round to the first step on the real node,
+    # docs/benchmarks.md). Its imports then overlap the agent's and the rendezvous. A
+    # command that must run cold stops it again.
+    modules = preload_modules(os.environ)
+    failed = _start_forkserver(modules)
 
     from torch.distributed import run as torchrun
     from torch.distributed.elastic.multiprocessing.errors import record
 
     argv = list(sys.argv[1:] if argv is None else argv)
     args = torchrun.parse_args(argv)  # type: ignore[no-untyped-call]
-    why = cold_reason(args, argv, os.environ)
+    why = cold_reason(args, argv, os.environ) or failed
     if why is not None:
+        if failed is None:
+            _stop_forkserver()
         log_line("cold-start", reason=why)
         torchrun.main(argv)
         return
-    modules = preload_modules(os.environ)
     args.run_path, args.start_method = True, "forkserver"
     args.training_script = os.path.abspath(args.training_script)  # as `python x.py` makes it
     if args.master_port is None:  # as torchrun's run() does; only the static backend reads it
         args.master_port = 29500
-    multiprocessing.set_forkserver_preload(modules)
-    try:
-        forkserver.ensure_running()  # imports in the server now, while the agent rendezvouses
-    except OSError as error:  # e.g. no writable temp directory for its socket (TMPDIR)
-        log_line("cold-start", reason=f"the forkserver did not start: {error}")
-        torchrun.main(argv)
-        return
     # The agent logs a failed worker with logger.exception, and torch's log formatter
     # imports torch._dynamo to format it (torch/_logging/_internal.py, format): seconds of
     # imports between a failure and the restart, measured 7-9 s on 2 busy cores. Imported
