@@ -204,6 +204,10 @@ ANNOTATION_PLACEMENT_SUMMARY: Final = "trainwave.io/placement"
 # whether it may be preempted are known from its pods alone (watch cache).
 ANNOTATION_PRIORITY: Final = "trainwave.io/priority"
 ANNOTATION_PREEMPTIBLE: Final = "trainwave.io/preemptible"
+# runPolicy.maxRunSeconds, on every worker pod by the builder: with released-at, the time
+# by which the placed gang is stopped, which the queue's backfill counts on (one source
+# for both the deadline and the queue, read from the pods alone).
+ANNOTATION_MAX_RUN_SECONDS: Final = "trainwave.io/max-run-seconds"
 # Set by the placer on each pod of a gang it preempts (the preemptor, namespace/name)
 # just before deleting it; the victim's next attempt then restarts uncounted.
 ANNOTATION_PREEMPTED_BY: Final = "trainwave.io/preempted-by"

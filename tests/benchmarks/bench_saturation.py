@@ -10,11 +10,14 @@ saturation_analysis.py turns those into hand-off lag (with its stages), GPU util
 while gangs wait against two bounds, makespan against two bounds, and waits by gang size.
 
 Environment: BENCH_SATURATION (small: 64 nodes, a few minutes; uniform: the issue's 8-node gangs
-at 1/16 the scale, about 2 minutes; large: the 1,024-node
+at 1/16 the scale, about 2 minutes; mixed-runs: the small mix with runs of 15 s and 120 s, for
+backfill with run bounds; large: the 1,024-node
 topology), BENCH_SEED (2027), BENCH_TAG (appended to the results' name, e.g. "before"),
 BENCH_KEEP_CLUSTER (0; 1 leaves the cluster up for a quick re-run), BENCH_STATE (the cluster's
 state directory under the cache, bench-saturation-cluster), BENCH_MAX_SKIPS (the operator's
---queue-max-skips; unset: its default, 4). Writes
+--queue-max-skips; unset: its default, 4), BENCH_MAX_RUN_SLACK (unset: no bound; a number
+of seconds: every TrainingJob states runPolicy.maxRunSeconds = its run plus that, so the
+queue may backfill onto held room, rule 9 of placement/queueing.py). Writes
 tests/benchmarks/results/saturation-<config>[-vs-kueue][-<tag>].{json,md}.
 
 BENCH_PEER=kueue runs the peer in the same invocation, right after trainwave's side, on the
@@ -86,6 +89,8 @@ STATE_NAME = os.environ.get("BENCH_STATE", "bench-saturation-cluster")
 # The operator's --queue-max-skips (the chart's queue.maxSkips); unset: the operator's default.
 MAX_SKIPS = os.environ.get("BENCH_MAX_SKIPS", "")
 OPERATOR_ARGS = ("--queue-max-skips", MAX_SKIPS) if MAX_SKIPS else ()
+_SLACK = os.environ.get("BENCH_MAX_RUN_SLACK", "")
+MAX_RUN_SLACK = int(_SLACK) if _SLACK else None
 RESULTS = (
     REPO
     / "tests"
@@ -164,7 +169,9 @@ def submit(client: ApiClient, stream: list[SatJob], t0: float) -> dict[str, floa
     """Create each job at its arrival time; its arrival is when the create was sent."""
     path = f"/apis/{contract.API_VERSION}/namespaces/{NAMESPACE}/trainingjobs"
     arrivals = send_at_arrivals(
-        lambda job: client.request("POST", path, training_job(job, NAMESPACE)), stream, t0
+        lambda job: client.request("POST", path, training_job(job, NAMESPACE, MAX_RUN_SLACK)),
+        stream,
+        t0,
     )
     print(f"submitted {len(stream)} jobs in {time.time() - t0:.0f}s", flush=True)
     return arrivals
@@ -291,7 +298,8 @@ def summarize(
             "stream": f"{CONFIG.jobs} TrainingJobs (seed {CONFIG.seed}), {CONFIG.burst} at "
             f"second 0, the rest at {CONFIG.overload}x the cluster's node-seconds per second; "
             f"(workers x 8 GPUs, weight): {list(CONFIG.sizes)}; each worker runs one of "
-            f"{list(CONFIG.runs)} s",
+            f"{list(CONFIG.runs)} s; runPolicy.maxRunSeconds "
+            + ("not set" if MAX_RUN_SLACK is None else f"= the run + {MAX_RUN_SLACK} s"),
             "timing": "the benchmark's own pod watch (time seen, sub-second)",
             "control_plane": "kube-apiserver/scheduler/controller-manager v1.34.4, etcd 3.5.1, "
             "kwok v0.8.0 (a bound pod Running at once; a worker ends run-for after startTime, "

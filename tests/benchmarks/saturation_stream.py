@@ -51,6 +51,11 @@ CONFIGS = {
     "small": StreamConfig("small", "medium-64", 64, jobs=90, burst=45, overload=1.3),
     # The issue's scale: the 1,024-node topology, the same mix (~20 min here).
     "large": StreamConfig("large", "large", 1024, jobs=900, burst=450, overload=1.3),
+    # The small mix with short and long runs: protected gangs wait minutes for long runs
+    # to end while short ones could use the held room (queueing.py rule 9, maxRunSeconds).
+    "mixed-runs": StreamConfig(
+        "mixed-runs", "medium-64", 64, jobs=90, burst=45, overload=1.3, runs=(15, 15, 120)
+    ),
     # The issue's shape at 1/16 the scale: gangs of 8 whole nodes, 30 s each, all at once.
     "uniform": StreamConfig(
         "uniform", "medium-64", 64, jobs=24, burst=24, overload=1.0, sizes=((8, 1),), runs=(30,)
@@ -93,8 +98,11 @@ def make_stream(config: StreamConfig) -> list[SatJob]:
     return jobs
 
 
-def training_job(job: SatJob, namespace: str) -> dict[str, Any]:
+def training_job(job: SatJob, namespace: str, max_run_slack: int | None = None) -> dict[str, Any]:
+    """`max_run_slack`: set runPolicy.maxRunSeconds to the run plus this much (the bound a
+    user who knows the run time would state), which lets the queue backfill onto held room."""
     annotations = {contract.SIM_RESULT: "Succeeded", contract.SIM_RUN_FOR: f"{job.run_seconds}s"}
+    run_policy = {} if max_run_slack is None else {"maxRunSeconds": job.run_seconds + max_run_slack}
     return {
         "apiVersion": contract.API_VERSION,
         "kind": contract.KIND,
@@ -111,6 +119,7 @@ def training_job(job: SatJob, namespace: str) -> dict[str, Any]:
                 }
             },
             "template": {"metadata": {"annotations": annotations}},
+            **({"runPolicy": run_policy} if run_policy else {}),
         },
     }
 

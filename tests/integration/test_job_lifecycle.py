@@ -2,6 +2,7 @@
 
 import json
 import time
+from datetime import datetime, timedelta
 
 import pytest
 
@@ -17,6 +18,7 @@ from integration.trainwave_fixtures import (
     wait_until,
     worker_pods,
 )
+from trainwave import contract
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(180)]
 
@@ -359,6 +361,25 @@ def test_active_deadline_fails_the_job_and_stops_its_workers(cluster, namespace,
     failed = wait_for_phase(cluster, namespace, "slow", "Failed", timeout=60)
     assert failed["status"]["reason"] == "DeadlineExceeded"
     wait_until(lambda: worker_pods(cluster, namespace, "slow") == [], 30, "running workers stopped")
+
+
+def test_max_run_stops_the_gang_its_bound_after_placement(cluster, namespace, running_operator):
+    """runPolicy.maxRunSeconds: the pods carry the bound the queue counts on, and the gang
+    is stopped that long after its release, not after the job's start."""
+    apply(cluster, namespace, job_manifest("bounded", workers=2, result=None,
+                                           run_policy={"maxRunSeconds": 4}))  # fmt: skip
+    wait_for_phase(cluster, namespace, "bounded", "Running")
+    pods = worker_pods(cluster, namespace, "bounded")
+    notes = [p["metadata"]["annotations"] for p in pods]
+    assert {n[contract.ANNOTATION_MAX_RUN_SECONDS] for n in notes} == {"4"}
+    released = min(datetime.fromisoformat(n[contract.ANNOTATION_RELEASED_AT]) for n in notes)
+    failed = wait_for_phase(cluster, namespace, "bounded", "Failed", timeout=60)
+    assert failed["status"]["reason"] == "DeadlineExceeded"
+    assert "runPolicy.maxRunSeconds (4s)" in failed["status"]["message"]
+    assert datetime.fromisoformat(failed["status"]["completionTime"]) >= released + timedelta(
+        seconds=4
+    )
+    wait_until(lambda: worker_pods(cluster, namespace, "bounded") == [], 30, "workers stopped")
 
 
 def test_ttl_deletes_the_finished_job_and_garbage_collection_its_children(

@@ -126,6 +126,7 @@ def make_pod_body(
     pod_reason: str | None = None,
     conditions: tuple[dict[str, str], ...] = (),
     pod_ip: str | None = None,
+    max_run_seconds: int | None = None,
 ) -> dict[str, Any]:
     """A raw worker Pod as the watch delivers it. `conditions` come after Ready."""
     metadata: dict[str, Any] = {
@@ -171,6 +172,8 @@ def make_pod_body(
         annotations[contract.ANNOTATION_PLACEMENT_SUMMARY] = "placed by the test"
     if released_at is not None:
         annotations[contract.ANNOTATION_RELEASED_AT] = _time(released_at)
+    if max_run_seconds is not None:
+        annotations[contract.ANNOTATION_MAX_RUN_SECONDS] = str(max_run_seconds)
     return {"apiVersion": "v1", "kind": "Pod", "metadata": metadata, "spec": spec, "status": status}
 
 
@@ -191,7 +194,8 @@ def make_pod(
     released_at: datetime | None = None,
     **body_options: Any,
 ) -> WorkerPod:
-    """`body_options`: container_reason, pod_reason, conditions, pod_ip (see make_pod_body)."""
+    """`body_options`: container_reason, pod_reason, conditions, pod_ip, max_run_seconds
+    (see make_pod_body)."""
     pod = observe_pod(
         make_pod_body(
             rank,

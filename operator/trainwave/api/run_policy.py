@@ -311,6 +311,16 @@ class RunPolicy(ApiModel):
         description="activeDeadlineSeconds: the job fails with reason DeadlineExceeded this "
         "long after it started (the clock restarts on resume).",
     )
+    max_run_seconds: int | None = Field(
+        default=None,
+        ge=1,
+        le=31_536_000,
+        description="maxRunSeconds: each attempt's gang runs at most this long after it is "
+        "placed, then the job fails with reason DeadlineExceeded. Time waiting in the queue "
+        "does not count (unlike activeDeadlineSeconds). "
+        "The queue may start such a gang on room held for a larger one when it ends "
+        "before that one could start (backfill). Read when the pods are created.",
+    )
     ttl_seconds_after_finished: int | None = Field(
         default=None,
         ge=0,

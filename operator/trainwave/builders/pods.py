@@ -97,11 +97,15 @@ def set_identity(pod: dict[str, Any], worker: Worker) -> None:
 
 def set_placement_notes(pod: dict[str, Any], worker: Worker) -> None:
     """What the placer reads of a running gang from its pods alone (watch cache):
-    its priority, whether it may be preempted, and when it last was."""
+    its priority, whether it may be preempted, when it last was, and how long it may run."""
     spec, status = worker.job.spec, worker.job.status
     notes = pod["metadata"]["annotations"]
     notes[contract.ANNOTATION_PRIORITY] = str(spec.placement.priority)
     notes[contract.ANNOTATION_PREEMPTIBLE] = "true" if spec.placement.preemptible else "false"
+    if spec.run_policy.max_run_seconds is not None:
+        notes[contract.ANNOTATION_MAX_RUN_SECONDS] = str(spec.run_policy.max_run_seconds)
+    else:  # the user's template may not promise a bound the job did not set
+        notes.pop(contract.ANNOTATION_MAX_RUN_SECONDS, None)
     if status.last_preemption_time is not None:
         stamp = status.last_preemption_time.isoformat().replace("+00:00", "Z")
         notes[contract.ANNOTATION_PREEMPTED_AT] = stamp

@@ -13,9 +13,11 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
+from trainwave import contract
 from trainwave.api.network import NetworkSpec
 from trainwave.api.trainingjob import JobKey
 from trainwave.controller.clusterview import ClusterView
+from trainwave.placement.backfill import BoundedGang, RunBounds
 from trainwave.placement.gang_types import GangRequest
 from trainwave.placement.preemption import RunningGang
 from trainwave.placement.records import PodRecord
@@ -88,6 +90,8 @@ def running_gang(key: JobKey, pods: Sequence[PodRecord]) -> RunningGang | None:
     counts: dict[str, int] = {}
     for pod in current:
         counts[pod.node] = counts.get(pod.node, 0) + 1
+    # The gang is stopped at its earliest pod's bound (lifecycle/decide.py `_past_max_run`).
+    ends = [p.worker.run_until for p in current if p.worker and p.worker.run_until is not None]
     return RunningGang(
         key=f"{key[0]}/{key[1]}",
         priority=first.priority,
@@ -95,7 +99,20 @@ def running_gang(key: JobKey, pods: Sequence[PodRecord]) -> RunningGang | None:
         needs=PodNeeds(requests=current[0].requests),
         workers_by_node=tuple(sorted(counts.items())),
         preempted_at=_parse(first.preempted_at),
+        run_until=min(ends) if ends else None,
     )
+
+
+def run_bounds(running: Sequence[RunningGang], now: float) -> RunBounds:
+    """The running gangs' ends for the queue's rule 9: whole-GPU gangs with a bound only
+    (a shared worker's GPU memory is not given back in that count)."""
+    gangs = tuple(
+        BoundedGang(gang.run_until, gang.needs, gang.workers_by_node)
+        for gang in running
+        if gang.run_until is not None
+        and not dict(gang.needs.requests).get(contract.SHARED_GPU_MEMORY_RESOURCE, 0)
+    )
+    return RunBounds(now, gangs)
 
 
 def _parse(value: str) -> datetime | None:

@@ -60,6 +60,7 @@ from trainwave.controller.placement_inputs import (
     Ticket,
     gang_domains,
     gated_gangs,
+    run_bounds,
     running_gang,
     with_admission_defaults,
 )
@@ -230,6 +231,12 @@ class Placer:
         snapshot, result, names = await self._decide(view, entries, running=running)
         for admit in result.admitted:
             key = names[admit.job.key]
+            if admit.on_held_room:
+                logger.info(
+                    "%s/%s: backfilled onto held room: its maxRunSeconds ends it before the "
+                    "gang the room is held for could start",
+                    *key,
+                )
             if isinstance(admit.placement, SharedPlacement):
                 release = build_shared_release(key, gangs[key], admit.placement)
             else:
@@ -320,6 +327,8 @@ class Placer:
             name = f"{key[0]}/{key[1]}"
             names[name] = key
             request = replace(ticket.request, workers=len(gang), pod=gang[0].needs)
+            # The bound its pods carry: the one the deadline will hold it to once released.
+            bound = gang[0].worker.max_run_seconds if gang[0].worker else 0
             job = PendingJob(
                 name,
                 request,
@@ -327,6 +336,7 @@ class Placer:
                 ticket.arrival,
                 self._skips.get(key, 0),  # 0 for a gang not queued yet
                 may_spread=self._may_spread(key, ticket),
+                max_run=float(bound) if bound else None,
             )
             round_tickets.append(RoundTicket(job, ticket.network))
         result = await asyncio.to_thread(
@@ -338,6 +348,7 @@ class Placer:
                 policy=self._policy,
                 shared_shapes=view.shared_shapes,
                 running=running,
+                bounds=run_bounds(running, self._clock().timestamp()) if running else None,
             )
         )
         metrics.PLACEMENT_DECISION_SECONDS.observe(time.perf_counter() - started)

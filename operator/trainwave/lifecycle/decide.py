@@ -257,6 +257,15 @@ def _run(
             f"job ran longer than activeDeadlineSeconds ({deadline}s)",
         )
         return
+    if _past_max_run(draft, current):
+        draft.stop(current)
+        seconds = max(p.max_run_seconds for p in current)
+        fail(
+            draft,
+            Reason.DEADLINE_EXCEEDED,
+            f"the gang ran longer than runPolicy.maxRunSeconds ({seconds}s) after it was placed",
+        )
+        return
     if _backing_off(draft):
         return
 
@@ -434,6 +443,19 @@ def _success_message(job: TrainingJob) -> str:
         return "worker 0 completed (successPolicy Rank0)"
     workers = job.spec.workers
     return f"all {workers} workers completed" if workers > 1 else "the worker completed"
+
+
+def _past_max_run(draft: Draft, current: list[WorkerPod]) -> bool:
+    """Whether the gang of this attempt reached runPolicy.maxRunSeconds, counted from its
+    first release (the pods carry the bound: the queue's backfill counted on the same)."""
+    ends = [end for p in current if not p.finished and (end := p.run_until) is not None]
+    if not ends:
+        return False
+    remaining = (min(ends) - draft.now).total_seconds()
+    if remaining > 0:
+        draft.requeue(remaining)
+        return False
+    return True
 
 
 def _past_deadline(draft: Draft, job: TrainingJob) -> bool:

@@ -9,7 +9,7 @@ is what the controller's node cache says of a worker's node, passed in as plain 
 
 import sys
 from dataclasses import dataclass
-from datetime import datetime
+from datetime import datetime, timedelta
 from enum import StrEnum
 from typing import Any
 
@@ -65,6 +65,7 @@ class WorkerPod:
     gated: bool = False
     placed_node: str = ""
     released_at: datetime | None = None
+    max_run_seconds: int = 0  # runPolicy.maxRunSeconds as the pod carries it; 0: unbounded
     placement_summary: str = ""
     pod_ip: str = ""
     preempted_by: str = ""  # the gang whose placement evicted this one (namespace/name)
@@ -90,6 +91,13 @@ class WorkerPod:
             ),
             "",
         )
+
+    @property
+    def run_until(self) -> datetime | None:
+        """When runPolicy.maxRunSeconds stops this pod's gang: released-at plus the bound."""
+        if not self.max_run_seconds or self.released_at is None:
+            return None
+        return self.released_at + timedelta(seconds=self.max_run_seconds)
 
     @property
     def finished(self) -> bool:
@@ -148,6 +156,7 @@ def observe_pod(body: dict[str, Any]) -> WorkerPod | None:
         gated=any(g.get("name") == contract.SCHEDULING_GATE for g in gates),
         placed_node=_text(annotations.get(contract.ANNOTATION_PLACED_NODE)),
         released_at=_parse_time(annotations.get(contract.ANNOTATION_RELEASED_AT)),
+        max_run_seconds=_seconds(annotations.get(contract.ANNOTATION_MAX_RUN_SECONDS)),
         placement_summary=_text(annotations.get(contract.ANNOTATION_PLACEMENT_SUMMARY)),
         pod_ip=_text(status.get("podIP")),
         preempted_by=_text(annotations.get(contract.ANNOTATION_PREEMPTED_BY)),
@@ -183,6 +192,14 @@ def _condition_true(status: dict[str, Any], kind: str) -> bool:
     return any(
         c.get("type") == kind and c.get("status") == "True" for c in status.get("conditions") or []
     )
+
+
+def _seconds(value: Any) -> int:
+    """A whole number of seconds from an annotation anyone may write; 0 when unreadable."""
+    try:
+        return max(0, int(str(value)))
+    except ValueError:
+        return 0
 
 
 def _parse_time(value: Any) -> datetime | None:

@@ -48,6 +48,7 @@ class RunningGang:
     needs: PodNeeds  # one worker's pod
     workers_by_node: tuple[tuple[str, int], ...]
     preempted_at: datetime | None = None  # when an earlier attempt was preempted
+    run_until: float | None = None  # runPolicy.maxRunSeconds stops it then (epoch seconds)
 
     @property
     def gpus(self) -> int:

@@ -44,15 +44,28 @@ Rules:
       Whether gangs wait behind it depends on whether it starts, so the round is decided
       again with the waived gangs allowed to spread, until no new gang qualifies (each
       pass waives at least one more gang, so at most one pass per rule-8 gang).
+9. Backfill that cannot delay (EASY backfill, as Slurm's backfill scheduler with time
+   limits). A gang with a run bound (`PendingJob.max_run`: runPolicy.maxRunSeconds,
+   which the operator enforces from the gang's release) may start on room held for a
+   protected gang (rule 3) when it will be gone before that gang could start anyway:
+   its bound, from now, plus `QueuePolicy.backfill_margin`, is no later than the
+   protected gang's *shadow time*, the earliest moment its room is complete if every
+   gang holding its nodes ends by its own bound (backfill.py). Anything without a bound
+   never ends in that count, so a protected gang among unbounded gangs has no shadow time
+   and keeps its room as in rule 3. Tried only when the gang does not fit (or fits only
+   spread) outside the held room; such a start counts no skip against the protected
+   gang, whose start it cannot delay.
 """
 
 from __future__ import annotations
 
 from collections.abc import Iterable
 from dataclasses import dataclass, replace
+from functools import partial
 
 from trainwave.api.reasons import Reason
 from trainwave.placement import explain
+from trainwave.placement.backfill import HeldRoom, RunBounds, ShadowClock
 from trainwave.placement.gang import place
 from trainwave.placement.gang_types import Blocker, GangRequest, Placement, Unschedulable
 from trainwave.placement.shared_tasks import SharedShape
@@ -77,6 +90,7 @@ class PendingJob:
     arrival: float = 0.0  # creation time, or any number that grows with arrival
     skipped: int = 0  # from the previous round's Wait; 0 for a new job
     may_spread: bool = True  # False: rule 8, wait for one preferred domain with room
+    max_run: float | None = None  # seconds it may run once placed (rule 9); None: unbounded
 
 
 # Rule 3's bound: enough for small gangs to fill the room a large gang cannot use yet, few
@@ -84,9 +98,15 @@ class PendingJob:
 DEFAULT_MAX_SKIPS = 4
 
 
+# Rule 9's slack on a backfilled gang's bound: its release is written after the round (a
+# patch per pod, seconds on a busy API server) and its clock starts then, in whole seconds.
+DEFAULT_BACKFILL_MARGIN = 5.0
+
+
 @dataclass(frozen=True)
 class QueuePolicy:
     max_skips: int = DEFAULT_MAX_SKIPS
+    backfill_margin: float = DEFAULT_BACKFILL_MARGIN
 
 
 @dataclass(frozen=True)
@@ -94,6 +114,7 @@ class Admit:
     job: PendingJob
     placement: Placement | SharedPlacement
     backfilled: bool  # started while a gang ahead of it waited
+    on_held_room: bool = False  # rule 9: on room held for a protected gang, gone before it starts
 
 
 @dataclass(frozen=True)
@@ -132,20 +153,28 @@ def schedule(
     pending: Iterable[PendingJob],
     policy: QueuePolicy | None = None,
     shared_shapes: Iterable[SharedShape] = (),
+    bounds: RunBounds | None = None,
 ) -> Schedule:
     """One round: admit what fits, in order, within the backfill bound.
 
     `shared_shapes`: the GPU memory and CPU of the shared workers running now, which the
-    packer's fragmentation measure weighs against.
+    packer's fragmentation measure weighs against. `bounds`: the running gangs' ends, for
+    rule 9; without them no gang starts on held room.
     """
     active = tuple(shared_shapes)
-    limit = (policy or QueuePolicy()).max_skips
+    policy = policy or QueuePolicy()
+    limit = policy.max_skips
     order = sorted(pending, key=lambda job: (-job.priority, job.arrival, job.key))
     memo = _Memo(snapshot)
     waived: frozenset[str] = frozenset()
     while True:
+        easy = (
+            ShadowClock(bounds, policy.backfill_margin, partial(_fits, active=active))
+            if bounds is not None
+            else None
+        )
         decisions, working = _one_pass(
-            snapshot, order, limit=limit, active=active, memo=memo, waived=waived
+            snapshot, order, limit=limit, active=active, memo=memo, waived=waived, easy=easy
         )
         more = _saturated_waiters(decisions) - waived  # rule 8b
         if not more:
@@ -161,8 +190,9 @@ def _one_pass(
     active: tuple[SharedShape, ...],
     memo: _Memo,
     waived: frozenset[str],
+    easy: ShadowClock | None = None,
 ) -> tuple[tuple[Admit | Wait, ...], ClusterSnapshot]:
-    """Rules 1-8 over the ordered queue; `waived`: keys rule 8b lets spread this pass."""
+    """Rules 1-9 over the ordered queue; `waived`: keys rule 8b lets spread this pass."""
     working = snapshot
     blocked: list[_Blocked] = []
     decisions: list[Admit | Wait | _Blocked] = []
@@ -171,6 +201,17 @@ def _one_pass(
         protected = [b for b in blocked if b.skipped >= limit]
         held = frozenset[str]().union(*(b.usable for b in protected))
         result = memo.place(memo.without(working, held), job.request, active)
+        on_held_room = False
+        if held and easy is not None:  # rule 9
+            result, held, on_held_room = _try_held_room(
+                easy,
+                memo,
+                working=working,
+                protected=protected,
+                job=job,
+                outside=result,
+                active=active,
+            )
         if held and isinstance(result, Placement) and result.preferred_met is False:
             # Spread only because the room it prefers is held for an earlier gang: wait
             # for it rather than start scattered (rule 7).
@@ -196,7 +237,9 @@ def _one_pass(
                 if waiting.skipped < limit and used & waiting.usable:
                     waiting.skipped += 1
             working = _with(working, job.request, result)
-            decisions.append(Admit(job, result, backfilled=bool(blocked)))
+            if easy is not None and job.max_run is not None and isinstance(result, Placement):
+                easy.admitted(job.request.needs, result.nodes, job.max_run)
+            decisions.append(Admit(job, result, bool(blocked), on_held_room))
             continue
 
         code, reason = str(result.code), result.reason
@@ -225,6 +268,46 @@ def _one_pass(
         for d in decisions
     )
     return final, working
+
+
+def _try_held_room(
+    easy: ShadowClock,
+    memo: _Memo,
+    *,
+    working: ClusterSnapshot,
+    protected: list[_Blocked],
+    job: PendingJob,
+    outside: _Result,
+    active: tuple[SharedShape, ...],
+) -> tuple[_Result, frozenset[str], bool]:
+    """Rule 9: the gang's place with the held room it may use opened, the nodes still held
+    and True; or `outside`, the held nodes and False when it has no bound, fits well
+    outside the held room, nothing opens, or it would start no better than `outside`."""
+    held = frozenset[str]().union(*(b.usable for b in protected))
+    if job.max_run is None or not _wants_room(outside):
+        return outside, held, False
+    waiting = [HeldRoom(b.job.key, b.job.request, b.usable) for b in protected]
+    still = easy.still_held(working, waiting, job.max_run)
+    if still == held:
+        return outside, held, False
+    trial = memo.place(memo.without(working, still), job.request, active)
+    if not _placed(trial) or (_placed(outside) and getattr(trial, "preferred_met", None) is False):
+        return outside, held, False  # spread either way: keep the held room for its gang
+    return trial, still, True
+
+
+def _fits(snapshot: ClusterSnapshot, request: GangRequest, active: tuple[SharedShape, ...]) -> bool:
+    return _placed(_place(snapshot, request, active))
+
+
+def _placed(result: _Result) -> bool:
+    return isinstance(result, Placement | SharedPlacement)
+
+
+def _wants_room(result: _Result) -> bool:
+    """Rule 9 is tried for a gang that does not fit outside the held room, or fits there
+    only spread over domains of its preferred level."""
+    return not _placed(result) or getattr(result, "preferred_met", None) is False
 
 
 # Waits no room can end: they say nothing about whether the cluster is saturated.

@@ -80,6 +80,10 @@ class WorkerIdentity:
     priority: int = 0
     preemptible: bool = True
     preempted_at: str = ""  # when an earlier attempt of this job was preempted
+    # runPolicy.maxRunSeconds as the pod carries it (0: unbounded), and the epoch second by
+    # which it is stopped once released (released-at plus that; None until then).
+    max_run_seconds: int = 0
+    run_until: float | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -256,6 +260,8 @@ def _worker(
     preemptible = annotations.get(contract.ANNOTATION_PREEMPTIBLE, "true") != "false" and (
         spec.get("preemptionPolicy") != "Never"
     )
+    max_run = max(0, _int(annotations.get(contract.ANNOTATION_MAX_RUN_SECONDS), 0))
+    released = _time(annotations.get(contract.ANNOTATION_RELEASED_AT))
     return WorkerIdentity(
         job=sys.intern(job),
         attempt=attempt,
@@ -263,6 +269,8 @@ def _worker(
         priority=priority,
         preemptible=preemptible,
         preempted_at=str(annotations.get(contract.ANNOTATION_PREEMPTED_AT) or ""),
+        max_run_seconds=max_run,
+        run_until=released.timestamp() + max_run if max_run and released else None,
     )
 
 

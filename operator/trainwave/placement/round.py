@@ -22,6 +22,7 @@ from datetime import datetime
 
 from trainwave.api.network import NetworkSpec
 from trainwave.api.reasons import Reason
+from trainwave.placement.backfill import RunBounds
 from trainwave.placement.preemption import Preemption, RunningGang, plan_preemptions
 from trainwave.placement.queueing import (
     WAITING_FOR_PREFERRED_LEVEL,
@@ -61,8 +62,10 @@ def plan_round(
     policy: QueuePolicy | None = None,
     shared_shapes: Iterable[SharedShape] = (),
     running: Sequence[RunningGang] = (),
+    bounds: RunBounds | None = None,
 ) -> Round:
-    """Decide one round; nothing is remembered between rounds but `PendingJob.skipped`."""
+    """Decide one round; nothing is remembered between rounds but `PendingJob.skipped`.
+    `bounds`: the running gangs' ends, for the queue's backfill onto held room (rule 9)."""
     unavailable: list[Wait] = []
     queued: list[PendingJob] = []
     for ticket in tickets:
@@ -71,7 +74,7 @@ def plan_round(
             unavailable.append(Wait(ticket.job, RDMA_UNAVAILABLE, missing, 0))
         else:
             queued.append(ticket.job)
-    result = schedule(snapshot, queued, policy, shared_shapes)
+    result = schedule(snapshot, queued, policy, shared_shapes, bounds)
     preemptions: tuple[Preemption, ...] = ()
     # A gang waiting for its preferred domain fits now, spread: it waits by choice, and
     # no running gang is evicted to spare it that (rule 8 of queueing.py).
