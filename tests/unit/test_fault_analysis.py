@@ -14,6 +14,7 @@ from benchmarks.fault_analysis import (
     read_steps,
     recovery,
 )
+from benchmarks.fault_report import instant_repair_goodput
 
 
 def steps(
@@ -117,3 +118,22 @@ def test_a_drain_takes_a_whole_worker_any_of_them_and_leaves_the_other_faults_as
     earlier = [chooser.randrange(bench_faults.WORKERS * processes) for _ in range(3)]
     assert [rank for kind, rank in bench_faults.schedule(26)[:3]] == earlier
     assert victim("kill", 3, processes) == "rank 3"
+
+
+def test_the_instant_repair_ceiling_keeps_what_the_schedule_forces() -> None:
+    """100 s productive in 160 s; a kill repaired in 4 s losing 10 steps of 0.1 s, a stop
+    repaired 25 s after it with a 20 s hang timeout: 4 + 1 + 5 s come back, the slowed rank
+    and the timeout do not."""
+    run = {
+        "goodput": 100 / 160,
+        "wall_seconds": 160.0,
+        "healthy_step_seconds": 0.1,
+        "faults": [
+            {"kind": "kill", "recovery_seconds": 4.0, "steps_lost": 10},
+            {"kind": "stop", "recovery_seconds": 25.0, "steps_lost": 0},
+            {"kind": "slow"},
+        ],
+    }
+    assert instant_repair_goodput(run, hang_timeout=20) == pytest.approx(100 / 150)
+    run["faults"][0]["recovery_seconds"] = None
+    assert instant_repair_goodput(run, hang_timeout=20) is None
