@@ -280,6 +280,7 @@ def summarize(
             else None,
             "gangs_placed": delta("trainwave_gangs_placed_total"),
             "gangs_placed_at_creation": delta("trainwave_gangs_placed_at_creation_total"),
+            "gangs_on_held_room": delta("trainwave_gangs_backfilled_on_held_room_total"),
             "reconciles": delta("trainwave_reconcile_duration_seconds_count"),
         },
         "held_by_policy": held,
@@ -457,7 +458,8 @@ one rack could hold, {result["locality"]["one_rack"]} started in one rack and
 {result["locality"]["spread"]} over several ({result["locality"]["unknown"]} not seen).
 
 Operator: {op["placement_rounds"]} placement rounds (mean {op["mean_round_ms"]} ms), {op["gangs_placed"]} gangs
-placed ({op["gangs_placed_at_creation"]} at creation), {op["reconciles"]} reconciles.
+placed ({op["gangs_placed_at_creation"]} at creation, {op.get("gangs_on_held_room", 0)} backfilled onto held
+room with a run bound), {op["reconciles"]} reconciles.
 
 Conditions:
 {conditions}

@@ -116,6 +116,11 @@ GANGS_PLACED_AT_CREATION = Counter(
     "trainwave_gangs_placed_at_creation_total",
     "Of the gangs placed, those created pinned because they fit at once (no gate, no release).",
 )
+GANGS_ON_HELD_ROOM = Counter(
+    "trainwave_gangs_backfilled_on_held_room_total",
+    "Of the gangs placed, those started on room held for a protected gang because their "
+    "runPolicy.maxRunSeconds ends them before it could start (queue rule 9).",
+)
 GANGS_WAITING = Gauge(
     "trainwave_gangs_waiting", "Gangs behind the scheduling gate after the last placement round."
 )

@@ -232,6 +232,7 @@ class Placer:
         for admit in result.admitted:
             key = names[admit.job.key]
             if admit.on_held_room:
+                metrics.GANGS_ON_HELD_ROOM.inc()
                 logger.info(
                     "%s/%s: backfilled onto held room: its maxRunSeconds ends it before the "
                     "gang the room is held for could start",
