@@ -172,3 +172,21 @@ def test_a_bounded_gang_that_fits_outside_the_held_room_starts_there() -> None:
 def test_replace_keeps_the_bound() -> None:
     pending = job("a", 1, arrival=0, max_run=5)
     assert replace(pending, skipped=2).max_run == 5
+
+
+def test_starts_on_held_room_count_no_skip_against_gangs_held_back_behind_it() -> None:
+    """`long` (bound too long) waits behind `big`'s hold; the short gangs that start on the
+    held room are gone before `big`, so before `long` too: they do not overtake it, and it
+    does not become protected and close the room to the short gangs after it."""
+    cluster = make_cluster([8, 8, 8, 8, 8, 0, 0, 0])
+    busy = tuple(running(f"r0-n{i}", NOW + 100 * i) for i in (5, 6, 7))
+    pending = [
+        job("big", 8, arrival=0, skipped=4),
+        job("long", 1, arrival=1, max_run=10_000),
+        *(job(f"short-{i}", 1, arrival=2 + i, max_run=50) for i in range(5)),
+    ]
+    result = schedule(cluster, pending, QueuePolicy(max_skips=4), bounds=RunBounds(NOW, busy))
+    got = outcome(result)
+    assert [got[f"short-{i}"] for i in range(5)] == ["held-room"] * 5
+    assert got["long"] == HELD_FOR_EARLIER_JOB
+    assert next(w for w in result.waiting if w.job.key == "long").skipped == 0

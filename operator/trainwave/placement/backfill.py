@@ -91,10 +91,15 @@ class ShadowClock:
             return None
 
         def fits(index: int) -> bool:
-            at = working
+            # One derived snapshot per pod shape, not per gang: most gangs share a shape.
+            gone: dict[PodNeeds, dict[str, int]] = {}
             for ended in mine[: index + 1]:
-                gone = {node: -count for node, count in ended.workers_by_node}
-                at = at.with_workers(ended.needs, gone)
+                counts = gone.setdefault(ended.needs, {})
+                for node, count in ended.workers_by_node:
+                    counts[node] = counts.get(node, 0) - count
+            at = working
+            for needs, counts in gone.items():
+                at = at.with_workers(needs, counts)
             return self.fits(at, room.request)
 
         if not fits(len(mine) - 1):

@@ -53,8 +53,9 @@ Rules:
    gang holding its nodes ends by its own bound (backfill.py). Anything without a bound
    never ends in that count, so a protected gang among unbounded gangs has no shadow time
    and keeps its room as in rule 3. Tried only when the gang does not fit (or fits only
-   spread) outside the held room; such a start counts no skip against the protected
-   gang, whose start it cannot delay.
+   spread) outside the held room. Held room it takes counts no skip against anyone: it
+   is free again before the protected gang starts, so before any gang the hold keeps
+   back could use it.
 """
 
 from __future__ import annotations
@@ -201,9 +202,9 @@ def _one_pass(
         protected = [b for b in blocked if b.skipped >= limit]
         held = frozenset[str]().union(*(b.usable for b in protected))
         result = memo.place(memo.without(working, held), job.request, active)
-        on_held_room = False
-        if held and easy is not None:  # rule 9
-            result, held, on_held_room = _try_held_room(
+        # The held room rule 9 lets this gang use, and its place with it.
+        result, opened = (
+            _try_held_room(
                 easy,
                 memo,
                 working=working,
@@ -212,13 +213,17 @@ def _one_pass(
                 outside=result,
                 active=active,
             )
-        if held and isinstance(result, Placement) and result.preferred_met is False:
+            if held and easy is not None
+            else (result, frozenset[str]())
+        )
+        closed = held - opened
+        if closed and isinstance(result, Placement) and result.preferred_met is False:
             # Spread only because the room it prefers is held for an earlier gang: wait
             # for it rather than start scattered (rule 7).
             alone = memo.place(working, job.request, active)
             if isinstance(alone, Placement) and alone.preferred_met:
                 first = protected[0]
-                reason = explain.waiting_for(first.job.key, first.skipped, len(held))
+                reason = explain.waiting_for(first.job.key, first.skipped, len(closed))
                 result = Unschedulable(job.key, Blocker.HELD, reason)
         if (
             not job.may_spread
@@ -232,14 +237,15 @@ def _one_pass(
             decisions.append(Wait(job, WAITING_FOR_PREFERRED_LEVEL, reason, job.skipped))
             continue
         if isinstance(result, Placement | SharedPlacement):
-            used = set(result.nodes)
+            # Held room rule 9 opened is free again before any gang held back could use it.
+            used = set(result.nodes) - opened
             for waiting in blocked:
                 if waiting.skipped < limit and used & waiting.usable:
                     waiting.skipped += 1
             working = _with(working, job.request, result)
             if easy is not None and job.max_run is not None and isinstance(result, Placement):
                 easy.admitted(job.request.needs, result.nodes, job.max_run)
-            decisions.append(Admit(job, result, bool(blocked), on_held_room))
+            decisions.append(Admit(job, result, bool(blocked), bool(opened & set(result.nodes))))
             continue
 
         code, reason = str(result.code), result.reason
@@ -279,21 +285,22 @@ def _try_held_room(
     job: PendingJob,
     outside: _Result,
     active: tuple[SharedShape, ...],
-) -> tuple[_Result, frozenset[str], bool]:
-    """Rule 9: the gang's place with the held room it may use opened, the nodes still held
-    and True; or `outside`, the held nodes and False when it has no bound, fits well
-    outside the held room, nothing opens, or it would start no better than `outside`."""
-    held = frozenset[str]().union(*(b.usable for b in protected))
+) -> tuple[_Result, frozenset[str]]:
+    """Rule 9: the gang's place with the held room it may use opened, and that room; or
+    `outside` and nothing when it has no bound, fits well outside the held room, nothing
+    opens, or it would start no better than `outside`."""
+    nothing = frozenset[str]()
     if job.max_run is None or not _wants_room(outside):
-        return outside, held, False
+        return outside, nothing
+    held = nothing.union(*(b.usable for b in protected))
     waiting = [HeldRoom(b.job.key, b.job.request, b.usable) for b in protected]
     still = easy.still_held(working, waiting, job.max_run)
     if still == held:
-        return outside, held, False
+        return outside, nothing
     trial = memo.place(memo.without(working, still), job.request, active)
     if not _placed(trial) or (_placed(outside) and getattr(trial, "preferred_met", None) is False):
-        return outside, held, False  # spread either way: keep the held room for its gang
-    return trial, still, True
+        return outside, nothing  # spread either way: keep the held room for its gang
+    return trial, held - still
 
 
 def _fits(snapshot: ClusterSnapshot, request: GangRequest, active: tuple[SharedShape, ...]) -> bool:
