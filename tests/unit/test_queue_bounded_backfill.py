@@ -190,3 +190,22 @@ def test_starts_on_held_room_count_no_skip_against_gangs_held_back_behind_it() -
     assert [got[f"short-{i}"] for i in range(5)] == ["held-room"] * 5
     assert got["long"] == HELD_FOR_EARLIER_JOB
     assert next(w for w in result.waiting if w.job.key == "long").skipped == 0
+
+
+def test_a_bounded_gang_held_back_is_told_why_its_bound_did_not_help() -> None:
+    too_long = two_free_two_busy(*BUSY, small_run=300)
+    held = next(w for w in too_long.waiting if w.job.key == "small")
+    assert held.reason == (
+        "waiting for big, which later jobs have overtaken 4 times: until it starts, nothing "
+        "else may start on the 4 nodes it can use; its runPolicy.maxRunSeconds (300s) would "
+        "not end before that room is complete"
+    )
+    unknown = two_free_two_busy(running("r0-n2", NOW + 100), small_run=10)
+    held = next(w for w in unknown.waiting if w.job.key == "small")
+    assert held.reason.endswith(
+        "; its runPolicy.maxRunSeconds cannot help: that room is complete only once gangs "
+        "that state none have ended"
+    )
+    unbounded = two_free_two_busy(*BUSY, small_run=None)
+    held = next(w for w in unbounded.waiting if w.job.key == "small")
+    assert held.reason.endswith("nothing else may start on the 4 nodes it can use")

@@ -137,3 +137,15 @@ def waiting_for(key: str, skipped: int, nodes: int) -> str:
         f"waiting for {key}, which later jobs have overtaken {plural(skipped, 'time')}: "
         f"until it starts, nothing else may start on the {plural(nodes, 'node')} it can use"
     )
+
+
+def bound_too_long(max_run: float, shadow_known: bool) -> str:
+    """Why a gang with runPolicy.maxRunSeconds may not start on held room (queue rule 9)."""
+    if not shadow_known:
+        return (
+            "; its runPolicy.maxRunSeconds cannot help: that room is complete only once "
+            "gangs that state none have ended"
+        )
+    return (
+        f"; its runPolicy.maxRunSeconds ({max_run:.0f}s) would not end before that room is complete"
+    )

@@ -252,9 +252,8 @@ def _one_pass(
         if held:
             alone = memo.place(working, job.request, active)
             if isinstance(alone, Placement | SharedPlacement):
-                first = protected[0]
                 code = HELD_FOR_EARLIER_JOB
-                reason = explain.waiting_for(first.job.key, first.skipped, len(held))
+                reason = _held_reason(easy, working, protected, job, len(held))
             else:
                 code, reason = str(alone.code), alone.reason
         never = memo.never(job.request)
@@ -301,6 +300,24 @@ def _try_held_room(
     if not _placed(trial) or (_placed(outside) and getattr(trial, "preferred_met", None) is False):
         return outside, nothing  # spread either way: keep the held room for its gang
     return trial, held - still
+
+
+def _held_reason(
+    easy: ShadowClock | None,
+    working: ClusterSnapshot,
+    protected: list[_Blocked],
+    job: PendingJob,
+    nodes: int,
+) -> str:
+    """Why a gang that fits the held room waits; for a gang with a run bound, also why
+    rule 9 did not let it in. No figure that changes from round to round: the reason is
+    written to the job's status when it changes."""
+    first = protected[0]
+    reason = explain.waiting_for(first.job.key, first.skipped, nodes)
+    if easy is None or job.max_run is None:
+        return reason
+    room = HeldRoom(first.job.key, first.job.request, first.usable)
+    return reason + explain.bound_too_long(job.max_run, easy.shadow(working, room) is not None)
 
 
 def _fits(snapshot: ClusterSnapshot, request: GangRequest, active: tuple[SharedShape, ...]) -> bool:
