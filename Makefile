@@ -161,6 +161,10 @@ bench-scale-xlarge: venv tools ## 2,000 jobs x 4 workers on 4,096 nodes against 
 bench-saturation: venv tools ## a full cluster fed a seeded stream of gangs: hand-off lag, utilisation while gangs wait, waits by size (64 nodes, ~4 min; BENCH_SATURATION=large for 1,024; BENCH_PEER=kueue adds Kueue's side, ~7.5 min)
 	$(PY) tests/benchmarks/bench_saturation.py
 
+.PHONY: bench-dns
+bench-dns: venv tools images ## diagnostic: how long a name asked before its EndpointSlice stays unresolvable (CoreDNS's negative cache; root, the real node, ~4 min)
+	flock /tmp/realnode.lock $(PY) tests/benchmarks/dns_negative_cache.py
+
 .PHONY: bench-crd-cost
 bench-crd-cost: venv tools ## diagnostic: kube-apiserver CPU per TrainingJob status patch, by CRD schema variant (~5 min)
 	$(PY) tests/benchmarks/crd_write_cost.py

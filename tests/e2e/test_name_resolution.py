@@ -6,8 +6,9 @@ look MASTER_ADDR up before its DNS record exists. Here a TCPStore client runs in
 mount namespace with a hosts file that lacks the name; the name is added two seconds
 after the client started connecting, and the client must then reach the store.
 
-Why not on the real node: a real cluster's DNS answers as soon as the Service exists, so
-the window in which a name does not resolve yet cannot be held open on purpose there.
+Why not on the real node: there a name asked before it exists stays unresolvable for the
+30 s CoreDNS caches its NXDOMAIN (tests/benchmarks/dns_negative_cache.py), so a gap of
+two seconds cannot be held open on purpose.
 The real node's own test of the same path is test_training.py (MASTER_ADDR is a name
 that only CoreDNS resolves). This test needs root and `unshare`; without them it fails.
 """
