@@ -45,6 +45,18 @@ def scheduled(cluster, namespace: str, name: str) -> dict:
     return condition(job(cluster, namespace, name), "Scheduled") or {}
 
 
+def held_for_earlier(cluster, namespace: str, name: str) -> dict:
+    """The job's Scheduled condition once the queue holds it for an earlier gang."""
+    return wait_until(
+        lambda: (
+            (found := scheduled(cluster, namespace, name)).get("reason") == "HeldForEarlierJob"
+            and found
+        ),
+        60,
+        f"{name} held for an earlier gang",
+    )
+
+
 def block_a_large_gang(cluster, namespace: str, pool: Pool) -> None:
     """One node full, a 2-node gang waiting for it with the placer's answer given."""
     apply(cluster, namespace, blocker_pod("hold", pool.nodes[0], 8))
@@ -73,15 +85,7 @@ def test_max_skips_0_holds_the_small_gang_for_the_earlier_one(
     with node_pool(cluster, rack_sizes=(2,)) as pool:
         block_a_large_gang(cluster, namespace, pool)
         apply(cluster, namespace, pool_job("small", pool, workers=1))
-        held = wait_until(
-            lambda: (
-                (found := scheduled(cluster, namespace, "small")).get("reason")
-                == "HeldForEarlierJob"
-                and found
-            ),
-            60,
-            "the small gang held",
-        )
+        held = held_for_earlier(cluster, namespace, "small")
         assert held["status"] == "False"
         assert f"waiting for {namespace}/large" in held["message"]
         assert job(cluster, namespace, "small")["status"]["phase"] != "Running"
@@ -112,15 +116,7 @@ def test_a_gang_that_ends_in_time_starts_on_the_held_room(cluster, namespace, st
             "the large gang blocked",
         )
         apply(cluster, namespace, bounded_job("long", pool, workers=1, max_run=600))
-        held = wait_until(
-            lambda: (
-                (found := scheduled(cluster, namespace, "long")).get("reason")
-                == "HeldForEarlierJob"
-                and found
-            ),
-            60,
-            "the long-bounded gang held",
-        )
+        held = held_for_earlier(cluster, namespace, "long")
         assert "runPolicy.maxRunSeconds (600s) would not end before" in held["message"]
         apply(cluster, namespace, bounded_job("short", pool, workers=1, max_run=20))
         wait_for_phase(cluster, namespace, "short", "Running", timeout=60)
