@@ -209,6 +209,7 @@ def _one_pass(
                 memo,
                 working=working,
                 protected=protected,
+                held=held,
                 job=job,
                 outside=result,
                 active=active,
@@ -281,6 +282,7 @@ def _try_held_room(
     *,
     working: ClusterSnapshot,
     protected: list[_Blocked],
+    held: frozenset[str],
     job: PendingJob,
     outside: _Result,
     active: tuple[SharedShape, ...],
@@ -291,7 +293,6 @@ def _try_held_room(
     nothing = frozenset[str]()
     if job.max_run is None or not _wants_room(outside):
         return outside, nothing
-    held = nothing.union(*(b.usable for b in protected))
     waiting = [HeldRoom(b.job.key, b.job.request, b.usable) for b in protected]
     still = easy.still_held(working, waiting, job.max_run)
     if still == held:

@@ -261,7 +261,8 @@ def _worker(
         spec.get("preemptionPolicy") != "Never"
     )
     max_run = max(0, _int(annotations.get(contract.ANNOTATION_MAX_RUN_SECONDS), 0))
-    released = _time(annotations.get(contract.ANNOTATION_RELEASED_AT))
+    # Parsed only for bounded pods: this runs on every pod event of the cluster.
+    released = _time(annotations.get(contract.ANNOTATION_RELEASED_AT)) if max_run else None
     return WorkerIdentity(
         job=sys.intern(job),
         attempt=attempt,

@@ -265,12 +265,22 @@ class ClusterSnapshot:
 
     def emptied(self) -> ClusterSnapshot:
         """The same cluster with nothing running: what could ever fit, for now."""
-        return ClusterSnapshot(self.topology, tuple(_empty(n) for n in self.nodes), self._matches)
-
-    def emptied_at(self, names: Iterable[str]) -> ClusterSnapshot:
-        """The same snapshot with everything on `names` gone (their running gangs ended)."""
-        index = self.topology.node_index
-        return self.derive({index[name]: _empty(self.nodes[index[name]]) for name in names})
+        return ClusterSnapshot(
+            self.topology,
+            tuple(
+                replace(
+                    n,
+                    used=0,
+                    requested=_EMPTY,
+                    pods=0,
+                    host_ports=(),
+                    shared=tuple(replace(g, used_mib=0) for g in n.shared),
+                    labelled=_NO_LABELLED,
+                )
+                for n in self.nodes
+            ),
+            self._matches,
+        )
 
     def restricted(self, names: Iterable[str]) -> ClusterSnapshot:
         """The same snapshot with only `names` open to new pods."""
@@ -281,18 +291,6 @@ class ClusterSnapshot:
             if node.name not in keep and node.schedulable
         }
         return self.derive(changed)
-
-
-def _empty(node: NodeInfo) -> NodeInfo:
-    return replace(
-        node,
-        used=0,
-        requested=_EMPTY,
-        pods=0,
-        host_ports=(),
-        shared=tuple(replace(g, used_mib=0) for g in node.shared),
-        labelled=_NO_LABELLED,
-    )
 
 
 def _closed(node: NodeInfo) -> tuple[Rejection, ...]:
