@@ -206,6 +206,17 @@ def test_a_bounded_gang_held_back_is_told_why_its_bound_did_not_help() -> None:
         "; its runPolicy.maxRunSeconds cannot help: that room is complete only once gangs "
         "that state none have ended"
     )
+
+
+def test_a_gang_without_a_bound_is_told_when_one_would_help() -> None:
     unbounded = two_free_two_busy(*BUSY, small_run=None)
     held = next(w for w in unbounded.waiting if w.job.key == "small")
+    assert held.reason.endswith(
+        "nothing else may start on the 4 nodes it can use; a job that states "
+        "runPolicy.maxRunSeconds may start on that room when it would end before the room "
+        "is complete"
+    )
+    # The held room waits on a gang without a bound too: no bound could help, so no hint.
+    no_shadow = two_free_two_busy(running("r0-n2", NOW + 100), small_run=None)
+    held = next(w for w in no_shadow.waiting if w.job.key == "small")
     assert held.reason.endswith("nothing else may start on the 4 nodes it can use")

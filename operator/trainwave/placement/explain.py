@@ -149,3 +149,14 @@ def bound_too_long(max_run: float, shadow_known: bool) -> str:
     return (
         f"; its runPolicy.maxRunSeconds ({max_run:.0f}s) would not end before that room is complete"
     )
+
+
+def no_bound_stated(shadow_known: bool) -> str:
+    """What a gang without runPolicy.maxRunSeconds could gain from one (queue rule 9):
+    nothing while the held room waits on gangs that state no bound either."""
+    if not shadow_known:
+        return ""
+    return (
+        "; a job that states runPolicy.maxRunSeconds may start on that room when it would "
+        "end before the room is complete"
+    )

@@ -311,14 +311,18 @@ def _held_reason(
     nodes: int,
 ) -> str:
     """Why a gang that fits the held room waits; for a gang with a run bound, also why
-    rule 9 did not let it in. No figure that changes from round to round: the reason is
-    written to the job's status when it changes."""
+    rule 9 did not let it in, and for one without, whether a bound could have. No figure
+    that changes from round to round: the reason is written to the job's status when it
+    changes."""
     first = protected[0]
     reason = explain.waiting_for(first.job.key, first.skipped, nodes)
-    if easy is None or job.max_run is None:
+    if easy is None:
         return reason
     room = HeldRoom(first.job.key, first.job.request, first.usable)
-    return reason + explain.bound_too_long(job.max_run, easy.shadow(working, room) is not None)
+    shadow_known = easy.shadow(working, room) is not None
+    if job.max_run is None:
+        return reason + explain.no_bound_stated(shadow_known)
+    return reason + explain.bound_too_long(job.max_run, shadow_known)
 
 
 def _fits(snapshot: ClusterSnapshot, request: GangRequest, active: tuple[SharedShape, ...]) -> bool:
