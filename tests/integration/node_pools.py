@@ -12,11 +12,12 @@ import uuid
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
+from datetime import UTC, datetime
 from typing import Any
 
 from cluster.controlplane import Cluster
 from cluster.inventory import simulated_gpus
-from cluster.topology import NodeShape, build_node
+from cluster.topology import KWOK_NODE_ANNOTATION, KWOK_NODE_TYPE_LABEL, NodeShape, build_node
 from trainwave.agent.slices import NodeRef, build_slices
 
 POOL_LABEL = "test.trainwave.io/pool"
@@ -47,9 +48,13 @@ def node_pool(
     shape: dict[str, Any] | None = None,
     *,
     gpu_slices: bool = False,
+    played: bool = True,
 ) -> Iterator[Pool]:
     """`gpu_slices`: also publish each node's shared GPUs as DRA ResourceSlices, built by
-    the agent's own code (agent/slices.py), as `trainwave agent --gpu-slices` would."""
+    the agent's own code (agent/slices.py), as `trainwave agent --gpu-slices` would.
+    `played=False`: no kwok plays the nodes; they are created Ready (a heartbeat now, good
+    for the node monitor's grace period) and their pods stay as bound until the test
+    writes their status, as a kubelet would."""
     pool_id = f"p{uuid.uuid4().hex[:6]}"
     node_shape = NodeShape.model_validate(shape or {"cpu": "192", "gpu": H100})
     manifests, racks = [], {}
@@ -63,6 +68,8 @@ def node_pool(
                 shape=node_shape,
             )  # fmt: skip
             node["metadata"]["labels"][POOL_LABEL] = pool_id
+            if not played:
+                _unplayed(node)
             manifests.append(node)
             racks[rack].append(name)
     document = json.dumps({"apiVersion": "v1", "kind": "List", "items": manifests})
@@ -78,6 +85,16 @@ def node_pool(
         cluster.kubectl(
             "delete", "nodes", "-l", f"{POOL_LABEL}={pool_id}", "--wait=false", check=False
         )
+
+
+def _unplayed(node: dict[str, Any]) -> None:
+    node["metadata"]["annotations"].pop(KWOK_NODE_ANNOTATION)
+    node["metadata"]["labels"].pop(KWOK_NODE_TYPE_LABEL)
+    now = datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+    ready = {"type": "Ready", "status": "True", "reason": "KubeletReady",
+             "message": "a test plays this node", "lastHeartbeatTime": now,
+             "lastTransitionTime": now}  # fmt: skip
+    node["status"]["conditions"] = [ready]
 
 
 def _publish_slices(cluster: Cluster, pool: Pool, shape: NodeShape) -> None:

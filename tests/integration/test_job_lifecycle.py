@@ -77,9 +77,10 @@ def service_of(cluster, namespace, name):
     return json.loads(found.stdout) if found.returncode == 0 else None
 
 
-def test_the_endpoints_wait_until_every_worker_has_an_address(cluster, namespace, running_operator):
-    """They are then written once, not once per worker getting its address; the Service
-    itself comes with the pods, so that the reconcile that names them writes once."""
+def test_the_endpoints_name_a_placed_gang_and_not_a_held_one(cluster, namespace, running_operator):
+    """A gang held behind the gate has no addresses and no endpoints; the Service itself
+    comes with the pods, so that the reconcile that names them writes only the slice. When
+    worker 0 is named ahead of the rest: test_endpoints_worker_0_first.py."""
     nowhere = {"nodeSelector": {"trainwave.test/pool": "nowhere"}}
     apply(cluster, namespace, job_manifest("held", workers=2, result=None, template_spec=nowhere))
     apply(cluster, namespace, job_manifest("went", workers=3, result=None))

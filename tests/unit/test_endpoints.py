@@ -8,6 +8,7 @@ from trainwave.lifecycle.endpoints import (
     FOREIGN,
     addresses,
     foreign,
+    host_unpublished,
     nameable,
     published,
     service_state,
@@ -86,3 +87,23 @@ def test_of_two_live_pods_of_a_rank_the_newest_replacement_is_named() -> None:
     for pods in ([old, new], [new, old]):
         (chosen,) = published(pods, 0)
         assert (chosen.pod, chosen.address) == ("demo-a0-worker-1-r1", "10.0.0.2")
+
+
+def test_worker_0_is_unpublished_until_a_slice_of_its_attempt_names_its_address() -> None:
+    host, other = make_pod(0, attempt=3, pod_ip="10.0.0.1"), make_pod(1, attempt=3)
+    workers = published([host, other], 3)
+    mine = frozenset({(host.name, "10.0.0.1")})
+    assert host_unpublished([], 3, workers)
+    assert host_unpublished([(2, mine)], 3, workers), "named by the old attempt's slice only"
+    assert not host_unpublished([(3, mine)], 3, workers)
+    assert not host_unpublished([], 3, workers, in_flight=(3, mine)), "applied moments ago"
+    assert host_unpublished([], 3, workers, in_flight=(2, mine))
+    moved = frozenset({(host.name, "10.0.0.9")})  # an address it no longer has
+    assert host_unpublished([(3, moved)], 3, workers)
+
+
+def test_nothing_is_due_early_while_worker_0_has_no_nameable_address() -> None:
+    no_address = published([make_pod(0, attempt=1), make_pod(1, attempt=1, pod_ip="10.0.0.2")], 1)
+    assert not host_unpublished([], 1, no_address)
+    loopback = published([make_pod(0, attempt=1, pod_ip="127.0.0.1")], 1)
+    assert not host_unpublished([], 1, loopback)

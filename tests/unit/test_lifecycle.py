@@ -396,6 +396,21 @@ def test_the_service_is_wanted_once_every_worker_of_the_attempt_has_an_address()
     assert (restarting.status.phase, restarting.wants_service) == (Phase.RESTARTING, False)
 
 
+def test_worker_0_s_address_is_published_before_the_other_workers_have_theirs() -> None:
+    """Every other worker's torchrun asks for worker 0's name first; asked before a slice
+    names it, the answer is NXDOMAIN, cached by CoreDNS (lifecycle/endpoints.py)."""
+    scheduling = make_job(phase="Scheduling", start_time=START)
+    one = [make_pod(0, phase="Pending", pod_ip="10.0.0.1"), make_pod(1, phase="Pending")]
+    early = decide(resolve_job(scheduling), one, NOW, host_unpublished=True)
+    assert early.wants_service
+    assert [(e.rank, e.address) for e in early.service_endpoints] == [(0, "10.0.0.1")]
+    # Published: the rest waits for every address, as before, then one more write.
+    assert not decide(resolve_job(scheduling), one, NOW, host_unpublished=False).wants_service
+    assert not decide(
+        resolve_job(scheduling), one, NOW, service_exists=True, host_unpublished=True
+    ).wants_service
+
+
 def test_endpoints_naming_another_attempt_are_written_again_before_the_new_gang_exists() -> None:
     """The old gang's pods, terminating, must not answer for the new gang's hostnames
     (builders/service.py): their names go at once, not when the new gang has addresses."""

@@ -1,9 +1,10 @@
 """The headless Service that gives every worker a stable DNS name, and its EndpointSlices.
 
 Pure. The Service has no selector: the operator writes its EndpointSlice itself, naming
-the workers lifecycle/endpoints.py publishes, once every worker of the attempt has an
-address (one write per gang, not one per worker's address), and again when a worker
-leaves or the attempt changes, before the new gang's pods exist.
+the workers lifecycle/endpoints.py publishes: as soon as worker 0 has an address (its
+name is the rendezvous endpoint), once every worker of the attempt has one (not once per
+worker's address), and again when a worker leaves or the attempt changes, before the new
+gang's pods exist.
 
 Why not a selector, as JobSet and Kubeflow use: kube-controller-manager's endpoint
 controllers scan every pod of the namespace each time they sync a Service (client-go

@@ -130,6 +130,13 @@ class Bookkeeping:
         awaited = self._services.wait(key, ())
         return awaited is not None and self._service_applied.get(key) == state
 
+    def service_in_flight(self, key: JobKey) -> ServiceState | None:
+        """What this reconciler last applied to the job's EndpointSlice, while the watch has
+        not shown it and less than EXPECTATIONS_SECONDS have passed."""
+        if self._services.wait(key, ()) is None:
+            return None
+        return self._service_applied.get(key)
+
     # -- a held status ------------------------------------------------------------------------
 
     def hold(self, key: JobKey, held: Held) -> None:

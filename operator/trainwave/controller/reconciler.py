@@ -57,6 +57,7 @@ from trainwave.lifecycle.endpoints import (
     ServiceState,
     addresses,
     foreign,
+    host_unpublished,
     published,
     service_state,
 )
@@ -100,6 +101,7 @@ class Seen:
     waiting: PlacementWait | None
     service_exists: bool  # the EndpointSlice names exactly this attempt's live workers
     service_stale: bool  # it names another attempt's, or a worker no longer live
+    host_unpublished: bool  # worker 0 has an address no slice of the attempt names yet
 
 
 class Reconciler:
@@ -409,6 +411,7 @@ class Reconciler:
             admission=understood.admission,
             service_exists=seen.service_exists,
             service_stale=seen.service_stale,
+            host_unpublished=seen.host_unpublished,
             memory=self._books.memory(key),
         )
         self._books.remember(key, decision.memory)
@@ -416,15 +419,19 @@ class Reconciler:
 
     def _service(
         self, key: JobKey, uid: str, attempt: int, pods: list[WorkerPod]
-    ) -> tuple[bool, bool]:
+    ) -> tuple[bool, bool, bool]:
         """Whether the job's EndpointSlice names exactly `attempt`'s live workers (the watch
-        shows it, or this reconciler applied it moments ago), and whether it names others
-        (written again at once: lifecycle/endpoints.py)."""
-        wanted = addresses(published((p for p in pods if p.owner_uid == uid), attempt))
+        shows it, or this reconciler applied it moments ago), whether it names others
+        (written again at once), and whether worker 0's address is still unnamed
+        (lifecycle/endpoints.py)."""
+        workers = published((p for p in pods if p.owner_uid == uid), attempt)
+        wanted = addresses(workers)
         states = self._service_states(key)
         applied = self._books.service_exists(key, (attempt, wanted), (attempt, wanted) in states)
         self._books.foreign_slices(key, foreign(states))
-        return service_state(states, attempt, wanted, applied)
+        current, stale = service_state(states, attempt, wanted, applied)
+        in_flight = self._books.service_in_flight(key)
+        return current, stale, host_unpublished(states, attempt, workers, in_flight)
 
     def _admission(self, key: JobKey, job: TrainingJob) -> Admission | None:
         """A job with a queue-name label, when the Kueue integration is on."""

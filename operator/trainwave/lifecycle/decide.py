@@ -57,6 +57,7 @@ def decide(
     admission: Admission | None = None,
     service_exists: bool = False,
     service_stale: bool = False,
+    host_unpublished: bool = False,
     memory: Memory | None = None,
 ) -> Decision:
     """`resolved` is the job resolved once by the caller (resolving.py). `nodes`: the
@@ -64,7 +65,9 @@ def decide(
     not judged). `admission`: for a job queued in Kueue, its Workload as observed (None:
     not queued, runs as soon as placed). `service_exists`: whether the job's EndpointSlice
     names exactly this attempt's live workers; `service_stale`: whether it names others
-    (written again at once; lifecycle/endpoints.py `service_state`).
+    (written again at once; lifecycle/endpoints.py `service_state`); `host_unpublished`:
+    whether worker 0 has an address no slice of the attempt names yet (written at once,
+    before the other workers have theirs; `host_unpublished` there).
     `memory`: what the previous decision remembered of the reports (Decision.memory), for
     hangs and stragglers."""
     job = resolved.job
@@ -88,7 +91,15 @@ def decide(
         if phase == Phase.SUSPENDED:
             _resume(draft)
         if admission is None or gate(draft, job, mine, admission):
-            _run(draft, job, mine, waiting, nodes or {}, service_exists=service_exists)
+            _run(
+                draft,
+                job,
+                mine,
+                waiting,
+                nodes or {},
+                service_exists=service_exists,
+                host_unpublished=host_unpublished,
+            )
         else:
             _count(draft, job, [])
         if draft.status.phase is not None and draft.status.phase.terminal:
@@ -206,6 +217,7 @@ def _run(
     nodes: Mapping[str, NodeHealth],
     *,
     service_exists: bool,
+    host_unpublished: bool,
 ) -> None:
     attempt = draft.status.attempt
     current = [p for p in mine if p.attempt == attempt]
@@ -281,7 +293,7 @@ def _run(
         _past_deadline(draft, job)  # only to schedule the deadline's wake-up
     if (draft.create or lost) and draft.status.attempt_start_time is None:
         draft.update(attempt_start_time=draft.now)
-    _progress(draft, job, visible, waiting, service_exists)
+    _progress(draft, job, visible, waiting, service_exists, host_unpublished=host_unpublished)
 
 
 def _gang_formed(draft: Draft) -> bool:
@@ -349,6 +361,8 @@ def _progress(
     current: list[WorkerPod],
     waiting: PlacementWait | None,
     service_exists: bool,
+    *,
+    host_unpublished: bool = False,
 ) -> None:
     total = job.spec.workers
     existing = [p for p in current if not p.deleting]
@@ -360,8 +374,12 @@ def _progress(
                 Phase.PENDING, Reason.CREATING_WORKERS, f"{len(existing)}/{total} workers created"
             )
         return
-    # Created once every worker has an address; until then a refusal of it stays on the job.
-    service_due = not service_exists and all(p.bound and p.pod_ip for p in existing)
+    # Written once every worker has an address, and before that as soon as worker 0 has one
+    # (its name is the rendezvous endpoint: lifecycle/endpoints.py `host_unpublished`).
+    # Until then a refusal of it stays on the job.
+    service_due = not service_exists and (
+        host_unpublished or all(p.bound and p.pod_ip for p in existing)
+    )
     if draft.status.condition(ConditionType.REPLICA_FAILURE) is not None and not service_due:
         draft.clear(ConditionType.REPLICA_FAILURE, Reason.CREATED, f"all {total} workers created")
     if any(p.gated for p in existing):

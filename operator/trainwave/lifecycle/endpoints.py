@@ -82,13 +82,37 @@ def service_state(
     Current: the names point at exactly the live workers. Stale: a slice names another
     attempt or an address no longer live, or another controller's slice is there; it is
     written again at once, before the new workers exist. Neither: workers are still
-    getting their addresses; the slice is written once all have one (lifecycle/decide.py),
-    not once per address."""
+    getting their addresses; the slice is written once worker 0 has one and once all have
+    one (lifecycle/decide.py, `host_unpublished`), not once per address."""
     states = list(states)
     foreign = any(a == FOREIGN for a, _ in states)
     current = not foreign and (applied or (attempt, wanted) in states)
     stale = not current and any(a != attempt or not named <= wanted for a, named in states)
     return current, stale
+
+
+def host_unpublished(
+    states: Iterable[ServiceState],
+    attempt: int,
+    workers: Iterable[Published],
+    in_flight: ServiceState | None = None,
+) -> bool:
+    """Whether worker 0 of `attempt` has an address that no slice of that attempt names
+    yet, neither one the watch shows nor `in_flight` (applied moments ago, not seen yet).
+
+    Its name is the one every other worker's torchrun asks for first (the c10d rendezvous
+    endpoint), and a name asked before any slice names it is answered NXDOMAIN, which
+    CoreDNS then caches (30 s with kubeadm's Corefile; docs/benchmarks.md measures it).
+    So worker 0 is published as soon as it has an address, with whichever workers have
+    theirs, rather than once all have one; the rest follow in one more write. A gang whose
+    workers get their addresses together is still written once."""
+    host = next(((w.pod, w.address) for w in workers if w.rank == 0), None)
+    if host is None:
+        return False
+    named = [n for a, n in states if a == attempt]
+    if in_flight is not None and in_flight[0] == attempt:
+        named.append(in_flight[1])
+    return not any(host in n for n in named)
 
 
 def foreign(states: Iterable[ServiceState]) -> bool:
