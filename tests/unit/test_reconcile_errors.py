@@ -46,7 +46,7 @@ class StatusStore:
         }
         return self.body
 
-    def apply_pod(self, _pod: dict[str, Any]) -> None:
+    def create_pod(self, _pod: dict[str, Any]) -> None:
         pass
 
     def apply_service(self, _service: dict[str, Any]) -> str:
@@ -163,7 +163,7 @@ class CountingStore(StatusStore):
         super().__init__(body)
         self.applied: list[str] = []
 
-    def apply_pod(self, pod: dict[str, Any]) -> None:
+    def create_pod(self, pod: dict[str, Any]) -> None:
         self.applied.append(pod["metadata"]["name"])
 
 
@@ -283,7 +283,7 @@ class RefusingPods(StatusStore):
         self.refuse = False
         self.pods: list[str] = []
 
-    def apply_pod(self, pod: dict[str, Any]) -> None:
+    def create_pod(self, pod: dict[str, Any]) -> None:
         if self.refuse:
             raise Refused(f"pod {pod['metadata']['name']}", "exceeded quota: q, limited: pods=0")
         self.pods.append(pod["metadata"]["name"])

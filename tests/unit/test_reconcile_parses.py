@@ -44,7 +44,7 @@ class Api:
         self.body = {**self.body, "metadata": meta, "status": status}
         return self.body
 
-    def apply_pod(self, pod: dict[str, Any]) -> None:
+    def create_pod(self, pod: dict[str, Any]) -> None:
         self.pods.append(pod)
 
     def apply_service(self, _service: dict[str, Any]) -> str:

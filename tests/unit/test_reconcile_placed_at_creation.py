@@ -45,7 +45,7 @@ class Api:
         self.body = {**self.body, "metadata": meta, "status": status}
         return self.body
 
-    def apply_pod(self, pod: dict[str, Any]) -> None:
+    def create_pod(self, pod: dict[str, Any]) -> None:
         if pod["metadata"]["name"] == self.refuse:
             raise Refused(f"pod {pod['metadata']['name']}", "exceeded quota")
         self.pods.append(pod)

@@ -190,7 +190,7 @@ class Executor:
     async def create_workers(
         self, read: JobRead, decision: Decision, resolved: ResolvedJob
     ) -> list[WorkerPod]:
-        """Apply the pods of `decision.create_ranks` for `resolved`, whose job carries the
+        """Create the pods of `decision.create_ranks` for `resolved`, whose job carries the
         decided status (attempt, last preemption), placed already when the placer finds a
         new gang room at once (`_place_at_creation`), else behind the gate; the workers they
         are, as the watch will show them once it catches up."""
@@ -209,7 +209,7 @@ class Executor:
         attempt = decision.status.attempt
         service, *results = await asyncio.gather(
             asyncio.to_thread(kube.apply_service, build_service(job, attempt)),
-            *(asyncio.to_thread(kube.apply_pod, pod) for pod in placed or pods),
+            *(asyncio.to_thread(kube.create_pod, pod) for pod in placed or pods),
             return_exceptions=True,
         )
         if attempt > 0 and len(decision.create_ranks) == job.spec.workers:
