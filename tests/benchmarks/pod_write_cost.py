@@ -2,9 +2,10 @@
 
 At 2,000 jobs on 4,096 nodes (bench_scale.py, `xlarge`) `kubectl apply` of the jobs is the
 long pole, slowed by everything else the API server serves meanwhile; the operator's 8,000
-pod writes are the largest share of that. The operator writes its pods with server-side
-apply (PATCH, `application/apply-patch+yaml`, force); the Job and ReplicaSet controllers
-create theirs with POST. docs/benchmarks.md says why the operator has not switched yet. This measures both on their own small
+pod writes are the largest share of that. The operator used to write its pods with
+server-side apply (PATCH, `application/apply-patch+yaml`, force); the Job and ReplicaSet
+controllers create theirs with POST, as the operator now does, with fieldValidation=Strict
+(controller/kube.py KubeClient.create_pod). This measures the three on their own small
 cluster (tests/cluster/topologies/small.yaml, its own state directory), with nothing else
 writing: PODS worker pods as the operator builds them for the scale benchmark's job (4
 workers x 1 GPU, no runtime section, behind the scheduling gate, so nothing else touches
@@ -76,19 +77,27 @@ def worker_pods(count: int) -> list[dict[str, Any]]:
 
 
 def by_apply(api: ApiClient, pod: dict[str, Any]) -> None:
-    """As the operator writes its pods (controller/kube.py KubeClient.apply_pod)."""
+    """As the operator wrote its pods until 1446cad."""
     name = pod["metadata"]["name"]
     query = f"fieldManager={contract.FIELD_MANAGER}&force=true"
     api.request("PATCH", f"{PODS_PATH}/{name}?{query}", pod, APPLY)
 
 
 def by_create(api: ApiClient, pod: dict[str, Any]) -> None:
+    """The API server's default field validation (Warn)."""
     api.request("POST", f"{PODS_PATH}?fieldManager={contract.FIELD_MANAGER}", pod)
+
+
+def by_strict_create(api: ApiClient, pod: dict[str, Any]) -> None:
+    """As the operator writes its pods (controller/kube.py KubeClient.create_pod)."""
+    query = f"fieldManager={contract.FIELD_MANAGER}&fieldValidation=Strict"
+    api.request("POST", f"{PODS_PATH}?{query}", pod)
 
 
 VARIANTS: dict[str, Callable[[ApiClient, dict[str, Any]], None]] = {
     "server-side apply": by_apply,
     "create (POST)": by_create,
+    "create, fieldValidation=Strict": by_strict_create,
 }
 
 
