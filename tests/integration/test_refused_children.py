@@ -76,3 +76,27 @@ def test_a_refused_service_shows_on_the_running_job_and_is_created_when_the_quot
                                        check=False).returncode == 0,
                90, "the Service, once the quota allows")  # fmt: skip
     wait_until(lambda: not refused(), 30, "the condition cleared")
+
+
+def test_a_pod_holding_a_worker_s_name_shows_on_the_job_until_it_is_gone(
+    cluster, namespace, running_operator
+):
+    """As a job deleted and created again under the same name meets its old pods while
+    they terminate: the operator creates its pods, and the one it cannot create says so."""
+    squatter = {"apiVersion": "v1", "kind": "Pod",
+                "metadata": {"name": "taken-a0-worker-0"},
+                "spec": {"schedulingGates": [{"name": "test.trainwave.io/hold"}],
+                         "containers": [{"name": "c", "image": "bench:1"}]}}  # fmt: skip
+    cluster.kubectl("apply", "-n", namespace, "-f", "-", input=json.dumps(squatter))
+    apply(cluster, namespace, job_manifest("taken", workers=2, gpus=1, run_for="60s"))
+    found = wait_until(lambda: replica_failure(cluster, namespace, "taken"), 60,
+                       "a ReplicaFailure condition")  # fmt: skip
+    assert f"pod {namespace}/taken-a0-worker-0" in found["message"], found["message"]
+    assert "a pod of that name exists already, owned by nothing" in found["message"], found
+
+    cluster.kubectl("delete", "pod", "taken-a0-worker-0", "-n", namespace, "--wait=true")
+    body = wait_for_phase(cluster, namespace, "taken", ("Running", "Succeeded"), timeout=90)
+    assert condition(body, "ReplicaFailure")["status"] == "False"
+    pod = json.loads(cluster.kubectl("get", "pod", "taken-a0-worker-0", "-n", namespace,
+                                     "-o", "json").stdout)  # fmt: skip
+    assert pod["metadata"]["ownerReferences"][0]["name"] == "taken"

@@ -150,9 +150,11 @@ class KubeClient:
 
         `fieldValidation=Strict` refuses what an apply refused (an undeclared field, a wrong
         type), instead of dropping it with a warning, and such a refusal is `Rejected`: the
-        job's spec cannot run as written. A pod that exists already (409: the watch is
-        behind, or an older pod of the same name still terminates) is left alone: the watch
-        shows whose it is, and the reconciler creates it again only once it is gone."""
+        job's spec cannot run as written. A pod of that name that exists already (409) is
+        the job's own when the watch is behind: left alone. Another's (a job deleted and
+        created again under the same name, whose old pods still terminate, or a pod someone
+        made) is `Refused`, naming it: the job says why it waits and retries with backoff
+        until the name is free. A server-side apply took such a pod over."""
         meta = pod["metadata"]
         self.guard()
         try:
@@ -168,6 +170,7 @@ class KubeClient:
             )
         except ApiException as error:
             if error.status == 409:
+                self._created_already(pod)
                 return
             if error.status == 422 or undecodable(error):
                 raise Rejected(_status_message(error)) from None
@@ -175,6 +178,32 @@ class KubeClient:
                 what = f"pod {meta['namespace']}/{meta['name']}"
                 raise Refused(what, _status_message(error)) from None
             raise
+
+    def _created_already(self, pod: dict[str, Any]) -> None:
+        """After a 409: return if the pod of that name is owned as `pod` would be (ours,
+        the watch behind), else raise Refused naming whose it is."""
+        meta = pod["metadata"]
+        namespace, name = meta["namespace"], meta["name"]
+        wanted = {o["uid"] for o in meta.get("ownerReferences") or ()}
+        # A list by name, not a get: the operator's role lists and watches pods, no more.
+        listed = self.core.list_namespaced_pod(
+            namespace, field_selector=f"metadata.name={name}", _preload_content=False
+        )
+        found = next(iter(json.loads(_release(listed)).get("items") or ()), None)
+        if found is None:
+            raise Refused(f"pod {namespace}/{name}", "a pod of that name has just gone; retried")
+        owners = found["metadata"].get("ownerReferences") or ()
+        if wanted <= {o.get("uid") for o in owners}:
+            return
+        holder = ", ".join(f"{o.get('kind')} {o.get('name')} (uid {o.get('uid')})" for o in owners)
+        going = found["metadata"].get("deletionTimestamp")
+        raise Refused(
+            f"pod {namespace}/{name}",
+            "a pod of that name exists already"
+            + (f", owned by {holder}" if holder else ", owned by nothing")
+            + (", terminating" if going else "")
+            + "; created once the name is free",
+        )
 
     def create_secret(self, secret: Any) -> None:
         """Create once; one that exists already is left alone (its name holds the job's UID,
