@@ -145,7 +145,7 @@ class KubeClient:
 
     def create_pod(self, pod: dict[str, Any]) -> None:
         """Create a worker pod, as kube-controller-manager's controllers create theirs: a
-        POST costs kube-apiserver about a fifth less CPU than a server-side apply
+        POST cost kube-apiserver a fifth to two fifths less CPU than a server-side apply
         (docs/benchmarks.md, "What a worker pod write costs the API server").
 
         `fieldValidation=Strict` refuses what an apply refused (an undeclared field, a wrong
@@ -172,12 +172,11 @@ class KubeClient:
             if error.status == 409:
                 self._created_already(pod)
                 return
-            if error.status == 422 or undecodable(error):
-                raise Rejected(_status_message(error)) from None
-            if error.status in (400, 403, 404):  # quota, RBAC, a webhook, a missing namespace
-                what = f"pod {meta['namespace']}/{meta['name']}"
-                raise Refused(what, _status_message(error)) from None
-            raise
+            what = f"pod {meta['namespace']}/{meta['name']}"
+            refusal = _refusal(error, what, unreadable=undecodable(error))
+            if refusal is None:
+                raise
+            raise refusal from None
 
     def _created_already(self, pod: dict[str, Any]) -> None:
         """After a 409: return if the pod of that name is owned as `pod` would be (ours,
@@ -222,12 +221,11 @@ class KubeClient:
         except ApiException as error:
             if error.status == 409:
                 return
-            if error.status == 422:
-                raise Rejected(_status_message(error)) from None
-            if error.status in (400, 403, 404):
-                what = f"secret {meta['namespace']}/{meta['name']}"
-                raise Refused(what, _status_message(error)) from None
-            raise
+            what = f"secret {meta['namespace']}/{meta['name']}"
+            refusal = _refusal(error, what, unreadable=False)
+            if refusal is None:
+                raise
+            raise refusal from None
 
     def master_status_key(self, namespace: str, name: str) -> bytes:
         """The operator's master status key: read, or created on the first start. Two
@@ -448,12 +446,11 @@ class KubeClient:
             )
             return _release(response)
         except ApiException as error:
-            if error.status == 422 or malformed(error):
-                raise Rejected(_status_message(error)) from None
-            if error.status in (400, 403, 404):  # quota, RBAC, a webhook, a missing namespace
-                kind = body.get("kind", "object").lower()
-                raise Refused(f"{kind} {namespace}/{name}", _status_message(error)) from None
-            raise
+            what = f"{body.get('kind', 'object').lower()} {namespace}/{name}"
+            refusal = _refusal(error, what, unreadable=malformed(error))
+            if refusal is None:
+                raise
+            raise refusal from None
 
     def _ignore_gone(self, call: Any, *args: Any, **kwargs: Any) -> None:
         self.guard()
@@ -505,6 +502,18 @@ _CREATE_POD_UNVALIDATED: Callable[..., Any] = client.CoreV1Api.create_namespaced
 # its kind (apimachinery runtime.NewStrictDecodingError and the JSON decoder's errors,
 # wrapped by the handlers' "<kind> in version ... cannot be handled as a <kind>").
 _UNDECODABLE = " cannot be handled as a "
+
+
+def _refusal(error: ApiException, what: str, *, unreadable: bool) -> Exception | None:
+    """How a write of child `what` the API server refused reaches the reconciler: Rejected
+    when the object cannot be taken as written (422, or `unreadable`: it did not decode),
+    Refused when the refusal may pass (a quota, RBAC, a webhook, a missing namespace),
+    None for anything else (the caller re-raises it)."""
+    if error.status == 422 or unreadable:
+        return Rejected(_status_message(error))
+    if error.status in (400, 403, 404):
+        return Refused(what, _status_message(error))
+    return None
 
 
 def undecodable(error: ApiException) -> bool:
