@@ -143,8 +143,9 @@ def make_pod_body(
              "uid": owner_uid, "controller": True},
         ],
     }  # fmt: skip
-    if deleting:
+    if deleting:  # asked for 30 s ago, with the default grace period
         metadata["deletionTimestamp"] = _time(NOW)
+        metadata["deletionGracePeriodSeconds"] = 30
     terminated: dict[str, Any] = {}
     if exit_code is not None:
         reason = container_reason or ("Error" if exit_code else "Completed")

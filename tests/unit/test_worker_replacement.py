@@ -8,7 +8,7 @@ from dataclasses import replace
 from typing import Any
 
 import pytest
-from factories import NOW, ago, make_body, make_pod
+from factories import NOW, ago, make_body, make_pod, make_pod_body
 
 from trainwave import contract
 from trainwave.api.reasons import Reason
@@ -113,6 +113,48 @@ def test_a_deleted_worker_is_replaced_as_a_disruption_not_a_failure() -> None:
     found = run(body(), gang(r1={"deleting": True}))
     assert (found.status.attempt, found.status.disruptions, found.status.restarts) == (0, 1, 0)
     assert found.status.replacements is not None
+
+
+def test_a_worker_seen_failed_after_its_deletion_was_taken_and_is_replaced_alone() -> None:
+    # The operator saw the delete late: the kubelet had already stopped the container for
+    # it (SIGTERM, exit 1) and the pod shows Failed, 2 s after the delete was asked for.
+    killed = {"deleting": True, "phase": "Failed", "exit_code": 1, "finished_at": ago(28)}
+    found = run(body(), gang(r1=killed))
+    assert (found.status.attempt, found.status.disruptions, found.status.restarts) == (0, 1, 0)
+    assert found.status.replacements is not None
+    (pending,) = found.status.replacements.pending
+    assert (pending.rank, pending.what) == (
+        1,
+        "worker 1 (demo-a0-worker-1) was deleted before it finished",
+    )
+    assert found.delete_pods == ()  # already going
+
+
+@pytest.mark.parametrize("code", [143, 137])
+def test_a_deleted_worker_that_exited_as_killed_was_taken_whenever_the_delete_was(
+    code: int,
+) -> None:
+    # The kubelet's last delete (grace 0) moved deletionTimestamp past the container's
+    # end; the exit code still says a signal ended it (the launcher reports SIGTERM as 143).
+    killed = {"deleting": True, "phase": "Failed", "exit_code": code, "finished_at": ago(31)}
+    pod = replace(make_pod(1, **killed), uid="uid-1", delete_asked_at=None)
+    found = run(body(), [gang()[0], pod])
+    assert (found.status.attempt, found.status.disruptions, found.status.restarts) == (0, 1, 0)
+
+
+def test_an_oom_killed_worker_deleted_after_failed() -> None:
+    oom = {"deleting": True, "phase": "Failed", "exit_code": 137, "finished_at": ago(31),
+           "container_reason": "OOMKilled"}  # fmt: skip
+    found = run(body(), gang(r1=oom))
+    assert (found.status.attempt, found.status.restarts) == (1, 1)
+
+
+def test_a_worker_that_failed_before_its_deletion_failed() -> None:
+    # Its process ended on its own (31 s ago), and only then was the pod deleted (30 s ago).
+    failed = {"deleting": True, "phase": "Failed", "exit_code": 1, "finished_at": ago(31)}
+    found = run(body(), gang(r1=failed))
+    assert (found.status.attempt, found.status.restarts) == (1, 1)
+    assert "worker 1 failed rather than was taken" in found.status.message
 
 
 @pytest.mark.parametrize(
@@ -365,3 +407,21 @@ def test_a_replaced_straggler_moves_alone_and_its_node_is_marked() -> None:
     assert found.delete_pods == ("demo-a0-worker-1",)  # a healthy node: a graceful delete
     assert found.status.replacements is not None
     assert found.status.replacements.pending[0].cause == "straggler"
+
+
+@pytest.mark.parametrize(
+    ("grace", "asked"),
+    [(30, ago(30)), (0, None), (None, None)],
+    ids=["graceful", "kubelet-final-delete", "no-grace-field"],
+)  # fmt: skip
+def test_when_a_deletion_was_asked_for_is_read_only_from_a_graceful_delete(
+    grace: int | None, asked: Any
+) -> None:
+    made = make_pod_body(1, deleting=True)
+    if grace is None:
+        del made["metadata"]["deletionGracePeriodSeconds"]
+    else:
+        made["metadata"]["deletionGracePeriodSeconds"] = grace
+    pod = observe_pod(made)
+    assert pod is not None
+    assert pod.delete_asked_at == asked

@@ -116,7 +116,7 @@ def find_incidents(
     waits: list[float] = []
     for pod in current:
         node = _node_word(pod, nodes, now, grace_seconds, waits)
-        if pod.phase == PodPhase.FAILED:
+        if pod.phase == PodPhase.FAILED and not pod.ended_by_deletion:
             found.append(_failed(pod, node))
         elif pod.phase == PodPhase.SUCCEEDED or not gang_formed:
             continue

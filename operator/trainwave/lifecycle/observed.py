@@ -7,6 +7,7 @@ fresh copies of them, and 8,000 workers kept 64,000 conditions' worth. `NodeHeal
 is what the controller's node cache says of a worker's node, passed in as plain data.
 """
 
+import signal
 import sys
 from dataclasses import dataclass
 from datetime import datetime, timedelta
@@ -29,6 +30,9 @@ class PodPhase(StrEnum):
 # PreemptionByScheduler, DeletionByTaintManager, EvictionByEvictionAPI,
 # DeletionByPodGC, TerminationByKubelet).
 DISRUPTION_TARGET = "DisruptionTarget"
+# Exit codes of a process killed by SIGTERM or SIGKILL: 128 + the signal, as the container
+# runtime reports them.
+SIGNALLED_EXITS = (128 + signal.SIGTERM, 128 + signal.SIGKILL)
 
 
 @dataclass(frozen=True, slots=True)
@@ -78,6 +82,12 @@ class WorkerPod:
     # Gone from the API (its DELETED event seen), kept by controller/departures.py as
     # evidence: a name that may be created again.
     departed: bool = False
+    # When its deletion was asked for: deletionTimestamp less deletionGracePeriodSeconds,
+    # which a later, shorter delete keeps while the new time is still ahead
+    # (k8s.io/apiserver pkg/registry/rest/delete.go, BeforeDelete). The kubelet's final
+    # delete (grace 0, after the containers ended) moves deletionTimestamp to now, so a
+    # grace of 0 says nothing of the first request: None then.
+    delete_asked_at: datetime | None = None
 
     @property
     def disruption(self) -> str:
@@ -98,6 +108,24 @@ class WorkerPod:
         if not self.max_run_seconds or self.released_at is None:
             return None
         return self.released_at + timedelta(seconds=self.max_run_seconds)
+
+    @property
+    def ended_by_deletion(self) -> bool:
+        """Finished because its deletion stopped it, so taken rather than failed. Seen late
+        (a busy operator, a coalesced watch), such a pod is Failed already. Evidence, either:
+        - its worker exited as a process killed by SIGTERM or SIGKILL does (143, 137; not
+          OOMKilled): what the kubelet sends a deleted pod, and what trainwave's launcher
+          reports when SIGTERM stopped its child (runtime/launcher/supervisor.py);
+        - it finished no earlier than its deletion was asked for (both whole seconds, so a
+          same-second end counts as the deletion's).
+        Without either it is judged by its phase, as before."""
+        if not (self.deleting and self.finished):
+            return False
+        if self.exit_code in SIGNALLED_EXITS and self.container_reason != "OOMKilled":
+            return True
+        if self.delete_asked_at is None or self.finished_at is None:
+            return False
+        return self.finished_at >= self.delete_asked_at
 
     @property
     def finished(self) -> bool:
@@ -164,7 +192,16 @@ def observe_pod(body: dict[str, Any]) -> WorkerPod | None:
         container_reason=_text(terminated.get("reason")),
         pod_reason=_text(status.get("reason")),
         conditions=tuple(_conditions(status)),
+        delete_asked_at=_delete_asked_at(metadata),
     )
+
+
+def _delete_asked_at(metadata: dict[str, Any]) -> datetime | None:
+    at = _parse_time(metadata.get("deletionTimestamp"))
+    grace = metadata.get("deletionGracePeriodSeconds")
+    if at is None or not isinstance(grace, int) or isinstance(grace, bool) or grace <= 0:
+        return None
+    return at - timedelta(seconds=grace)
 
 
 def _worker_termination(status: dict[str, Any]) -> dict[str, Any]:

@@ -46,6 +46,7 @@ class Supervisor:
         self.announcements = announcements
         self.child: subprocess.Popen[bytes] | None = None
         self.stopping = False
+        self.stopped_by = 0  # the first stopping signal received, 0 if none
         self._refused = False  # a rejoin was refused: the agent's end is final
         self._agent_started = float("-inf")  # the clock of announce.Heard.received
 
@@ -63,20 +64,27 @@ class Supervisor:
         try:
             while True:
                 code = self._run_child(command, env, error_file, in_process)
-                if not in_place.enabled:
-                    return code
-                if self._refused:
-                    return code
+                if not in_place.enabled or self._refused:
+                    return self._exit_code(code)
                 lost = rejoin.store_lost(error_file)
                 reached = self._rejoin(rejoins, endpoint, code, lost, "new process")
                 if reached is None:
-                    return code
+                    return self._exit_code(code)
                 env = {**env, contract.ENV_PET_RDZV_ENDPOINT: reached}
         finally:
             for sig, handler in previous.items():
                 signal.signal(sig, handler)
 
+    def _exit_code(self, code: int) -> int:
+        """The child's code, but 128 + the signal when the pod was stopped and the child
+        failed: what a process killed by that signal reports. torch's agent turns SIGTERM
+        into exit 1, which alone reads as the training's own failure; the operator takes a
+        deleted pod's 143 as the deletion's doing (lifecycle/observed.py ended_by_deletion)."""
+        return 128 + self.stopped_by if code != 0 and self.stopped_by else code
+
     def _forward(self, signum: int, _frame: object) -> None:
+        if signum in STOPPING and not self.stopped_by:
+            self.stopped_by = signum
         self.stopping = self.stopping or signum in STOPPING
         child = self.child
         if child is not None and child.poll() is None:

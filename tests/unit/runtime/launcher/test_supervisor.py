@@ -2,6 +2,10 @@
 
 from __future__ import annotations
 
+import signal
+import sys
+import threading
+import time
 from pathlib import Path
 from typing import Any
 
@@ -91,3 +95,37 @@ def test_the_agents_request_and_the_launchers_answer_pass_through_files(tmp_path
     assert not (tmp_path / rejoin.ANSWER_FILE).exists()
     rejoin.clear_requests(tmp_path)
     assert rejoin.ask(tmp_path, LOST, alive=lambda: False) is None  # the launcher is gone
+
+
+@pytest.mark.parametrize(("child_exit", "expected"), [(1, 143), (0, 0)])
+def test_a_child_that_ends_after_a_sigterm_reports_the_signal_s_code(
+    tmp_path: Path, child_exit: int, expected: int
+) -> None:
+    # torch's agent turns SIGTERM into exit 1 (its SignalException); the launcher reports
+    # 143, as a process killed by SIGTERM would, so a deleted pod does not read as failed.
+    settings = load_settings({"TRAINWAVE_REPORT_DIR": str(tmp_path)})  # no in-place restarts
+    monitor = Monitor(settings.in_place, tmp_path, lambda *a, **k: None)
+    found = Supervisor(settings, monitor, lambda *a, **k: None)
+    ready = tmp_path / "ready"
+    child = (
+        "import signal, sys, time, pathlib\n"
+        f"signal.signal(signal.SIGTERM, lambda *a: sys.exit({child_exit}))\n"
+        f"pathlib.Path({str(ready)!r}).touch()\n"
+        "time.sleep(30)\n"
+    )
+
+    def stop_once_ready() -> None:
+        while not ready.exists():
+            time.sleep(0.02)
+        found._forward(signal.SIGTERM, None)  # as the kubelet's SIGTERM reaches the launcher
+
+    threading.Thread(target=stop_once_ready, daemon=True).start()
+    assert found.run([sys.executable, "-c", child], {}) == expected
+    assert found.stopped_by == signal.SIGTERM
+
+
+def test_a_child_failing_on_its_own_keeps_its_code(tmp_path: Path) -> None:
+    settings = load_settings({"TRAINWAVE_REPORT_DIR": str(tmp_path)})
+    monitor = Monitor(settings.in_place, tmp_path, lambda *a, **k: None)
+    found = Supervisor(settings, monitor, lambda *a, **k: None)
+    assert found.run([sys.executable, "-c", "raise SystemExit(3)"], {}) == 3
