@@ -56,6 +56,7 @@ def test_a_deleted_worker_is_replaced_alone_and_training_resumes(
         release.cluster.kubectl("delete", "pod", victim, "-n", namespace, "--wait=false")
         wait_until(lambda: pod_ended(release, namespace, victim), 120,
                    f"the kubelet ended {victim}")  # fmt: skip
+    print(f"operators paused {time.time() - fault:.1f} s, until the kubelet ended {victim}")
 
     done = wait_for_phase(release.cluster, namespace, name, ("Succeeded", "Failed"), timeout=600)
     status = done["status"]
