@@ -115,7 +115,7 @@ class WorkerPod:
         (a busy operator, a coalesced watch), such a pod is Failed already. Evidence, either:
         - its worker exited as a process killed by SIGTERM or SIGKILL does (143, 137; not
           OOMKilled): what the kubelet sends a deleted pod, and what trainwave's launcher
-          reports when SIGTERM stopped its child (runtime/launcher/supervisor.py);
+          reports when SIGTERM stopped torch's agent (runtime/launcher/supervisor.py);
         - it finished no earlier than its deletion was asked for (both whole seconds, so a
           same-second end counts as the deletion's).
         Without either it is judged by its phase, as before."""

@@ -76,11 +76,16 @@ class Supervisor:
                 signal.signal(sig, handler)
 
     def _exit_code(self, code: int) -> int:
-        """The child's code, but 128 + the signal when the pod was stopped and the child
-        failed: what a process killed by that signal reports. torch's agent turns SIGTERM
-        into exit 1, which alone reads as the training's own failure; the operator takes a
-        deleted pod's 143 as the deletion's doing (lifecycle/observed.py ended_by_deletion)."""
-        return 128 + self.stopped_by if code != 0 and self.stopped_by else code
+        """The child's code; but when the child is torch's elastic agent (in-place restarts)
+        and the pod was stopped, 128 + the signal, as a process killed by it reports. The
+        agent turns SIGTERM into a SignalException and exit 1
+        (torch/distributed/elastic/multiprocessing/api.py _terminate_process_handler), which
+        reads as the training's own failure; the operator takes a deleted pod's 143 as the
+        deletion's doing (lifecycle/observed.py ended_by_deletion). A script run directly
+        keeps its own code: a SIGTERM it does not handle gives 143 already."""
+        if code != 0 and self.stopped_by and self.settings.in_place.enabled:
+            return 128 + self.stopped_by
+        return code
 
     def _forward(self, signum: int, _frame: object) -> None:
         if signum in STOPPING and not self.stopped_by:

@@ -101,9 +101,10 @@ def test_the_agents_request_and_the_launchers_answer_pass_through_files(tmp_path
 def test_a_child_that_ends_after_a_sigterm_reports_the_signal_s_code(
     tmp_path: Path, child_exit: int, expected: int
 ) -> None:
-    # torch's agent turns SIGTERM into exit 1 (its SignalException); the launcher reports
-    # 143, as a process killed by SIGTERM would, so a deleted pod does not read as failed.
-    settings = load_settings({"TRAINWAVE_REPORT_DIR": str(tmp_path)})  # no in-place restarts
+    # torch's agent (the child with in-place restarts) turns SIGTERM into exit 1 (its
+    # SignalException); the launcher reports 143, as a process killed by SIGTERM would, so
+    # a deleted pod does not read as failed.
+    settings = load_settings({**ENV, "TRAINWAVE_REPORT_DIR": str(tmp_path)})
     monitor = Monitor(settings.in_place, tmp_path, lambda *a, **k: None)
     found = Supervisor(settings, monitor, lambda *a, **k: None)
     ready = tmp_path / "ready"
@@ -129,3 +130,7 @@ def test_a_child_failing_on_its_own_keeps_its_code(tmp_path: Path) -> None:
     monitor = Monitor(settings.in_place, tmp_path, lambda *a, **k: None)
     found = Supervisor(settings, monitor, lambda *a, **k: None)
     assert found.run([sys.executable, "-c", "raise SystemExit(3)"], {}) == 3
+    # Without in-place restarts the child is the user's script: its code is its own, even
+    # after a SIGTERM (tests/host/runtime/launcher/test_launch.py, exit 7).
+    found.stopped_by = signal.SIGTERM
+    assert found._exit_code(7) == 7
