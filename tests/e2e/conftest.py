@@ -138,6 +138,13 @@ class Release:
         assert len(found) == 1, f"running {container} containers of {namespace}/{pod}: {found}"
         return found[0]
 
+    def container_info(self, namespace: str, pod: str, container: str) -> dict[str, Any]:
+        """containerd's view of that running container (`crictl inspect`'s "info": its pid,
+        the CRI request's config, the OCI runtime spec)."""
+        found = self.crictl("inspect", self.container_id(namespace, pod, container)).stdout
+        info: dict[str, Any] = json.loads(found)["info"]
+        return info
+
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     """Each e2e test's timeout covers the test, not the session's fixtures: starting the

@@ -213,8 +213,7 @@ def container_env(cluster: Cluster, namespace: str, pod: str) -> dict[str, str]:
 def cdi_devices(release: Release, namespace: str, pod: str) -> tuple[list[str], list[str]]:
     """The CDI devices the kubelet passed for the worker container (containerd keeps the
     CRI request) and the environment containerd wrote into its OCI spec."""
-    container = release.container_id(namespace, pod, contract.WORKER_CONTAINER)
-    info = json.loads(release.crictl("inspect", container).stdout)["info"]
+    info = release.container_info(namespace, pod, contract.WORKER_CONTAINER)
     devices = [d["name"] for d in info["config"].get("CDI_devices") or []]
     return devices, info["runtimeSpec"]["process"]["env"]
 

@@ -118,10 +118,10 @@ def operators_paused(release: Release) -> Iterator[None]:
     """Every operator container stopped (SIGSTOP from the host: a container's PID 1 ignores
     what is sent from inside its PID namespace) and continued on exit, well within the
     Lease (15 s), so the leader stays the leader."""
-    pids = []
-    for pod in release.operator_pods():
-        container = release.container_id(release.namespace, pod["metadata"]["name"], "operator")
-        pids.append(int(json.loads(release.crictl("inspect", container).stdout)["info"]["pid"]))
+    pids = [
+        int(release.container_info(release.namespace, pod["metadata"]["name"], "operator")["pid"])
+        for pod in release.operator_pods()
+    ]
     for pid in pids:
         os.kill(pid, signal.SIGSTOP)
     try:
