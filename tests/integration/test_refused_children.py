@@ -11,10 +11,12 @@ from integration.trainwave_fixtures import (
     apply,
     condition,
     events_about,
+    get_json,
     job,
     job_manifest,
     wait_for_phase,
     wait_until,
+    worker_pods,
 )
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(180)]
@@ -100,3 +102,35 @@ def test_a_pod_holding_a_worker_s_name_shows_on_the_job_until_it_is_gone(
     pod = json.loads(cluster.kubectl("get", "pod", "taken-a0-worker-0", "-n", namespace,
                                      "-o", "json").stdout)  # fmt: skip
     assert pod["metadata"]["ownerReferences"][0]["name"] == "taken"
+
+
+def test_a_gang_meeting_an_old_worker_of_its_name_runs_whole_or_not_at_all(
+    cluster, namespace, running_operator
+):
+    """A job deleted and applied again while one of its old workers still holds a node:
+    the new gang's other pods must not run beside the name it cannot create yet (all
+    workers or none), so they wait behind the gate until the old worker is gone."""
+    old = {"apiVersion": "v1", "kind": "Pod",
+           "metadata": {"name": "again-a0-worker-0",
+                        "labels": {"trainwave.io/job-name": "again", "trainwave.io/role": "worker",
+                                   "trainwave.io/rank": "0", "trainwave.io/attempt": "0"}},
+           "spec": {"restartPolicy": "Never",
+                    "containers": [{"name": "c", "image": "bench:1",
+                                    "resources": {"limits": {"nvidia.com/gpu": "1"}}}]}}  # fmt: skip
+    cluster.kubectl("apply", "-n", namespace, "-f", "-", input=json.dumps(old))
+    wait_until(lambda: get_json(cluster, namespace, "pod", "again-a0-worker-0")["spec"].get("nodeName"),
+               60, "the old worker bound")  # fmt: skip
+    apply(cluster, namespace, job_manifest("again", workers=2, gpus=1, run_for="60s"))
+    found = wait_until(lambda: replica_failure(cluster, namespace, "again"), 60,
+                       "a ReplicaFailure condition")  # fmt: skip
+    assert f"pod {namespace}/again-a0-worker-0" in found["message"], found["message"]
+    time.sleep(3)  # the reconciles that retry meanwhile must not release worker 1 either
+    worker = get_json(cluster, namespace, "pod", "again-a0-worker-1")
+    assert worker["spec"].get("schedulingGates"), "worker 1 runs without worker 0"
+    assert not worker["spec"].get("nodeName"), worker["spec"].get("nodeName")
+
+    cluster.kubectl("delete", "pod", "again-a0-worker-0", "-n", namespace, "--wait=true")
+    body = wait_for_phase(cluster, namespace, "again", ("Running", "Succeeded"), timeout=90)
+    assert condition(body, "ReplicaFailure")["status"] == "False"
+    pods = {p["metadata"]["name"]: p for p in worker_pods(cluster, namespace, "again")}
+    assert {p["metadata"]["ownerReferences"][0]["name"] for p in pods.values()} == {"again"}

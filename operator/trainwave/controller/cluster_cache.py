@@ -143,6 +143,12 @@ class ClusterCache(InformerGroup):
             record = self._index.pod(f"{namespace}/{name}")
         return record is None or record.bound or record.deleting
 
+    def present(self, namespace: str, name: str) -> bool:
+        """Whether the cache holds a pod of that name: one that holds a node's resources, or
+        a trainwave worker (pods that do neither are not kept: placement/records.py)."""
+        with self._lock:
+            return self._index.pod(f"{namespace}/{name}") is not None
+
     def stats(self) -> dict[str, tuple[int, int]]:
         """kind -> (objects held, relists): for metrics and tests."""
         with self._lock:

@@ -138,6 +138,7 @@ async def start(*, settings: kopf.OperatorSettings, memo: Any, **_: Any) -> None
         cache.view,
         policy=QueuePolicy(max_skips=OPTIONS.queue_max_skips),
         settled=cache.settled,
+        present=cache.present,
     )
     # Any pod or node change may free room (a foreign pod too): the cache's thread
     # pokes the placer on the loop.

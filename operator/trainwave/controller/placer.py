@@ -100,6 +100,7 @@ class Placer:
         debounce_seconds: float = 0.05,
         clock: Callable[[], datetime] = lambda: datetime.now(UTC),
         settled: Callable[[str, str], bool] = lambda _namespace, _name: True,
+        present: Callable[[str, str], bool] = lambda _namespace, _name: False,
     ):
         self._kube = kube
         self._levels = tuple(levels)
@@ -109,6 +110,7 @@ class Placer:
         self._retry = retry_seconds
         self._debounce = debounce_seconds
         self._clock = clock
+        self._present = present
         self._marks: dict[str, datetime] = {}  # node -> straggler-until, written by us
         self._tickets: dict[JobKey, Ticket] = {}
         self._skips: dict[JobKey, int] = {}
@@ -177,6 +179,13 @@ class Placer:
         the ticket. None whenever another gang waits (it comes first), the gang does not
         fit now, or it would need preemption: those are the queue's to decide."""
         if self._tickets or self._preempting:
+            return None
+        # A name another pod still holds (an old job's worker, terminating) refuses that
+        # create and not its siblings': pinned and ungated, they would run without it.
+        names = [pod["metadata"]["name"] for pod in pods]
+        taken = [name for name in names if self._present(key[0], name)]
+        if taken:
+            logger.info("%s/%s: not placed at creation: %s exists already", *key, taken[0])
             return None
         async with self._deciding:
             if self._tickets:  # one arrived while the lock was held
