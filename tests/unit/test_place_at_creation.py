@@ -107,6 +107,21 @@ def test_a_refused_create_gives_its_room_back() -> None:
     assert place(placer, "second", second, second_pods) is not None
 
 
+def test_a_gang_one_of_whose_names_is_held_is_created_behind_the_gate() -> None:
+    """An old worker of the same name (a job deleted and applied again) refuses that one
+    create: placed at creation, the gang's other pods would run without it."""
+    index = cluster(node("a", "r0"), node("b", "r1"))
+    held = {"ns/first-a0-worker-1"}
+    placer = Placer(None, LEVELS, lambda key: None, index.view,  # type: ignore[arg-type]
+                    present=lambda namespace, name: f"{namespace}/{name}" in held)  # fmt: skip
+    ticket, pods = gang("first")
+
+    assert place(placer, "first", ticket, pods) is None
+
+    held.clear()
+    assert place(placer, "first", ticket, pods) is not None, "placed once the name is free"
+
+
 def test_it_never_jumps_the_queue_or_places_what_does_not_fit() -> None:
     index = cluster(node("a", "r0"))
     placer = Placer(None, LEVELS, lambda key: None, index.view)  # type: ignore[arg-type]
