@@ -1,5 +1,5 @@
 """bench_scale's results: the figures of each phase summarised, and the Markdown report
-beside the JSON (what docs/benchmarks.md quotes)."""
+beside the JSON (what docs/benchmarks/scale.md quotes)."""
 
 from __future__ import annotations
 

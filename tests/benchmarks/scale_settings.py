@@ -9,7 +9,7 @@ from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[2]
 
-# The runs docs/benchmarks.md reports, by topology: (jobs, results' name, goals). Any other
+# The runs docs/benchmarks/scale.md reports, by topology: (jobs, results' name, goals). Any other
 # size is a smoke run. xlarge's goals are issue 27's for 4,096 nodes.
 NAMED_RUNS: dict[str, tuple[int, str, dict[str, float]]] = {
     "large": (500, "scale", {"trainwave_over_bare": 1.5, "job_p99_seconds": 30.0,

@@ -12,7 +12,8 @@ def service_name(job: str, attempt: int) -> str:
     A recreated gang gets names nobody has looked up: cluster DNS caches an answer for
     its TTL (30 s with kubeadm's CoreDNS `cache 30` and `ttl 30`), so under the old
     names a gang recreated soon after it started found rank 0's old address, and waited
-    for the cache (10-15 s of a 21-24 s recreation on the real node, docs/benchmarks.md).
+    for the cache (10-15 s of a 21-24 s recreation on the real node,
+    docs/benchmarks/faults.md).
     The first attempt keeps the job's own name. At most 51 + 2 + 10 digits: a DNS-1035
     label (<= 63) for any attempt below 10^10.
     """

@@ -11,8 +11,8 @@ controllers scan every pod of the namespace each time they sync a Service (clien
 cache.ListAllByNamespace), and match every pod change against every Service of the
 namespace (k8s.io/endpointslice util `GetPodServiceMemberships`). With 2,000 jobs of 4
 workers in one namespace the endpoint controllers took 54 % of kube-controller-manager's
-CPU samples while the jobs started (docs/benchmarks.md, "2,000 TrainingJobs on 4,096
-nodes"), and they also wrote a legacy Endpoints object per job. The operator already sees
+CPU samples while the jobs started (docs/benchmarks/scale.md, "EndpointSlices written
+by the operator"), and they also wrote a legacy Endpoints object per job. The operator already sees
 every worker's address in its pod watch.
 
 Each attempt has a Service of its own (names.service_name: `<job>`, then `<job>-a<attempt>`),

@@ -145,8 +145,8 @@ class KubeClient:
 
     def create_pod(self, pod: dict[str, Any]) -> None:
         """Create a worker pod, as kube-controller-manager's controllers create theirs: a
-        POST cost kube-apiserver a fifth to two fifths less CPU than a server-side apply
-        (docs/benchmarks.md, "What a worker pod write costs the API server").
+        POST cost kube-apiserver about 40 % less CPU than a server-side apply
+        (docs/benchmarks/api-costs.md, "A worker pod write").
 
         `fieldValidation=Strict` refuses what an apply refused (an undeclared field, a wrong
         type), instead of dropping it with a warning, and such a refusal is `Rejected`: the

@@ -102,7 +102,7 @@ def host_unpublished(
 
     Its name is the one every other worker's torchrun asks for first (the c10d rendezvous
     endpoint), and a name asked before any slice names it is answered NXDOMAIN, which
-    CoreDNS then caches (30 s with kubeadm's Corefile; docs/benchmarks.md measures it).
+    CoreDNS then caches (30 s with kubeadm's Corefile; docs/benchmarks/faults.md measures it).
     So worker 0 is published as soon as it has an address, with whichever workers have
     theirs, rather than once all have one; the rest follow in one more write. A gang whose
     workers get their addresses together is still written once."""

@@ -3,7 +3,7 @@
 torchrun, with every generation of training processes forked from a process that has
 already imported torch. Under plain torchrun each in-place restart starts fresh
 interpreters that import torch (and torch._dynamo, which building an optimizer pulls
-in) again: most of a restart's time on a busy node (docs/benchmarks.md, "Where an
+in) again: most of a restart's time on a busy node (docs/benchmarks/faults.md, "Where an
 in-place restart's time goes").
 
 Only upstream parts: torchrun's own argument parser and elastic agent
@@ -118,7 +118,7 @@ def main(argv: Sequence[str] | None = None) -> None:
     # The server starts before this process imports torch, so that the two imports run side
     # by side: started after it, the server was still importing when a replaced worker's
     # gang had met (2.2-5.3 s from the round to the first step on the real node,
-    # docs/benchmarks.md). Its imports then overlap the agent's and the rendezvous. A
+    # docs/benchmarks/faults.md). Its imports then overlap the agent's and the rendezvous. A
     # command that must run cold stops it again.
     modules = preload_modules(os.environ)
     failed = _start_forkserver(modules)
