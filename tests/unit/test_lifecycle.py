@@ -6,13 +6,13 @@ from datetime import timedelta
 from typing import Any
 
 import pytest
-from factories import NOW, ago, make_job, make_pod, pod_name, rule, running
+from factories import NOW, ago, make_job, make_pod, make_pod_body, pod_name, rule, running
 
 from trainwave.api.status import Condition, ConditionType, Phase
 from trainwave.api.trainingjob import TrainingJob
 from trainwave.lifecycle.conditions import clear_condition, set_condition
 from trainwave.lifecycle.decide import Decision, decide, decide_invalid
-from trainwave.lifecycle.observed import WorkerPod
+from trainwave.lifecycle.observed import WorkerPod, observe_pod
 from trainwave.resolving import resolve_job
 
 pytestmark = pytest.mark.timeout(10)
@@ -420,3 +420,49 @@ def test_endpoints_naming_another_attempt_are_written_again_before_the_new_gang_
     assert stale.wants_service
     assert stale.service_endpoints == (), "no name leads to the old gang any more"
     assert not decide(resolve_job(restarted), old_gang, NOW).wants_service
+
+
+def waiting_body(rank: int, reason: str, message: str = "", init: bool = False) -> dict[str, Any]:
+    """A bound, Pending worker whose container (or the runtime's init container) waits."""
+    body = make_pod_body(rank, phase="Pending", ready=False)
+    status = {
+        "containerStatuses": [
+            {"name": "worker", "state": {"waiting": {"reason": "PodInitializing"}}}
+        ]
+    }
+    status["initContainerStatuses" if init else "containerStatuses"] = [
+        {"name": "runtime" if init else "worker",
+         "state": {"waiting": {"reason": reason, "message": message}}}]  # fmt: skip
+    body["status"].update(status)
+    return body
+
+
+@pytest.mark.parametrize(
+    ("reason", "init", "said"),
+    [
+        ("ContainerCreating", False, ""),
+        ("PodInitializing", False, ""),
+        ("ImagePullBackOff", False, 'container worker waiting: ImagePullBackOff: pull "x:1"'),
+        ("CreateContainerConfigError", True,
+         'container runtime waiting: CreateContainerConfigError: pull "x:1"'),
+    ],
+    ids=["creating", "initializing", "image-pull", "init-config"],
+)  # fmt: skip
+def test_a_container_the_kubelet_cannot_start_is_named(reason: str, init: bool, said: str) -> None:
+    pod = observe_pod(waiting_body(0, reason, 'pull "x:1"', init=init))
+    assert pod is not None
+    assert pod.stuck == said
+
+
+def test_a_stuck_worker_is_named_on_the_starting_job() -> None:
+    """As a Job's pod stays Pending with a mistyped image, the gang stays Starting; the
+    job's message says which worker and what the kubelet said, not only a count."""
+    stuck = observe_pod(waiting_body(1, "ErrImagePull", 'failed to pull "nope:1"'))
+    assert stuck is not None
+    job = make_job(phase="Starting", start_time=START)
+    status = decide(resolve_job(job), [pending(0, bound=True), stuck], NOW).status
+    assert status.phase == Phase.STARTING
+    assert status.message == (
+        f"0/2 workers running; worker 1 ({pod_name(1)}): container worker waiting: "
+        'ErrImagePull: failed to pull "nope:1"'
+    )

@@ -398,9 +398,14 @@ def _progress(
     )
     draft.wants_service = service_due
     if len(running) < total:
-        draft.enter(
-            Phase.STARTING, Reason.WORKERS_STARTING, f"{len(running)}/{total} workers running"
-        )
+        message = f"{len(running)}/{total} workers running"
+        # A container the kubelet cannot start (a mistyped image, a missing Secret) keeps
+        # the gang Starting, as a Job's pod stays Pending: the job says which and why.
+        stuck = sorted((p.rank, p.name, p.stuck) for p in existing if p.stuck)
+        if stuck:
+            rank, name, why = stuck[0]
+            message += f"; worker {rank} ({name}): {why}"
+        draft.enter(Phase.STARTING, Reason.WORKERS_STARTING, message)
         return
     if draft.status.phase != Phase.RUNNING:
         started = draft.status.attempt_start_time or draft.status.start_time or draft.now

@@ -88,6 +88,10 @@ class WorkerPod:
     # delete (grace 0, after the containers ended) moves deletionTimestamp to now, so a
     # grace of 0 says nothing of the first request: None then.
     delete_asked_at: datetime | None = None
+    # A container the kubelet cannot start, as it says so: "container <name> waiting:
+    # <reason>: <message>" (ErrImagePull, ImagePullBackOff, CreateContainerConfigError...);
+    # "" while every container starts normally or runs.
+    stuck: str = ""
 
     @property
     def disruption(self) -> str:
@@ -193,6 +197,7 @@ def observe_pod(body: dict[str, Any]) -> WorkerPod | None:
         pod_reason=_text(status.get("reason")),
         conditions=tuple(_conditions(status)),
         delete_asked_at=_delete_asked_at(metadata),
+        stuck=_stuck(status),
     )
 
 
@@ -202,6 +207,27 @@ def _delete_asked_at(metadata: dict[str, Any]) -> datetime | None:
     if at is None or not isinstance(grace, int) or isinstance(grace, bool) or grace <= 0:
         return None
     return at - timedelta(seconds=grace)
+
+
+# Waiting reasons of a container that is on its way (k8s.io/kubernetes pkg/kubelet
+# kuberuntime and container/sync_result.go name the others: ErrImagePull,
+# ImagePullBackOff, InvalidImageName, CreateContainerConfigError, ...).
+_STARTING = frozenset({"ContainerCreating", "PodInitializing"})
+_STUCK_MESSAGE_CHARS = 200
+
+
+def _stuck(status: dict[str, Any]) -> str:
+    """The first container (init containers first, as the kubelet starts them) waiting for a
+    reason other than starting, as the job's status names it; "" when none."""
+    for kind in ("initContainerStatuses", "containerStatuses"):
+        for container in status.get(kind) or []:
+            waiting = (container.get("state") or {}).get("waiting") or {}
+            reason = waiting.get("reason")
+            if reason and reason not in _STARTING:
+                message = str(waiting.get("message") or "")[:_STUCK_MESSAGE_CHARS]
+                said = f"container {container.get('name')} waiting: {reason}"
+                return _text(f"{said}: {message}" if message else said)
+    return ""
 
 
 def _worker_termination(status: dict[str, Any]) -> dict[str, Any]:

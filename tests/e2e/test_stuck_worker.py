@@ -1,0 +1,47 @@
+"""A worker the real kubelet cannot start says so on its job.
+
+As a Job's pod with a mistyped image stays Pending, the gang stays Starting: nothing fails
+it. What a user needs is the reason without reading every pod: the job's message names the
+worker and what the kubelet reported (lifecycle/observed.py `WorkerPod.stuck`). The image
+names a registry on this machine's loopback that nobody serves, so containerd's pull is
+refused at once and nothing leaves the machine.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+from e2e.conftest import ON_REAL_NODE, Release
+from integration.trainwave_fixtures import apply, job, job_manifest, wait_until
+
+MISSING_IMAGE = "localhost:5999/trainwave/missing:1"
+
+
+@pytest.mark.timeout(240)
+def test_an_image_that_cannot_be_pulled_is_named_on_the_starting_job(
+    release: Release, namespace: str
+) -> None:
+    cluster = release.cluster
+    manifest = job_manifest(
+        "unpullable",
+        workers=1,
+        gpus=1,
+        result=None,
+        image=MISSING_IMAGE,
+        template_spec={"nodeSelector": ON_REAL_NODE},
+    )
+    apply(cluster, namespace, manifest)
+
+    def named() -> dict[str, Any] | None:
+        status: dict[str, Any] = job(cluster, namespace, "unpullable").get("status") or {}
+        message = str(status.get("message") or "")
+        return status if "ErrImagePull" in message or "ImagePullBackOff" in message else None
+
+    status = wait_until(named, 180, "the failed pull named on the job")
+    assert status["phase"] == "Starting", status
+    assert status["message"].startswith(
+        "0/1 workers running; worker 0 (unpullable-a0-worker-0): container worker waiting: "
+    ), status["message"]
+    assert "localhost:5999/trainwave/missing:1" in status["message"], status["message"]
