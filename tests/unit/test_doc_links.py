@@ -8,6 +8,7 @@ import re
 from pathlib import Path
 
 import pytest
+from test_reference_docs import load_generator
 
 REPO = Path(__file__).resolve().parents[2]
 PAGES = sorted([REPO / "README.md", *(REPO / "docs").rglob("*.md")])
@@ -16,19 +17,14 @@ FENCE = re.compile(r"^```.*?^```", re.MULTILINE | re.DOTALL)
 CODE = re.compile(r"`[^`\n]*`")  # a regex in an inline code span is not a link
 
 
-def slug(heading: str) -> str:
-    """GitHub's anchor for a heading: lower case, punctuation dropped, spaces to hyphens."""
-    text = re.sub(r"[`*_]", "", heading.strip().lower())
-    text = re.sub(r"\[([^\]]*)\]\([^)]*\)", r"\1", text)
-    text = re.sub(r"[^\w\- ]", "", text)
-    return text.replace(" ", "-")
+ANCHOR = load_generator().anchor  # GitHub's id for a heading, as the reference writes it
 
 
 def anchors(page: Path) -> set[str]:
     found: set[str] = set()
     for line in FENCE.sub("", page.read_text()).splitlines():
         if line.startswith("#"):
-            base = slug(line.lstrip("#"))
+            base = ANCHOR(line.lstrip("#").strip())
             anchor, n = base, 0
             while anchor in found:  # GitHub numbers repeated headings
                 n += 1
