@@ -425,15 +425,11 @@ def test_endpoints_naming_another_attempt_are_written_again_before_the_new_gang_
 def waiting_body(rank: int, reason: str, message: str = "", init: bool = False) -> dict[str, Any]:
     """A bound, Pending worker whose container (or the runtime's init container) waits."""
     body = make_pod_body(rank, phase="Pending", ready=False)
-    status = {
-        "containerStatuses": [
-            {"name": "worker", "state": {"waiting": {"reason": "PodInitializing"}}}
-        ]
-    }
-    status["initContainerStatuses" if init else "containerStatuses"] = [
-        {"name": "runtime" if init else "worker",
-         "state": {"waiting": {"reason": reason, "message": message}}}]  # fmt: skip
-    body["status"].update(status)
+    state: dict[str, Any] = {"waiting": {"reason": reason, "message": message}}
+    if init:  # the worker container waits for the init container
+        body["status"]["initContainerStatuses"] = [{"name": "runtime", "state": state}]
+        state = {"waiting": {"reason": "PodInitializing"}}
+    body["status"]["containerStatuses"] = [{"name": "worker", "state": state}]
     return body
 
 
