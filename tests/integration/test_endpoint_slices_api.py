@@ -13,7 +13,8 @@ from cluster.controlplane import Cluster
 from integration.trainwave_fixtures import apply, get_json, job_manifest
 from trainwave.api.trainingjob import parse_trainingjob
 from trainwave.builders.service import build_endpoint_slices, build_service
-from trainwave.controller.kube import KubeClient, Rejected
+from trainwave.controller.api_errors import Rejected
+from trainwave.controller.kube import KubeClient
 from trainwave.lifecycle.endpoints import Published
 
 WORKERS = 1200

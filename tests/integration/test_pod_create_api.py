@@ -15,7 +15,8 @@ from kubernetes import config
 from cluster.controlplane import Cluster
 from cluster.deploy import service_account_kubeconfig
 from integration.trainwave_fixtures import get_json
-from trainwave.controller.kube import KubeClient, Refused
+from trainwave.controller.api_errors import Refused
+from trainwave.controller.kube import KubeClient
 
 pytestmark = pytest.mark.timeout(120)
 

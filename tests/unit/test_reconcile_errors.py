@@ -15,8 +15,8 @@ import pytest
 from factories import NOW, make_body, make_pod, pod_name
 from kubernetes.client.exceptions import ApiException
 
+from trainwave.controller.api_errors import Refused
 from trainwave.controller.departures import Departures
-from trainwave.controller.kube import Refused
 from trainwave.controller.reconciler import Reconciler
 from trainwave.lifecycle.decide import JobEvent
 from trainwave.lifecycle.endpoints import ServiceState, addresses, published

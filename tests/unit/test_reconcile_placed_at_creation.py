@@ -18,7 +18,7 @@ from factories import NOW, make_body
 
 from trainwave import contract
 from trainwave.builders.gating import build_release_patch, is_gated, merged
-from trainwave.controller.kube import Refused
+from trainwave.controller.api_errors import Refused
 from trainwave.controller.reconciler import HOLD_SECONDS, Reconciler
 from trainwave.lifecycle.decide import JobEvent
 from trainwave.lifecycle.observed import WorkerPod, observe_pod

@@ -23,9 +23,10 @@ from trainwave.builders.status_key import build_status_key_secret
 from trainwave.builders.workload import build_workload
 from trainwave.controller import metrics
 from trainwave.controller.admission_guards import AdmissionGuards
+from trainwave.controller.api_errors import Refused, Rejected
 from trainwave.controller.bookkeeping import Bookkeeping
 from trainwave.controller.goodput_metrics import record_goodput
-from trainwave.controller.kube import KubeClient, Refused, Rejected
+from trainwave.controller.kube import KubeClient
 from trainwave.controller.placement_inputs import Ticket
 from trainwave.controller.placer import Placer
 from trainwave.controller.reading import JobRead, kept_body

@@ -19,10 +19,17 @@ from typing import Any
 
 from kubernetes import client, config
 from kubernetes.client.exceptions import ApiException
-from urllib3.exceptions import HTTPError
 
 from trainwave import contract, signatures
-from trainwave.kube.leadership import NotLeading
+from trainwave.controller.api_errors import (
+    Conflict,
+    Refused,
+    Rejected,
+    malformed,
+    refusal,
+    status_message,
+    undecodable,
+)
 from trainwave.lifecycle.decide import JobEvent
 
 logger = logging.getLogger(__name__)
@@ -35,24 +42,6 @@ ACTIVE_PODS = "status.phase!=Succeeded,status.phase!=Failed"
 # (k8s.io/kubernetes pkg/controller/endpoint, LabelManagedBy / ControllerName).
 ENDPOINTS_MANAGED_BY_LABEL = "endpoints.kubernetes.io/managed-by"
 ENDPOINTS_CONTROLLER = "endpoint-controller"
-
-
-class Conflict(Exception):
-    """The object changed since it was read; reconcile again from a fresh read."""
-
-
-class Rejected(Exception):
-    """The API server refused an object as invalid (HTTP 422)."""
-
-
-class Refused(Exception):
-    """The API server refused to create a child for a reason that may pass (a quota,
-    RBAC, an admission webhook): `what` names the object, `message` is the server's."""
-
-    def __init__(self, what: str, message: str):
-        super().__init__(f"{what}: {message}")
-        self.what = what
-        self.message = message
 
 
 def load_config(pool_size: int) -> client.ApiClient:
@@ -173,10 +162,10 @@ class KubeClient:
                 self._created_already(pod)
                 return
             what = f"pod {meta['namespace']}/{meta['name']}"
-            refusal = _refusal(error, what, unreadable=undecodable(error))
-            if refusal is None:
+            refused = refusal(error, what, unreadable=undecodable(error))
+            if refused is None:
                 raise
-            raise refusal from None
+            raise refused from None
 
     def _created_already(self, pod: dict[str, Any]) -> None:
         """After a 409: return if the pod of that name is owned as `pod` would be (ours,
@@ -222,10 +211,10 @@ class KubeClient:
             if error.status == 409:
                 return
             what = f"secret {meta['namespace']}/{meta['name']}"
-            refusal = _refusal(error, what, unreadable=False)
-            if refusal is None:
+            refused = refusal(error, what, unreadable=False)
+            if refused is None:
                 raise
-            raise refusal from None
+            raise refused from None
 
     def master_status_key(self, namespace: str, name: str) -> bytes:
         """The operator's master status key: read, or created on the first start. Two
@@ -281,7 +270,7 @@ class KubeClient:
             if error.status in (404, 409):
                 raise Conflict(f"pod {namespace}/{name} changed: {error.reason}") from None
             if error.status == 422:
-                raise Rejected(_status_message(error)) from None
+                raise Rejected(status_message(error)) from None
             raise
 
     def annotate_node(self, name: str, annotations: dict[str, str]) -> None:
@@ -319,10 +308,10 @@ class KubeClient:
             return
         except ApiException as error:
             if error.status == 422:
-                raise Rejected(_status_message(error)) from None
+                raise Rejected(status_message(error)) from None
             if error.status in (403, 404):
                 raise Rejected(
-                    f"resourceclaim {namespace}/{name}: {_status_message(error)} (the operator "
+                    f"resourceclaim {namespace}/{name}: {status_message(error)} (the operator "
                     "needs create, get and delete on resource.k8s.io/v1 resourceclaims, "
                     "Kubernetes 1.34 or newer)"
                 ) from None
@@ -447,10 +436,10 @@ class KubeClient:
             return _release(response)
         except ApiException as error:
             what = f"{body.get('kind', 'object').lower()} {namespace}/{name}"
-            refusal = _refusal(error, what, unreadable=malformed(error))
-            if refusal is None:
+            refused = refusal(error, what, unreadable=malformed(error))
+            if refused is None:
                 raise
-            raise refusal from None
+            raise refused from None
 
     def _ignore_gone(self, call: Any, *args: Any, **kwargs: Any) -> None:
         self.guard()
@@ -480,56 +469,11 @@ def _items(response: Any) -> list[dict[str, Any]]:
     return items
 
 
-# Server-side apply answers an object that does not fit its type's schema (a field
-# not declared, a wrong type, a duplicate list key, a quantity that does not parse)
-# with HTTP 500, not 4xx (kubernetes/kubernetes#139253, #122480). These messages
-# say so: the same object can never be applied, unlike after a real server fault.
-_MALFORMED = ("failed to create typed patch object", "failed to convert new object")
-
-
-def malformed(error: ApiException) -> bool:
-    """The API server could not read the object we applied as its type: never retry it."""
-    return error.status in (400, 500) and _status_message(error).startswith(_MALFORMED)
-
-
 # The client's generated method validates its body as a V1Pod model (pydantic), which
 # refuses integer quantities and would drop fields the model predates before the API
 # server's strict validation saw them: the function it wraps sends the body as is, as
 # the patch methods (typed `object`) do. kubernetes is pinned (pyproject.toml).
 _CREATE_POD_UNVALIDATED: Callable[..., Any] = client.CoreV1Api.create_namespaced_pod.__wrapped__  # type: ignore[attr-defined]
-
-# What kube-apiserver answers, with HTTP 400, to a create whose body does not decode as
-# its kind (apimachinery runtime.NewStrictDecodingError and the JSON decoder's errors,
-# wrapped by the handlers' "<kind> in version ... cannot be handled as a <kind>").
-_UNDECODABLE = " cannot be handled as a "
-
-
-def _refusal(error: ApiException, what: str, *, unreadable: bool) -> Exception | None:
-    """How a write of child `what` the API server refused reaches the reconciler: Rejected
-    when the object cannot be taken as written (422, or `unreadable`: it did not decode),
-    Refused when the refusal may pass (a quota, RBAC, a webhook, a missing namespace),
-    None for anything else (the caller re-raises it)."""
-    if error.status == 422 or unreadable:
-        return Rejected(_status_message(error))
-    if error.status in (400, 403, 404):
-        return Refused(what, _status_message(error))
-    return None
-
-
-def undecodable(error: ApiException) -> bool:
-    """The API server could not read the object we created as its kind: never retry it."""
-    return error.status == 400 and _UNDECODABLE in _status_message(error)
-
-
-def transient(error: BaseException) -> bool:
-    """An error that says nothing about the job: the API server busy, restarting, slow or
-    out of reach. Retried with backoff and logged; never written on the job as its fault."""
-    if isinstance(error, ApiException):
-        status = error.status or 0  # 0: no answer at all
-        return status in (0, 408, 409, 429) or status >= 500
-    # A write refused because this replica lost the Lease is the operator's state, not the
-    # job's fault (the process is on its way out; kube/leadership.py).
-    return isinstance(error, OSError | HTTPError | NotLeading)  # Timeout/ConnectionError too
 
 
 def _selectors(claim: dict[str, Any]) -> list[Any]:
@@ -541,10 +485,3 @@ def _selectors(claim: dict[str, Any]) -> list[Any]:
 def _same_owner(existing: dict[str, Any], wanted: dict[str, Any]) -> bool:
     owners = {o.get("uid") for o in existing["metadata"].get("ownerReferences") or ()}
     return all(o["uid"] in owners for o in wanted["metadata"].get("ownerReferences") or ())
-
-
-def _status_message(error: ApiException) -> str:
-    try:
-        return str(json.loads(error.body or "").get("message", error.reason))
-    except (TypeError, ValueError):
-        return str(error.reason)

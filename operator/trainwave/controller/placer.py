@@ -53,9 +53,10 @@ from trainwave.api.reasons import Reason
 from trainwave.api.trainingjob import JobKey
 from trainwave.builders.gating import merged
 from trainwave.controller import metrics
+from trainwave.controller.api_errors import Conflict
 from trainwave.controller.clusterview import ClusterView
 from trainwave.controller.inflight import Inflight
-from trainwave.controller.kube import Conflict, KubeClient
+from trainwave.controller.kube import KubeClient
 from trainwave.controller.placement_inputs import (
     Ticket,
     gang_domains,

@@ -35,10 +35,11 @@ from trainwave.api.trainingjob import InvalidSpec, JobKey, TrainingJob
 from trainwave.backoff import Backoff
 from trainwave.controller import metrics
 from trainwave.controller.admission_guards import AdmissionGuards
+from trainwave.controller.api_errors import Conflict, Refused, Rejected, transient
 from trainwave.controller.bookkeeping import Bookkeeping
 from trainwave.controller.departures import Departures
 from trainwave.controller.executing import Executor, ticket_of, with_status
-from trainwave.controller.kube import Conflict, KubeClient, Refused, Rejected, transient
+from trainwave.controller.kube import KubeClient
 from trainwave.controller.placer import Placer
 from trainwave.controller.reading import JobRead, read_job
 from trainwave.controller.reporting import StatusPoller, Targets

@@ -35,8 +35,9 @@ from trainwave.builders.gating import build_release_patch
 from trainwave.builders.network import gang_link_env, node_network_env
 from trainwave.builders.sharing import build_gpu_claim
 from trainwave.controller import metrics
+from trainwave.controller.api_errors import Conflict, Rejected
 from trainwave.controller.inflight import Inflight
-from trainwave.controller.kube import Conflict, KubeClient, Rejected
+from trainwave.controller.kube import KubeClient
 from trainwave.hardware.inventory import NodeInventory
 from trainwave.placement.gang_types import Placement
 from trainwave.placement.records import PodRecord

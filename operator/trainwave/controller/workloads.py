@@ -25,7 +25,8 @@ from kubernetes.client.exceptions import ApiException
 
 from trainwave import contract
 from trainwave.api.trainingjob import JobKey
-from trainwave.controller.kube import Conflict, KubeClient
+from trainwave.controller.api_errors import Conflict
+from trainwave.controller.kube import KubeClient
 from trainwave.kube.index import ByOwner
 from trainwave.kube.informer import (
     PAGE_SIZE,
