@@ -2,9 +2,11 @@
 
 As a Job's pod with a mistyped image stays Pending, the gang stays Starting: nothing fails
 it. What a user needs is the reason without reading every pod: the job's message names the
-worker and what the kubelet reported (lifecycle/observed.py `WorkerPod.stuck`). The image
-names a registry on this machine's loopback that nobody serves, so containerd's pull is
-refused at once and nothing leaves the machine.
+worker and what the kubelet reported, from the pod's container statuses
+(lifecycle/observed.py `WorkerPod.stuck`) or, for a pod the kubelet cannot even set up (a
+volume that does not mount), from its Warning Events (controller/pod_warnings.py). The
+image names a registry on this machine's loopback that nobody serves, so containerd's pull
+is refused at once and nothing leaves the machine.
 """
 
 from __future__ import annotations
@@ -13,7 +15,7 @@ from typing import Any
 
 import pytest
 
-from e2e.conftest import ON_REAL_NODE, Release
+from e2e.conftest import ON_REAL_NODE, WORKER_IMAGE, Release
 from integration.trainwave_fixtures import apply, job, job_manifest, wait_until
 
 MISSING_IMAGE = "localhost:5999/trainwave/missing:1"
@@ -45,3 +47,39 @@ def test_an_image_that_cannot_be_pulled_is_named_on_the_starting_job(
         "0/1 workers running; worker 0 (unpullable-a0-worker-0): container worker waiting: "
     ), status["message"]
     assert "localhost:5999/trainwave/missing:1" in status["message"], status["message"]
+
+
+@pytest.mark.timeout(240)
+def test_a_volume_that_does_not_mount_is_named_on_the_starting_job(
+    release: Release, namespace: str
+) -> None:
+    """The pod sits Pending, its container ContainerCreating: the reason is only in the
+    kubelet's FailedMount Event, which the operator lists once the worker has sat 10 s."""
+    cluster = release.cluster
+    manifest = job_manifest(
+        "unmountable",
+        workers=1,
+        gpus=1,
+        result=None,
+        image=WORKER_IMAGE,
+        imagePullPolicy="Never",
+        template_spec={
+            "nodeSelector": ON_REAL_NODE,
+            "volumes": [{"name": "settings", "configMap": {"name": "no-such-settings"}}],
+            "containers": [
+                {"name": "worker", "volumeMounts": [{"name": "settings", "mountPath": "/cfg"}]}
+            ],
+        },
+    )
+    apply(cluster, namespace, manifest)
+
+    def named() -> dict[str, Any] | None:
+        status: dict[str, Any] = job(cluster, namespace, "unmountable").get("status") or {}
+        return status if "FailedMount" in str(status.get("message") or "") else None
+
+    status = wait_until(named, 180, "the volume that does not mount named on the job")
+    assert status["phase"] == "Starting", status
+    assert status["message"].startswith(
+        "0/1 workers running; worker 0 (unmountable-a0-worker-0): FailedMount: "
+    ), status["message"]
+    assert 'configmap "no-such-settings" not found' in status["message"], status["message"]

@@ -103,7 +103,8 @@ EXPECTED_RULES = {
     ("", "resourcequotas"): {"list", "watch"},
     ("admissionregistration.k8s.io", "mutatingwebhookconfigurations"): {"list", "watch"},
     ("", "secrets"): {"create"},
-    ("", "events"): {"create", "patch"},
+    # list: the kubelet's warnings on a worker sitting Pending (controller/pod_warnings.py)
+    ("", "events"): {"create", "patch", "list"},
     ("events.k8s.io", "events"): {"create", "patch"},
 }
 
@@ -169,6 +170,7 @@ JOB_READS = {
     ("discovery.k8s.io", "endpointslices"): {"list", "watch"},
     ("", "limitranges"): {"list", "watch"},
     ("", "resourcequotas"): {"list", "watch"},
+    ("", "events"): {"list"},
 }
 KUEUE_WORKLOADS = {
     ("kueue.x-k8s.io", "workloads"): {"create", "list", "watch", "patch"},

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
 from datetime import timedelta
 from typing import Any
 
@@ -462,3 +463,18 @@ def test_a_stuck_worker_is_named_on_the_starting_job() -> None:
         f"0/2 workers running; worker 1 ({pod_name(1)}): container worker waiting: "
         'ErrImagePull: failed to pull "nope:1"'
     )
+
+
+def test_a_worker_sitting_on_its_node_is_named_with_the_kubelets_warning() -> None:
+    """A pod whose volume does not mount sits Pending with its containers creating: the
+    warning the reconciler read from its Events names it; a container that cannot start
+    (read from the pod itself) is named before a lower rank's warning is not."""
+    job = make_job(phase="Starting", start_time=START)
+    sitting = replace(pending(1, bound=True), warning='FailedMount: configmap "cfg" not found')
+    status = decide(resolve_job(job), [pending(0, bound=True), sitting], NOW).status
+    assert status.phase == Phase.STARTING
+    assert status.message == (
+        f'0/2 workers running; worker 1 ({pod_name(1)}): FailedMount: configmap "cfg" not found'
+    )
+    quiet = decide(resolve_job(job), [pending(0, bound=True), pending(1, bound=True)], NOW)
+    assert quiet.status.message == "0/2 workers running"

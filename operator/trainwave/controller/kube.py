@@ -193,6 +193,14 @@ class KubeClient:
             + "; created once the name is free",
         )
 
+    def warning_events(self, namespace: str, uid: str) -> list[dict[str, Any]]:
+        """The Warning Events on object `uid`, as the kubelet writes them (core API)."""
+        selector = f"involvedObject.uid={uid},type=Warning"
+        listed = self.core.list_namespaced_event(
+            namespace, field_selector=selector, _preload_content=False
+        )
+        return _items(listed)
+
     def create_secret(self, secret: Any) -> None:
         """Create once; one that exists already is left alone (its name holds the job's UID,
         and the operator never trusts its content: it derives the key it verifies with)."""

@@ -41,6 +41,7 @@ from trainwave.controller.departures import Departures
 from trainwave.controller.executing import Executor, ticket_of, with_status
 from trainwave.controller.kube import KubeClient
 from trainwave.controller.placer import Placer
+from trainwave.controller.pod_warnings import PodWarnings
 from trainwave.controller.reading import JobRead, read_job
 from trainwave.controller.reporting import StatusPoller, Targets
 from trainwave.controller.workloads import WorkloadCache
@@ -125,6 +126,7 @@ class Reconciler:
         node_health: Callable[[str], NodeHealth | None] = lambda name: None,
         workloads: WorkloadCache | None = None,
         guards: AdmissionGuards | None = None,
+        warnings: PodWarnings | None = None,
         clock: Callable[[], datetime] = lambda: datetime.now(UTC),
     ):
         self._placer = placer
@@ -143,6 +145,8 @@ class Reconciler:
         self._departures = departures if departures is not None else Departures()
         self._node_health = node_health
         self._workloads = workloads  # None: Kueue integration off, queue labels ignored
+        # Why a worker sits Pending on its node, from the kubelet's Events: read on demand.
+        self._warnings = warnings if warnings is not None else PodWarnings(kube.warning_events)
         self._execute = Executor(
             kube,
             self._books,
@@ -199,6 +203,7 @@ class Reconciler:
             if held is not None:  # the watch is late with the pods: write what was held
                 return await self._write_held(key, read, held, unseen)
             return unseen
+        pods, recheck = await self._warnings.observe(key, pods, status.attempt)
         seen = Seen(
             pods,
             self._clock(),
@@ -215,7 +220,7 @@ class Reconciler:
         decision = with_held_news(decision, held)
         if resolved is not None and only_creates(decision, status):
             return await self._create_first(key, read, decision, resolved, seen)
-        return await self._execute_decision(key, read, decision, resolved, pods)
+        return _sooner(await self._execute_decision(key, read, decision, resolved, pods), recheck)
 
     async def _create_first(
         self, key: JobKey, read: JobRead, decision: Decision, resolved: ResolvedJob, seen: Seen
@@ -359,6 +364,7 @@ class Reconciler:
         self._placer.withdraw(key)
         self._departures.forget(key)
         self._books.forget(key)
+        self._warnings.forget(key)
         if self._poller:
             self._poller.forget(key)
 
@@ -466,3 +472,9 @@ class Reconciler:
         meta = job.metadata
         status_key = job_key(self._master_key, meta.namespace, meta.name, meta.uid)
         self._poller.track(key, Targets(attempt, workers, status_key))
+
+
+def _sooner(first: float | None, second: float | None) -> float | None:
+    """The sooner of two requeue delays; None (no requeue) only when both are None."""
+    delays = [d for d in (first, second) if d is not None]
+    return min(delays) if delays else None

@@ -399,9 +399,12 @@ def _progress(
     draft.wants_service = service_due
     if len(running) < total:
         message = f"{len(running)}/{total} workers running"
-        # A container the kubelet cannot start (a mistyped image, a missing Secret) keeps
-        # the gang Starting, as a Job's pod stays Pending: the job says which and why.
-        stuck = sorted((p.rank, p.name, p.stuck) for p in existing if p.stuck)
+        # A container the kubelet cannot start (a mistyped image, a missing Secret), or a
+        # pod it cannot set up (a volume that does not mount), keeps the gang Starting, as a
+        # Job's pod stays Pending: the job says which and why.
+        stuck = sorted(
+            (p.rank, p.name, p.stuck or p.warning) for p in existing if p.stuck or p.warning
+        )
         if stuck:
             rank, name, why = stuck[0]
             message += f"; worker {rank} ({name}): {why}"

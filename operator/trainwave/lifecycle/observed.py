@@ -92,6 +92,10 @@ class WorkerPod:
     # <reason>: <message>" (ErrImagePull, ImagePullBackOff, CreateContainerConfigError...);
     # "" while every container starts normally or runs.
     stuck: str = ""
+    # Sitting Pending on its node with no container to blame (lifecycle/sitting.py): the
+    # newest Warning Event the kubelet wrote for it, "<reason>: <message>", as the
+    # reconciler read it (controller/pod_warnings.py); "" otherwise.
+    warning: str = ""
 
     @property
     def disruption(self) -> str:
@@ -184,10 +188,10 @@ def observe_pod(body: dict[str, Any]) -> WorkerPod | None:
         deleting=metadata.get("deletionTimestamp") is not None,
         exit_code=terminated.get("exitCode"),
         reason=_text(terminated.get("reason") or status.get("reason")),
-        finished_at=_parse_time(terminated.get("finishedAt")),
+        finished_at=parse_time(terminated.get("finishedAt")),
         gated=any(g.get("name") == contract.SCHEDULING_GATE for g in gates),
         placed_node=_text(annotations.get(contract.ANNOTATION_PLACED_NODE)),
-        released_at=_parse_time(annotations.get(contract.ANNOTATION_RELEASED_AT)),
+        released_at=parse_time(annotations.get(contract.ANNOTATION_RELEASED_AT)),
         max_run_seconds=_seconds(annotations.get(contract.ANNOTATION_MAX_RUN_SECONDS)),
         placement_summary=_text(annotations.get(contract.ANNOTATION_PLACEMENT_SUMMARY)),
         pod_ip=_text(status.get("podIP")),
@@ -202,7 +206,7 @@ def observe_pod(body: dict[str, Any]) -> WorkerPod | None:
 
 
 def _delete_asked_at(metadata: dict[str, Any]) -> datetime | None:
-    at = _parse_time(metadata.get("deletionTimestamp"))
+    at = parse_time(metadata.get("deletionTimestamp"))
     grace = metadata.get("deletionGracePeriodSeconds")
     if at is None or not isinstance(grace, int) or isinstance(grace, bool) or grace <= 0:
         return None
@@ -265,7 +269,7 @@ def _seconds(value: Any) -> int:
         return 0
 
 
-def _parse_time(value: Any) -> datetime | None:
+def parse_time(value: Any) -> datetime | None:
     if not isinstance(value, str):
         return None
     try:
