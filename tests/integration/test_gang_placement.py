@@ -315,6 +315,40 @@ def test_a_gang_that_does_not_bind_is_replanned(cluster, namespace, running_oper
         assert "not bound 5s after placement" in notes[0]
 
 
+def test_a_worker_kube_scheduler_cannot_bind_is_named_with_its_reason(
+    cluster, namespace, running_operator
+):
+    """Before its bind timeout, the job waiting in Scheduling says why: kube-scheduler's
+    PodScheduled=False reason and message, as `kubectl describe pod` shows them."""
+    with node_pool(cluster, rack_sizes=(1,)) as pool:
+        manifest = pool_job("unbindable", pool, workers=1, gpus=8,
+                            placement={"bindTimeoutSeconds": 120})  # fmt: skip
+        manifest["spec"]["template"]["spec"]["affinity"] = {
+            "podAffinity": {
+                "requiredDuringSchedulingIgnoredDuringExecution": [
+                    {
+                        "labelSelector": {"matchLabels": {"test.trainwave.io/absent": "x"}},
+                        "topologyKey": "kubernetes.io/hostname",
+                    }
+                ]
+            }
+        }
+        apply(cluster, namespace, manifest)
+        status = wait_until(
+            lambda: (s := job(cluster, namespace, "unbindable").get("status") or {})
+            and "not scheduled" in s.get("message", "") and s,
+            40, "kube-scheduler's reason on the job",
+        )  # fmt: skip
+        assert status["phase"] == "Scheduling", status
+        pod = worker_pods(cluster, namespace, "unbindable")[0]["metadata"]["name"]
+        assert status["message"].startswith(
+            f"0/1 workers bound to nodes; worker 0 ({pod}): not scheduled: Unschedulable: 0/"
+        ), status["message"]
+        assert "affinity" in status["message"], status["message"]
+        scheduled = next(c for c in status["conditions"] if c["type"] == "Scheduled")
+        assert scheduled["message"] == status["message"], scheduled
+
+
 def placed_at_creation(operator) -> float:
     """Gangs the operator created pinned, with no gate and no release patch after (its
     pods are created, so their managedFields cannot tell a create from a create and a

@@ -478,3 +478,33 @@ def test_a_worker_sitting_on_its_node_is_named_with_the_kubelets_warning() -> No
     )
     quiet = decide(resolve_job(job), [pending(0, bound=True), pending(1, bound=True)], NOW)
     assert quiet.status.message == "0/2 workers running"
+
+
+@pytest.mark.parametrize(
+    ("reason", "said"),
+    [
+        ("Unschedulable", "not scheduled: Unschedulable: 0/9 nodes are available: "
+                          "9 node(s) didn't match pod affinity rules."),
+        ("SchedulingGated", ""),  # trainwave's own gate: the job says why it waits
+    ],
+    ids=["unschedulable", "gated"],
+)  # fmt: skip
+def test_a_pod_kube_scheduler_cannot_place_is_named(reason: str, said: str) -> None:
+    scheduled = {"type": "PodScheduled", "status": "False", "reason": reason,
+                 "message": "0/9 nodes are available:\n 9 node(s) didn't match pod affinity rules."}  # fmt: skip
+    body = make_pod_body(0, phase="Pending", ready=False, bound=False, conditions=(scheduled,))
+    pod = observe_pod(body)
+    assert pod is not None
+    assert pod.stuck == said
+
+
+def test_a_worker_kube_scheduler_cannot_bind_is_named_on_the_scheduling_job() -> None:
+    job = make_job(phase="Scheduling", start_time=START)
+    refused = replace(pending(1), stuck="not scheduled: Unschedulable: 0/9 nodes are available")
+    status = decide(resolve_job(job), [pending(0, bound=True), refused], NOW).status
+    assert status.phase == Phase.SCHEDULING
+    said = f"1/2 workers bound to nodes; worker 1 ({pod_name(1)}): not scheduled: Unschedulable"
+    assert status.message.startswith(said), status.message
+    scheduled = status.condition(ConditionType.SCHEDULED)
+    assert scheduled is not None
+    assert scheduled.message == status.message

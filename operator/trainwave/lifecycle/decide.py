@@ -389,7 +389,7 @@ def _progress(
     if bound < total:
         if bind_timed_out(draft, job, existing):
             return
-        message = f"{bound}/{total} workers bound to nodes"
+        message = f"{bound}/{total} workers bound to nodes" + _why_not_started(existing)
         draft.condition(ConditionType.SCHEDULED, False, Reason.WAITING_FOR_NODES, message)
         draft.enter(Phase.SCHEDULING, Reason.WAITING_FOR_NODES, message)
         return
@@ -398,16 +398,7 @@ def _progress(
     )
     draft.wants_service = service_due
     if len(running) < total:
-        message = f"{len(running)}/{total} workers running"
-        # A container the kubelet cannot start (a mistyped image, a missing Secret), or a
-        # pod it cannot set up (a volume that does not mount), keeps the gang Starting, as a
-        # Job's pod stays Pending: the job says which and why.
-        stuck = sorted(
-            (p.rank, p.name, p.stuck or p.warning) for p in existing if p.stuck or p.warning
-        )
-        if stuck:
-            rank, name, why = stuck[0]
-            message += f"; worker {rank} ({name}): {why}"
+        message = f"{len(running)}/{total} workers running" + _why_not_started(existing)
         draft.enter(Phase.STARTING, Reason.WORKERS_STARTING, message)
         return
     if draft.status.phase != Phase.RUNNING:
@@ -419,6 +410,19 @@ def _progress(
     )
     draft.clear(ConditionType.RESTARTING, Reason.ALL_WORKERS_RUNNING, "the gang is running again")
     draft.enter(Phase.RUNNING, Reason.ALL_WORKERS_RUNNING, f"{total} workers running")
+
+
+def _why_not_started(existing: list[WorkerPod]) -> str:
+    """ "; worker <rank> (<pod>): <why>" for the lowest rank that says why it does not start,
+    else "". A pod kube-scheduler cannot place, a container the kubelet cannot start (a
+    mistyped image, a missing Secret), a pod it cannot set up (a volume that does not
+    mount): each keeps the gang waiting, as a Job's pod stays Pending, so the job says
+    which worker and why."""
+    said = sorted((p.rank, p.name, p.stuck or p.warning) for p in existing if p.stuck or p.warning)
+    if not said:
+        return ""
+    rank, name, why = said[0]
+    return f"; worker {rank} ({name}): {why}"
 
 
 def _reported(draft: Draft, job: TrainingJob, reports: Mapping[int, WorkerReport]) -> None:

@@ -88,9 +88,11 @@ class WorkerPod:
     # delete (grace 0, after the containers ended) moves deletionTimestamp to now, so a
     # grace of 0 says nothing of the first request: None then.
     delete_asked_at: datetime | None = None
-    # A container the kubelet cannot start, as it says so: "container <name> waiting:
-    # <reason>: <message>" (ErrImagePull, ImagePullBackOff, CreateContainerConfigError...);
-    # "" while every container starts normally or runs.
+    # Why the pod does not start, in the words of whoever holds it: a container the kubelet
+    # cannot start, "container <name> waiting: <reason>: <message>" (ErrImagePull,
+    # ImagePullBackOff, CreateContainerConfigError...), or a pod kube-scheduler cannot
+    # place, "not scheduled: <reason>: <message>" (Unschedulable); "" while it starts
+    # normally, runs, or waits behind trainwave's gate.
     stuck: str = ""
     # Sitting Pending on its node with no container to blame (lifecycle/sitting.py): the
     # newest Warning Event the kubelet wrote for it, "<reason>: <message>", as the
@@ -218,11 +220,23 @@ def _delete_asked_at(metadata: dict[str, Any]) -> datetime | None:
 # ImagePullBackOff, InvalidImageName, CreateContainerConfigError, ...).
 _STARTING = frozenset({"ContainerCreating", "PodInitializing"})
 _STUCK_MESSAGE_CHARS = 200
+# kube-scheduler's PodScheduled reason while any scheduling gate holds the pod (k8s.io/api
+# core/v1 PodReasonSchedulingGated): the placer's own wait, said on the job otherwise.
+_GATED = "SchedulingGated"
 
 
 def _stuck(status: dict[str, Any]) -> str:
-    """The first container (init containers first, as the kubelet starts them) waiting for a
+    """Why the pod does not start: kube-scheduler's PodScheduled=False (not its gate), else
+    the first container (init containers first, as the kubelet starts them) waiting for a
     reason other than starting, as the job's status names it; "" when none."""
+    for condition in status.get("conditions") or []:
+        if condition.get("type") != "PodScheduled" or condition.get("status") != "False":
+            continue
+        reason = condition.get("reason") or ""
+        if reason and reason != _GATED:
+            message = " ".join(str(condition.get("message") or "").split())
+            said = f"not scheduled: {reason}"
+            return _text(f"{said}: {message[:_STUCK_MESSAGE_CHARS]}" if message else said)
     for kind in ("initContainerStatuses", "containerStatuses"):
         for container in status.get(kind) or []:
             waiting = (container.get("state") or {}).get("waiting") or {}
