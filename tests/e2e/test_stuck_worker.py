@@ -4,7 +4,7 @@ As a Job's pod with a mistyped image stays Pending, the gang stays Starting: not
 it. What a user needs is the reason without reading every pod: the job's message names the
 worker and what the kubelet reported, from the pod's container statuses
 (lifecycle/observed.py `WorkerPod.stuck`) or, for a pod the kubelet cannot even set up (a
-volume that does not mount), from its Warning Events (controller/pod_warnings.py). The
+volume that does not mount), from its newest Event (controller/pod_events.py). The
 image names a registry on this machine's loopback that nobody serves, so containerd's pull
 is refused at once and nothing leaves the machine.
 """

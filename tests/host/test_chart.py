@@ -103,7 +103,7 @@ EXPECTED_RULES = {
     ("", "resourcequotas"): {"list", "watch"},
     ("admissionregistration.k8s.io", "mutatingwebhookconfigurations"): {"list", "watch"},
     ("", "secrets"): {"create"},
-    # list: the kubelet's warnings on a worker sitting Pending (controller/pod_warnings.py)
+    # list: the Events of a worker sitting Pending (controller/pod_events.py)
     ("", "events"): {"create", "patch", "list"},
     ("events.k8s.io", "events"): {"create", "patch"},
 }

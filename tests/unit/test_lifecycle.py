@@ -465,12 +465,12 @@ def test_a_stuck_worker_is_named_on_the_starting_job() -> None:
     )
 
 
-def test_a_worker_sitting_on_its_node_is_named_with_the_kubelets_warning() -> None:
-    """A pod whose volume does not mount sits Pending with its containers creating: the
-    warning the reconciler read from its Events names it; a container that cannot start
-    (read from the pod itself) is named before a lower rank's warning is not."""
+def test_a_worker_sitting_on_its_node_is_named_with_what_its_events_say() -> None:
+    """A pod whose volume does not mount sits Pending with its containers creating: what
+    the reconciler read from its Events names it; a gang whose workers say nothing shows
+    the count alone."""
     job = make_job(phase="Starting", start_time=START)
-    sitting = replace(pending(1, bound=True), warning='FailedMount: configmap "cfg" not found')
+    sitting = replace(pending(1, bound=True), event_says='FailedMount: configmap "cfg" not found')
     status = decide(resolve_job(job), [pending(0, bound=True), sitting], NOW).status
     assert status.phase == Phase.STARTING
     assert status.message == (

@@ -29,7 +29,7 @@ KEY = ("team-a", "demo")
 class StatusStore:
     """Takes status merge patches into one job body; `fail` makes the next patch raise."""
 
-    def warning_events(self, _namespace: str, _uid: str) -> list[dict[str, Any]]:
+    def pod_events(self, _namespace: str, _uid: str) -> list[dict[str, Any]]:
         return []  # no worker sits long enough here to be looked up
 
     def __init__(self, body: dict[str, Any]):

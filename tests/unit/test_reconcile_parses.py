@@ -33,7 +33,7 @@ MODELS = {"metadata": ObjectMeta, "status": TrainingJobStatus, "spec": TrainingJ
 class Api:
     """Stores the status it is sent and the pods it is asked to create."""
 
-    def warning_events(self, _namespace: str, _uid: str) -> list[dict[str, Any]]:
+    def pod_events(self, _namespace: str, _uid: str) -> list[dict[str, Any]]:
         return []  # no worker sits long enough here to be looked up
 
     def __init__(self, body: dict[str, Any]):

@@ -1,4 +1,4 @@
-"""A worker sitting Pending on its node, and which of the kubelet's warnings names why."""
+"""A worker sitting Pending on its node, and which of its Events says why."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ import pytest
 from factories import NOW, make_pod
 
 from trainwave.lifecycle.observed import PodPhase, WorkerPod
-from trainwave.lifecycle.sitting import WARNING_MAX_AGE, latest_warning, sits_pending
+from trainwave.lifecycle.sitting import EVENT_MAX_AGE, explaining_event, sits_pending
 
 pytestmark = pytest.mark.timeout(10)
 
@@ -57,27 +57,46 @@ def test_only_a_released_bound_pending_worker_with_no_container_to_blame_sits(
     assert sits_pending(pod, attempt) is sits
 
 
-def test_the_newest_recent_warning_is_named_with_its_reason() -> None:
+def test_the_newest_event_is_named_when_it_is_a_warning() -> None:
     events = [
         event(
             "FailedMount", 'MountVolume.SetUp failed for volume "cfg" : configmap "a" not found', 40
         ),
+        event("Scheduled", "Successfully assigned", 60, kind="Normal"),
         event(
             "FailedMount",
             'MountVolume.SetUp failed for volume "cfg" :\n configmap "b" not found',
             5,
         ),
-        event("Scheduled", "Successfully assigned", 1, kind="Normal"),
     ]
-    assert latest_warning(events, NOW) == (
+    assert explaining_event(events, NOW) == (
         'FailedMount: MountVolume.SetUp failed for volume "cfg" : configmap "b" not found'
     )
 
 
-def test_a_warning_older_than_the_kubelets_retries_says_nothing_of_now() -> None:
-    old = WARNING_MAX_AGE.total_seconds() + 1
-    assert latest_warning([event("FailedCreatePodSandBox", "cni failed", old)], NOW) == ""
-    assert latest_warning([], NOW) == ""
+def test_an_image_being_pulled_explains_the_wait_other_progress_does_not() -> None:
+    pulling = event("Pulling", 'Pulling image "big:1"', 3, kind="Normal")
+    assert explaining_event([event("FailedMount", "x", 30), pulling], NOW) == (
+        'Pulling: Pulling image "big:1"'
+    ), "the mount passed at last, and the image is being pulled"
+    pulled = event("Pulled", "Successfully pulled", 1, kind="Normal")
+    assert explaining_event([event("FailedMount", "x", 30), pulled], NOW) == ""
+
+
+def test_events_of_one_second_are_ordered_by_their_writes() -> None:
+    warning = {**event("FailedMount", "x", 1), "metadata": {"resourceVersion": "900"}}
+    pulling = {**event("Pulling", "y", 1, kind="Normal"), "metadata": {"resourceVersion": "901"}}
+    assert explaining_event([pulling, warning], NOW) == "Pulling: y"
+    assert (
+        explaining_event([{**pulling, "metadata": {"resourceVersion": "899"}}, warning], NOW)
+        == "FailedMount: x"
+    )
+
+
+def test_an_event_older_than_the_kubelets_retries_says_nothing_of_now() -> None:
+    old = EVENT_MAX_AGE.total_seconds() + 1
+    assert explaining_event([event("FailedCreatePodSandBox", "cni failed", old)], NOW) == ""
+    assert explaining_event([], NOW) == ""
 
 
 def test_an_events_time_is_its_series_then_last_timestamp_then_event_time() -> None:
@@ -85,11 +104,11 @@ def test_an_events_time_is_its_series_then_last_timestamp_then_event_time() -> N
     micro = {"type": "Warning", "reason": "NetworkNotReady", "message": "cni",
              "eventTime": (NOW - timedelta(seconds=3)).isoformat()}  # fmt: skip
     undated = {"type": "Warning", "reason": "Undated", "message": "x"}
-    assert latest_warning([micro, series, undated], NOW) == "FailedMount: new"
-    assert latest_warning([micro, undated], NOW) == "NetworkNotReady: cni"
+    assert explaining_event([micro, series, undated], NOW) == "FailedMount: new"
+    assert explaining_event([micro, undated], NOW) == "NetworkNotReady: cni"
 
 
 def test_a_long_message_is_cut_and_an_empty_one_leaves_the_reason() -> None:
-    said = latest_warning([event("FailedMount", "x" * 1000, 1)], NOW)
+    said = explaining_event([event("FailedMount", "x" * 1000, 1)], NOW)
     assert said == "FailedMount: " + "x" * 200
-    assert latest_warning([event("FailedMount", "", 1)], NOW) == "FailedMount"
+    assert explaining_event([event("FailedMount", "", 1)], NOW) == "FailedMount"

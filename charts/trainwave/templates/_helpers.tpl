@@ -155,10 +155,10 @@ watches each namespace through its namespaced endpoints, kube/namespaced.py). */
 - apiGroups: [""]
   resources: ["limitranges", "resourcequotas"]
   verbs: ["list", "watch"]
-# The kubelet's Warning Events on a worker that sits Pending on its node (a volume
-# that does not mount, a sandbox that does not start), listed by the pod's UID at
-# most every 30 s while it sits, so the job says why it does not start
-# (controller/pod_warnings.py). Never watched.
+# The Events on a worker that sits Pending on its node (a volume that does not
+# mount, a sandbox that does not start, an image still being pulled), listed by the
+# pod's UID at most every 30 s while it sits, so the job says why it does not start
+# (controller/pod_events.py). Never watched.
 - apiGroups: [""]
   resources: ["events"]
   verbs: ["list"]

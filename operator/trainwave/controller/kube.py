@@ -193,13 +193,15 @@ class KubeClient:
             + "; created once the name is free",
         )
 
-    def warning_events(self, namespace: str, uid: str) -> list[dict[str, Any]]:
-        """The Warning Events on object `uid`, as the kubelet writes them (core API). Only
-        words for a job's message: a slow API server gives up after a few seconds rather
-        than holding the reconcile that asked."""
-        selector = f"involvedObject.uid={uid},type=Warning"
+    def pod_events(self, namespace: str, uid: str) -> list[dict[str, Any]]:
+        """The Events on object `uid`, as the kubelet writes them (core API). Only words for
+        a job's message: a slow API server gives up after a few seconds rather than holding
+        the reconcile that asked."""
         listed = self.core.list_namespaced_event(
-            namespace, field_selector=selector, _request_timeout=5.0, _preload_content=False
+            namespace,
+            field_selector=f"involvedObject.uid={uid}",
+            _request_timeout=5.0,
+            _preload_content=False,
         )
         return _items(listed)
 

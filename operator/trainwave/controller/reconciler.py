@@ -41,7 +41,7 @@ from trainwave.controller.departures import Departures
 from trainwave.controller.executing import Executor, ticket_of, with_status
 from trainwave.controller.kube import KubeClient
 from trainwave.controller.placer import Placer
-from trainwave.controller.pod_warnings import PodWarnings
+from trainwave.controller.pod_events import PodEvents
 from trainwave.controller.reading import JobRead, read_job
 from trainwave.controller.reporting import StatusPoller, Targets
 from trainwave.controller.workloads import WorkloadCache
@@ -126,7 +126,7 @@ class Reconciler:
         node_health: Callable[[str], NodeHealth | None] = lambda name: None,
         workloads: WorkloadCache | None = None,
         guards: AdmissionGuards | None = None,
-        warnings: PodWarnings | None = None,
+        pod_events: PodEvents | None = None,
         clock: Callable[[], datetime] = lambda: datetime.now(UTC),
     ):
         self._placer = placer
@@ -145,8 +145,8 @@ class Reconciler:
         self._departures = departures if departures is not None else Departures()
         self._node_health = node_health
         self._workloads = workloads  # None: Kueue integration off, queue labels ignored
-        # Why a worker sits Pending on its node, from the kubelet's Events: read on demand.
-        self._warnings = warnings if warnings is not None else PodWarnings(kube.warning_events)
+        # Why a worker sits Pending on its node, from its Events: listed on demand.
+        self._pod_events = pod_events if pod_events is not None else PodEvents(kube.pod_events)
         self._execute = Executor(
             kube,
             self._books,
@@ -203,7 +203,7 @@ class Reconciler:
             if held is not None:  # the watch is late with the pods: write what was held
                 return await self._write_held(key, read, held, unseen)
             return unseen
-        pods, recheck = await self._warnings.observe(key, pods, status.attempt)
+        pods, recheck = await self._pod_events.observe(key, pods, status.attempt)
         seen = Seen(
             pods,
             self._clock(),
@@ -364,7 +364,7 @@ class Reconciler:
         self._placer.withdraw(key)
         self._departures.forget(key)
         self._books.forget(key)
-        self._warnings.forget(key)
+        self._pod_events.forget(key)
         if self._poller:
             self._poller.forget(key)
 

@@ -416,9 +416,11 @@ def _why_not_started(existing: list[WorkerPod]) -> str:
     """ "; worker <rank> (<pod>): <why>" for the lowest rank that says why it does not start,
     else "". A pod kube-scheduler cannot place, a container the kubelet cannot start (a
     mistyped image, a missing Secret), a pod it cannot set up (a volume that does not
-    mount): each keeps the gang waiting, as a Job's pod stays Pending, so the job says
-    which worker and why."""
-    said = sorted((p.rank, p.name, p.stuck or p.warning) for p in existing if p.stuck or p.warning)
+    mount) or whose image it is still pulling: each keeps the gang waiting, as a Job's pod
+    stays Pending, so the job says which worker and why."""
+    said = sorted(
+        (p.rank, p.name, p.stuck or p.event_says) for p in existing if p.stuck or p.event_says
+    )
     if not said:
         return ""
     rank, name, why = said[0]

@@ -94,10 +94,10 @@ class WorkerPod:
     # place, "not scheduled: <reason>: <message>" (Unschedulable); "" while it starts
     # normally, runs, or waits behind trainwave's gate.
     stuck: str = ""
-    # Sitting Pending on its node with no container to blame (lifecycle/sitting.py): the
-    # newest Warning Event the kubelet wrote for it, "<reason>: <message>", as the
-    # reconciler read it (controller/pod_warnings.py); "" otherwise.
-    warning: str = ""
+    # Sitting Pending on its node with no container to blame (lifecycle/sitting.py): what
+    # its newest Event says when that explains the wait (a warning, an image being pulled),
+    # "<reason>: <message>", as the reconciler listed it (controller/pod_events.py).
+    event_says: str = ""
 
     @property
     def disruption(self) -> str:

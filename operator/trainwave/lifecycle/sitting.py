@@ -1,11 +1,11 @@
-"""A worker sitting Pending on its node, and what the kubelet's Events say of it. Pure.
+"""A worker sitting Pending on its node, and what its Events say of it. Pure.
 
-A pod bound to a node whose volumes cannot mount (a ConfigMap, Secret or claim that does
-not exist) or whose sandbox cannot start (the network plugin failing) stays Pending, its
-containers waiting in ContainerCreating, a reason the kubelet only gives in Warning Events
-(`kubectl describe pod`). The job names the first such worker and the newest warning, as
-it names a container the kubelet cannot start (observed.py `WorkerPod.stuck`); the
-operator reads them (controller/pod_warnings.py).
+A pod bound to a node whose volumes cannot mount (a ConfigMap or Secret that does not exist),
+whose sandbox cannot start (the network plugin failing) or whose large image is still being
+pulled stays Pending, its containers waiting in ContainerCreating: the reason is only in the
+kubelet's Events (`kubectl describe pod`). The job names the first such worker and what its
+newest Event says, as it names a container the kubelet cannot start (observed.py
+`WorkerPod.stuck`); the operator lists them (controller/pod_events.py).
 """
 
 from collections.abc import Iterable
@@ -14,11 +14,14 @@ from typing import Any
 
 from trainwave.lifecycle.observed import PodPhase, WorkerPod, parse_time
 
-# A warning older than this says nothing of why the pod sits now: the kubelet repeats the
-# ones that still hold on each retry of the volume or sandbox (at most about every 2
+# An Event older than this says nothing of why the pod sits now: the kubelet repeats the
+# warnings that still hold on each retry of the volume or sandbox (at most about every 2
 # minutes, its back-off's cap), which moves the Event's lastTimestamp.
-WARNING_MAX_AGE = timedelta(minutes=5)
-WARNING_MESSAGE_CHARS = 200
+EVENT_MAX_AGE = timedelta(minutes=5)
+EVENT_MESSAGE_CHARS = 200
+# The one Normal Event that explains a wait: a large image being pulled (the kubelet's
+# events.PullingImage). The others (Scheduled, Pulled, Created) say it moved on.
+PULLING = "Pulling"
 
 
 def sits_pending(pod: WorkerPod, attempt: int) -> bool:
@@ -36,21 +39,29 @@ def sits_pending(pod: WorkerPod, attempt: int) -> bool:
     )
 
 
-def latest_warning(events: Iterable[dict[str, Any]], now: datetime) -> str:
-    """ "<reason>: <message>" of the newest Warning Event no older than WARNING_MAX_AGE;
-    "" when there is none."""
-    newest: tuple[datetime, str] | None = None
-    for event in events:
-        if event.get("type") != "Warning":
-            continue
-        when = _last_seen(event)
-        if when is None or now - when > WARNING_MAX_AGE:
-            continue
-        if newest is None or when > newest[0]:
-            message = " ".join(str(event.get("message") or "").split())
-            said = f"{event.get('reason') or 'Warning'}: {message[:WARNING_MESSAGE_CHARS]}"
-            newest = (when, said.rstrip(": "))
-    return newest[1] if newest else ""
+def explaining_event(events: Iterable[dict[str, Any]], now: datetime) -> str:
+    """ "<reason>: <message>" of the pod's newest Event when it explains the wait: a Warning
+    (FailedMount, FailedCreatePodSandBox...) or the kubelet pulling an image, no older than
+    EVENT_MAX_AGE; "" otherwise. Only the newest counts: a warning followed by progress (a
+    ConfigMap created at last, then the image pulled) no longer explains anything."""
+    dated = [(when, _revision(e), e) for e in events if (when := _last_seen(e)) is not None]
+    if not dated:
+        return ""
+    when, _, newest = max(dated, key=lambda found: found[:2])
+    reason = str(newest.get("reason") or "")
+    explains = newest.get("type") == "Warning" or reason == PULLING
+    if not explains or now - when > EVENT_MAX_AGE:
+        return ""
+    message = " ".join(str(newest.get("message") or "").split())[:EVENT_MESSAGE_CHARS]
+    said = reason or str(newest.get("type"))
+    return f"{said}: {message}" if message else said
+
+
+def _revision(event: dict[str, Any]) -> int:
+    """Orders Events of the same second (lastTimestamp has whole seconds): the later write
+    has the higher resourceVersion, an etcd revision on every API server we know of."""
+    version = str((event.get("metadata") or {}).get("resourceVersion") or "")
+    return int(version) if version.isdigit() else 0
 
 
 def _last_seen(event: dict[str, Any]) -> datetime | None:

@@ -1,8 +1,8 @@
-"""The kubelet's warnings on a worker, as the operator lists them through its own
-ServiceAccount (the chart grants `list` on events and nothing more of them): only the
-Warning Events on that pod, by its UID. The Events are written as a kubelet writes them
-(core API, `source.component: kubelet`); the pod is held by a scheduling gate, so nothing
-else acts on it."""
+"""A worker's Events, as the operator lists them through its own ServiceAccount (the chart
+grants `list` on events, no watch): only the Events on that pod, by its UID, and the
+newest says why it waits. The Events are written as a kubelet writes them (core API,
+`source.component: kubelet`); the pod is held by a scheduling gate, so nothing else acts
+on it."""
 
 from __future__ import annotations
 
@@ -17,7 +17,7 @@ from cluster.controlplane import Cluster
 from cluster.deploy import service_account_kubeconfig
 from integration.trainwave_fixtures import apply, get_json
 from trainwave.controller.kube import KubeClient
-from trainwave.lifecycle.sitting import latest_warning
+from trainwave.lifecycle.sitting import explaining_event
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -61,7 +61,7 @@ def kubelet_event(
     }  # fmt: skip
 
 
-def test_only_the_warnings_on_that_pod_are_listed(
+def test_only_the_events_on_that_pod_are_listed_and_the_newest_explains(
     trainwave_installed: Cluster, namespace: str, kube: KubeClient
 ) -> None:
     cluster = trainwave_installed
@@ -72,13 +72,14 @@ def test_only_the_warnings_on_that_pod_are_listed(
     apply(
         cluster,
         namespace,
-        kubelet_event("w-0.mount", mine, "Warning", "FailedMount", mount),
-        kubelet_event("w-0.pulling", mine, "Normal", "Pulling", 'Pulling image "worker:1"'),
+        kubelet_event("w-0.scheduled", mine, "Normal", "Scheduled", "assigned to node-0"),
         kubelet_event("w-1.sandbox", other, "Warning", "FailedCreatePodSandBox", "cni failed"),
     )
+    # Written after the others: the newest, whatever the second they share.
+    apply(cluster, namespace, kubelet_event("w-0.mount", mine, "Warning", "FailedMount", mount))
 
-    events = kube.warning_events(namespace, mine["metadata"]["uid"])
+    events = kube.pod_events(namespace, mine["metadata"]["uid"])
 
-    assert [e["metadata"]["name"] for e in events] == ["w-0.mount"]
-    assert latest_warning(events, datetime.now(UTC)) == f"FailedMount: {mount}"
-    assert kube.warning_events(namespace, "no-such-uid") == []
+    assert sorted(e["metadata"]["name"] for e in events) == ["w-0.mount", "w-0.scheduled"]
+    assert explaining_event(events, datetime.now(UTC)) == f"FailedMount: {mount}"
+    assert kube.pod_events(namespace, "no-such-uid") == []

@@ -1,13 +1,13 @@
-"""The kubelet's warnings on workers sitting Pending on their nodes, read on demand.
+"""The Events of workers sitting Pending on their nodes, listed on demand.
 
-What a worker sitting so looks like and which warning the job names: lifecycle/sitting.py.
-Here: when to ask. Events are listed, never watched: a watch of every Warning in the
+What a worker sitting so looks like and which Event explains it: lifecycle/sitting.py.
+Here: when to ask. Events are listed, never watched: a watch of every pod Event in the
 cluster would cost every operator all the time, for what is rare. A worker is looked up
-once it has sat LOOKUP_AFTER seconds (a normal start takes less; a long image pull is not
-sitting, its container says so), then every LOOKUP_EVERY seconds while it still sits:
-one LIST by the pod's UID each time, lowest rank first, at most LOOKUPS_PER_RECONCILE a
-reconcile (the job names one worker), and no more than LOOKUPS_PER_SECOND across all
-jobs, so a slow node start in a large cluster cannot turn into a burst of LISTs.
+once it has sat LOOKUP_AFTER seconds (most starts take less), then every LOOKUP_EVERY
+seconds while it still sits: one LIST by the pod's UID each time, lowest rank first, at
+most LOOKUPS_PER_RECONCILE a reconcile (the job names one worker), and no more than
+LOOKUPS_PER_SECOND across all jobs, so a slow start on many nodes of a large cluster
+cannot turn into a burst of LISTs.
 """
 
 import asyncio
@@ -23,7 +23,7 @@ from urllib3.exceptions import HTTPError
 
 from trainwave.api.trainingjob import JobKey
 from trainwave.lifecycle.observed import WorkerPod
-from trainwave.lifecycle.sitting import latest_warning, sits_pending
+from trainwave.lifecycle.sitting import explaining_event, sits_pending
 
 logger = logging.getLogger(__name__)
 
@@ -34,7 +34,7 @@ LOOKUPS_PER_SECOND = 5.0
 # A reconcile asked back for a lookup that the rate deferred comes no sooner than this.
 DEFERRED_SECONDS = 1.0
 
-# (namespace, pod UID) -> that pod's Events of type Warning, as the API lists them.
+# (namespace, pod UID) -> that pod's Events, as the API lists them.
 Lookup = Callable[[str, str], list[dict[str, Any]]]
 
 
@@ -42,11 +42,11 @@ Lookup = Callable[[str, str], list[dict[str, Any]]]
 class _Sitting:
     since: float  # monotonic: first seen sitting
     checked: float | None = None
-    warning: str = ""
+    said: str = ""
     failed: bool = False  # a lookup failed: logged once
 
 
-class PodWarnings:
+class PodEvents:
     def __init__(
         self,
         lookup: Lookup,
@@ -63,8 +63,8 @@ class PodWarnings:
     async def observe(
         self, key: JobKey, pods: list[WorkerPod], attempt: int
     ) -> tuple[list[WorkerPod], float | None]:
-        """`pods` with each sitting worker's newest warning, looking up those due; and the
-        seconds until the next lookup is due (None: no worker sits)."""
+        """`pods` with what each sitting worker's newest Event says, looking up those due;
+        and the seconds until the next lookup is due (None: no worker sits)."""
         sitting = sorted((p for p in pods if sits_pending(p, attempt)), key=lambda p: p.rank)
         now = self._clock()
         known = self._sitting.get(key, {})
@@ -78,8 +78,8 @@ class PodWarnings:
             if not self._take_slot(now):
                 break
             await self._look_up(key, pod, kept[pod.uid], now)
-        warned = [replace(p, warning=kept[p.uid].warning) if _warned(kept, p) else p for p in pods]
-        return warned, self._next_due(kept.values(), now)
+        said = [replace(p, event_says=kept[p.uid].said) if _said(kept, p) else p for p in pods]
+        return said, self._next_due(kept.values(), now)
 
     def forget(self, key: JobKey) -> None:
         self._sitting.pop(key, None)
@@ -96,7 +96,7 @@ class PodWarnings:
                 logger.info("%s/%s: could not list the events of %s: %s", *key, pod.name, reason)
             sitting.failed = True
             return
-        sitting.warning = latest_warning(events, self._wall())
+        sitting.said = explaining_event(events, self._wall())
 
     def _due(self, sitting: _Sitting, now: float) -> bool:
         return now >= self._due_at(sitting)
@@ -118,6 +118,6 @@ class PodWarnings:
         return max(soonest, DEFERRED_SECONDS)
 
 
-def _warned(kept: dict[str, _Sitting], pod: WorkerPod) -> bool:
+def _said(kept: dict[str, _Sitting], pod: WorkerPod) -> bool:
     found = kept.get(pod.uid)
-    return found is not None and bool(found.warning)
+    return found is not None and bool(found.said)

@@ -1,4 +1,4 @@
-"""When the reconciler asks the API for a sitting worker's Events, and how often."""
+"""When the reconciler lists a sitting worker's Events, and how often."""
 
 from __future__ import annotations
 
@@ -12,8 +12,8 @@ import pytest
 from factories import NOW, make_pod
 from kubernetes.client.exceptions import ApiException
 
-from trainwave.controller import pod_warnings
-from trainwave.controller.pod_warnings import LOOKUP_AFTER, LOOKUP_EVERY, PodWarnings
+from trainwave.controller import pod_events
+from trainwave.controller.pod_events import LOOKUP_AFTER, LOOKUP_EVERY, PodEvents
 from trainwave.lifecycle.observed import WorkerPod
 
 pytestmark = pytest.mark.timeout(10)
@@ -48,11 +48,11 @@ class Clock:
         return self.now
 
 
-def watcher(api: Api, clock: Clock) -> PodWarnings:
-    return PodWarnings(api, clock=clock, wall=lambda: NOW)
+def watcher(api: Api, clock: Clock) -> PodEvents:
+    return PodEvents(api, clock=clock, wall=lambda: NOW)
 
 
-def observe(warnings: PodWarnings, pods: list[WorkerPod]) -> tuple[list[WorkerPod], float | None]:
+def observe(warnings: PodEvents, pods: list[WorkerPod]) -> tuple[list[WorkerPod], float | None]:
     return asyncio.run(warnings.observe(KEY, pods, 0))
 
 
@@ -61,17 +61,17 @@ def test_a_worker_is_looked_up_once_it_has_sat_a_while_then_at_most_every_interv
     warnings = watcher(api, clock)
     pods, recheck = observe(warnings, [sitting(0)])
     assert api.asked == []
-    assert pods[0].warning == ""
+    assert pods[0].event_says == ""
     assert recheck == pytest.approx(LOOKUP_AFTER)
     clock.now += LOOKUP_AFTER
     pods, recheck = observe(warnings, [sitting(0)])
     assert api.asked == [("team", "uid-0")]
-    assert pods[0].warning == 'FailedMount: configmap "cfg" not found'
+    assert pods[0].event_says == 'FailedMount: configmap "cfg" not found'
     assert recheck == pytest.approx(LOOKUP_EVERY)
     clock.now += LOOKUP_EVERY - 1
     pods, _ = observe(warnings, [sitting(0)])
     assert len(api.asked) == 1, "not again before the interval"
-    assert pods[0].warning, "the warning read stays on the pod meanwhile"
+    assert pods[0].event_says, "what was read stays on the pod meanwhile"
     clock.now += 1
     observe(warnings, [sitting(0)])
     assert len(api.asked) == 2
@@ -86,7 +86,7 @@ def test_a_worker_that_starts_is_forgotten_and_nothing_is_asked_back() -> None:
     started = replace(sitting(0), phase=make_pod(0).phase, ready=True)
     pods, recheck = observe(warnings, [started])
     assert recheck is None
-    assert pods[0].warning == ""
+    assert pods[0].event_says == ""
     clock.now += LOOKUP_AFTER
     pods, recheck = observe(warnings, [sitting(0)])  # sits again: counted afresh
     assert (len(api.asked), recheck) == (1, pytest.approx(LOOKUP_AFTER))
@@ -116,20 +116,18 @@ def test_across_jobs_the_lookups_keep_to_a_rate_and_the_deferred_are_asked_back_
     clock.now += LOOKUP_AFTER
     rechecks = reconcile_all()
     asked = len(api.asked)
-    assert 1 <= asked <= pod_warnings.LOOKUPS_PER_SECOND + 1
-    deferred = [
-        key for key, recheck in rechecks.items() if recheck == pod_warnings.DEFERRED_SECONDS
-    ]
+    assert 1 <= asked <= pod_events.LOOKUPS_PER_SECOND + 1
+    deferred = [key for key, recheck in rechecks.items() if recheck == pod_events.DEFERRED_SECONDS]
     assert len(deferred) == len(jobs) - asked
-    clock.now += pod_warnings.DEFERRED_SECONDS
+    clock.now += pod_events.DEFERRED_SECONDS
     reconcile_all()
-    assert asked < len(api.asked) <= asked + pod_warnings.LOOKUPS_PER_SECOND + 1
+    assert asked < len(api.asked) <= asked + pod_events.LOOKUPS_PER_SECOND + 1
 
 
 def test_a_failed_lookup_leaves_the_job_as_it_was_and_is_logged_once(
     caplog: pytest.LogCaptureFixture,
 ) -> None:
-    caplog.set_level(logging.INFO, logger=pod_warnings.__name__)
+    caplog.set_level(logging.INFO, logger=pod_events.__name__)
     api, clock = Api(), Clock()
     api.error = ApiException(status=403, reason="Forbidden")
     warnings = watcher(api, clock)
@@ -137,7 +135,7 @@ def test_a_failed_lookup_leaves_the_job_as_it_was_and_is_logged_once(
     for _ in range(3):
         clock.now += LOOKUP_EVERY
         pods, recheck = observe(warnings, [sitting(0)])
-        assert pods[0].warning == ""
+        assert pods[0].event_says == ""
         assert recheck is not None
     assert len(api.asked) == 3
     said = [r for r in caplog.records if "could not list the events" in r.getMessage()]
