@@ -1,4 +1,4 @@
-"""When the reconciler lists a sitting worker's Events, and how often."""
+"""When the operator lists a sitting worker's Events, how often, and when it wakes the job."""
 
 from __future__ import annotations
 
@@ -12,6 +12,7 @@ import pytest
 from factories import NOW, make_pod
 from kubernetes.client.exceptions import ApiException
 
+from trainwave.api.trainingjob import JobKey
 from trainwave.controller import pod_events
 from trainwave.controller.pod_events import LOOKUP_AFTER, LOOKUP_EVERY, PodEvents
 from trainwave.lifecycle.observed import WorkerPod
@@ -23,8 +24,8 @@ MOUNT = {"type": "Warning", "reason": "FailedMount", "message": 'configmap "cfg"
          "lastTimestamp": (NOW - timedelta(seconds=2)).isoformat().replace("+00:00", "Z")}  # fmt: skip
 
 
-def sitting(rank: int) -> WorkerPod:
-    return replace(make_pod(rank, phase="Pending", ready=False), uid=f"uid-{rank}")
+def sitting(rank: int, uid: str = "") -> WorkerPod:
+    return replace(make_pod(rank, phase="Pending", ready=False), uid=uid or f"uid-{rank}")
 
 
 class Api:
@@ -48,106 +49,95 @@ class Clock:
         return self.now
 
 
-def watcher(api: Api, clock: Clock) -> PodEvents:
-    return PodEvents(api, clock=clock, wall=lambda: NOW)
+class Lookups:
+    """A PodEvents over `Api`, with a clock the test moves and the jobs it woke."""
 
+    def __init__(self, api: Api) -> None:
+        self.api, self.clock = api, Clock()
+        self.woken: list[JobKey] = []
+        self.events = PodEvents(api, self.woken.append, clock=self.clock, wall=lambda: NOW)
 
-def observe(warnings: PodEvents, pods: list[WorkerPod]) -> tuple[list[WorkerPod], float | None]:
-    return asyncio.run(warnings.observe(KEY, pods, 0))
+    def after(self, seconds: float) -> None:
+        """`seconds` pass, then the loop looks once."""
+        self.clock.now += seconds
+        asyncio.run(self.events.look_up_due())
 
 
 def test_a_worker_is_looked_up_once_it_has_sat_a_while_then_at_most_every_interval() -> None:
-    api, clock = Api(), Clock()
-    warnings = watcher(api, clock)
-    pods, recheck = observe(warnings, [sitting(0)])
-    assert api.asked == []
+    lookups = Lookups(Api())
+    pods = lookups.events.observe(KEY, [sitting(0)], 0)
     assert pods[0].event_says == ""
-    assert recheck == pytest.approx(LOOKUP_AFTER)
-    clock.now += LOOKUP_AFTER
-    pods, recheck = observe(warnings, [sitting(0)])
-    assert api.asked == [("team", "uid-0")]
+    lookups.after(LOOKUP_AFTER - 1)
+    assert lookups.api.asked == []
+    lookups.after(1)
+    assert lookups.api.asked == [("team", "uid-0")]
+    assert lookups.woken == [KEY], "what it says changed: the job is reconciled"
+    pods = lookups.events.observe(KEY, [sitting(0)], 0)
     assert pods[0].event_says == 'FailedMount: configmap "cfg" not found'
-    assert recheck == pytest.approx(LOOKUP_EVERY)
-    clock.now += LOOKUP_EVERY - 1
-    pods, _ = observe(warnings, [sitting(0)])
-    assert len(api.asked) == 1, "not again before the interval"
-    assert pods[0].event_says, "what was read stays on the pod meanwhile"
-    clock.now += 1
-    observe(warnings, [sitting(0)])
-    assert len(api.asked) == 2
+    lookups.after(LOOKUP_EVERY - 1)
+    assert len(lookups.api.asked) == 1, "not again before the interval"
+    lookups.after(1)
+    assert len(lookups.api.asked) == 2
+    assert lookups.woken == [KEY], "the same words again: no reconcile for nothing"
 
 
-def test_a_worker_that_starts_is_forgotten_and_nothing_is_asked_back() -> None:
-    api, clock = Api(), Clock()
-    warnings = watcher(api, clock)
-    observe(warnings, [sitting(0)])
-    clock.now += LOOKUP_AFTER
-    observe(warnings, [sitting(0)])
+def test_a_worker_that_starts_is_dropped_and_never_looked_up() -> None:
+    """A gang starting normally costs no lookup and no extra reconcile."""
+    lookups = Lookups(Api())
+    lookups.events.observe(KEY, [sitting(0)], 0)
     started = replace(sitting(0), phase=make_pod(0).phase, ready=True)
-    pods, recheck = observe(warnings, [started])
-    assert recheck is None
-    assert pods[0].event_says == ""
-    clock.now += LOOKUP_AFTER
-    pods, recheck = observe(warnings, [sitting(0)])  # sits again: counted afresh
-    assert (len(api.asked), recheck) == (1, pytest.approx(LOOKUP_AFTER))
+    assert lookups.events.observe(KEY, [started], 0)[0].event_says == ""
+    lookups.after(LOOKUP_AFTER)
+    assert (lookups.api.asked, lookups.woken) == ([], [])
+    lookups.events.observe(KEY, [sitting(0)], 0)  # sits again: counted afresh
+    lookups.after(LOOKUP_AFTER - 1)
+    assert lookups.api.asked == []
 
 
-def test_lookups_go_lowest_rank_first_a_few_per_reconcile() -> None:
-    api, clock = Api(events=[]), Clock()
-    warnings = watcher(api, clock)
-    gang = [sitting(rank) for rank in (3, 1, 0, 2)]
-    observe(warnings, gang)
-    clock.now += LOOKUP_AFTER
-    observe(warnings, gang)
-    assert [uid for _, uid in api.asked] == ["uid-0", "uid-1"]
+def test_lookups_go_lowest_rank_first_a_few_per_job() -> None:
+    lookups = Lookups(Api(events=[]))
+    lookups.events.observe(KEY, [sitting(rank) for rank in (3, 1, 0, 2)], 0)
+    lookups.after(LOOKUP_AFTER)
+    assert [uid for _, uid in lookups.api.asked] == ["uid-0", "uid-1"]
+    assert lookups.woken == [], "nothing to say, nothing changed"
 
 
-def test_across_jobs_the_lookups_keep_to_a_rate_and_the_deferred_are_asked_back_soon() -> None:
+def test_across_jobs_the_lookups_keep_to_a_rate() -> None:
     """Many gangs sitting at once (a slow start on many nodes) must not become a burst of
-    LISTs: the rate holds across jobs, and a job deferred is reconciled again soon."""
-    api, clock = Api(events=[]), Clock()
-    warnings = watcher(api, clock)
-    jobs = {("team", f"job-{n}"): [replace(sitting(0), uid=f"uid-{n}")] for n in range(20)}
-
-    def reconcile_all() -> dict[tuple[str, str], float | None]:
-        return {key: asyncio.run(warnings.observe(key, pods, 0))[1] for key, pods in jobs.items()}
-
-    reconcile_all()
-    clock.now += LOOKUP_AFTER
-    rechecks = reconcile_all()
-    asked = len(api.asked)
-    assert 1 <= asked <= pod_events.LOOKUPS_PER_SECOND + 1
-    deferred = [key for key, recheck in rechecks.items() if recheck == pod_events.DEFERRED_SECONDS]
-    assert len(deferred) == len(jobs) - asked
-    clock.now += pod_events.DEFERRED_SECONDS
-    reconcile_all()
-    assert asked < len(api.asked) <= asked + pod_events.LOOKUPS_PER_SECOND + 1
+    LISTs: each look takes at most the rate's share, the rest come in the next ones."""
+    lookups = Lookups(Api(events=[]))
+    for n in range(20):
+        lookups.events.observe(("team", f"job-{n}"), [sitting(0, uid=f"uid-{n}")], 0)
+    lookups.after(LOOKUP_AFTER)
+    assert len(lookups.api.asked) == pod_events.LOOKUPS_PER_SECOND
+    lookups.after(pod_events.TICK_SECONDS)
+    assert len(lookups.api.asked) == 2 * pod_events.LOOKUPS_PER_SECOND
+    lookups.after(pod_events.TICK_SECONDS)
+    lookups.after(pod_events.TICK_SECONDS)
+    assert sorted(uid for _, uid in lookups.api.asked) == sorted(f"uid-{n}" for n in range(20))
 
 
 def test_a_failed_lookup_leaves_the_job_as_it_was_and_is_logged_once(
     caplog: pytest.LogCaptureFixture,
 ) -> None:
     caplog.set_level(logging.INFO, logger=pod_events.__name__)
-    api, clock = Api(), Clock()
-    api.error = ApiException(status=403, reason="Forbidden")
-    warnings = watcher(api, clock)
-    observe(warnings, [sitting(0)])
-    for _ in range(3):
-        clock.now += LOOKUP_EVERY
-        pods, recheck = observe(warnings, [sitting(0)])
-        assert pods[0].event_says == ""
-        assert recheck is not None
-    assert len(api.asked) == 3
+    lookups = Lookups(Api())
+    lookups.api.error = ApiException(status=403, reason="Forbidden")
+    lookups.events.observe(KEY, [sitting(0)], 0)
+    lookups.after(LOOKUP_AFTER)
+    for _ in range(2):
+        lookups.after(LOOKUP_EVERY)
+    assert len(lookups.api.asked) == 3
+    assert lookups.woken == []
+    assert lookups.events.observe(KEY, [sitting(0)], 0)[0].event_says == ""
     said = [r for r in caplog.records if "could not list the events" in r.getMessage()]
     assert len(said) == 1
     assert "Forbidden" in said[0].getMessage()
 
 
 def test_forget_drops_what_was_kept_of_a_job() -> None:
-    api, clock = Api(), Clock()
-    warnings = watcher(api, clock)
-    observe(warnings, [sitting(0)])
-    warnings.forget(KEY)
-    clock.now += LOOKUP_AFTER
-    observe(warnings, [sitting(0)])
-    assert api.asked == [], "first seen again now: not due yet"
+    lookups = Lookups(Api())
+    lookups.events.observe(KEY, [sitting(0)], 0)
+    lookups.events.forget(KEY)
+    lookups.after(LOOKUP_AFTER)
+    assert lookups.api.asked == []

@@ -12,7 +12,7 @@ store is filled, so the first ones after a restart already see every pod.
 
 High availability: every replica runs the informers and caches, so a standby
 is warm; only the Lease holder starts the reconcile workers, the placer, the
-status poller and the resync, and every API write is gated on the Lease
+status poller, the events lookup and the resync, and every API write is gated on the Lease
 (kube/leadership.py). A standby's queue fills from events while it waits
 and is worked off the moment it leads.
 """
@@ -37,6 +37,7 @@ from trainwave.controller.job_cache import JobCache
 from trainwave.controller.kube import KubeClient, load_config
 from trainwave.controller.kueue_api import discover_version
 from trainwave.controller.placer import Placer
+from trainwave.controller.pod_events import PodEvents
 from trainwave.controller.reconciler import POD_BATCH_SECONDS, Reconciler
 from trainwave.controller.reporting import ANY_NETWORK, Network, StatusPoller
 from trainwave.controller.workloads import WorkloadCache
@@ -153,6 +154,7 @@ async def start(*, settings: kopf.OperatorSettings, memo: Any, **_: Any) -> None
     poller = StatusPoller(
         _wake, networks=OPTIONS.status_networks, interval=OPTIONS.status_interval_seconds
     )
+    pod_events = PodEvents(kube.pod_events, _wake)
     recorder = EventRecorder(kube.post_event, namespaces=OPTIONS.namespaces, rates=EVENT_RATES)
     recorder.start()
     memo.recorder = recorder
@@ -176,6 +178,7 @@ async def start(*, settings: kopf.OperatorSettings, memo: Any, **_: Any) -> None
         node_health=cache.node_health,
         workloads=workloads,
         guards=guards,
+        pod_events=pod_events,
     )
     queue = WorkQueue(reconciler)
     _QUEUE["jobs"] = queue
@@ -194,7 +197,7 @@ async def start(*, settings: kopf.OperatorSettings, memo: Any, **_: Any) -> None
     # The first LISTs decoded every node and pod page by page; what they freed goes back.
     await asyncio.to_thread(allocator.trim)
     _PLACER["gangs"] = placer
-    memo.lead = asyncio.create_task(_lead(queue, placer, poller, jobs))
+    memo.lead = asyncio.create_task(_lead(queue, placer, poller, pod_events, jobs))
     metrics.serve(
         OPTIONS.metrics_port,
         jobs.phase_counts,
@@ -204,7 +207,9 @@ async def start(*, settings: kopf.OperatorSettings, memo: Any, **_: Any) -> None
     logger.info("trainwave operator started: %d reconcile workers", OPTIONS.workers)
 
 
-async def _lead(queue: WorkQueue, placer: Placer, poller: StatusPoller, jobs: JobCache) -> None:
+async def _lead(
+    queue: WorkQueue, placer: Placer, poller: StatusPoller, pod_events: PodEvents, jobs: JobCache
+) -> None:
     """Wait for the Lease, then start everything that writes. Never returns while leading:
     leadership ends only with the process (leadership.fail_stop)."""
     election = OPTIONS.leadership
@@ -218,14 +223,14 @@ async def _lead(queue: WorkQueue, placer: Placer, poller: StatusPoller, jobs: Jo
         logger.info("leading: reconciling and placing (%d jobs queued)", queue.depth)
     metrics.LEADER.set(1)
     queue.start(OPTIONS.workers)
-    await asyncio.gather(placer.run(), poller.run(), _resync(queue, jobs))
+    await asyncio.gather(placer.run(), poller.run(), pod_events.run(), _resync(queue, jobs))
 
 
 @kopf.on.cleanup()
 async def stop(memo: Any, **_: Any) -> None:
     metrics.LEADER.set(0)
     if getattr(memo, "lead", None):
-        memo.lead.cancel()  # and with it the placer, the poller and the resync
+        memo.lead.cancel()  # and with it the placer, the pollers and the resync
     placer = _PLACER.pop("gangs", None)
     if placer is not None:
         # Gangs already released are patched to the end, so no gang stops half ungated.

@@ -145,7 +145,8 @@ class Reconciler:
         self._departures = departures if departures is not None else Departures()
         self._node_health = node_health
         self._workloads = workloads  # None: Kueue integration off, queue labels ignored
-        # Why a worker sits Pending on its node, from its Events: listed on demand.
+        # Why a worker sits Pending on its node, from its Events: listed by its own loop
+        # (handlers.py runs it). Without one, sitting workers are tracked and never read.
         self._pod_events = pod_events if pod_events is not None else PodEvents(kube.pod_events)
         self._execute = Executor(
             kube,
@@ -203,7 +204,7 @@ class Reconciler:
             if held is not None:  # the watch is late with the pods: write what was held
                 return await self._write_held(key, read, held, unseen)
             return unseen
-        pods, recheck = await self._pod_events.observe(key, pods, status.attempt)
+        pods = self._pod_events.observe(key, pods, status.attempt)
         seen = Seen(
             pods,
             self._clock(),
@@ -220,7 +221,7 @@ class Reconciler:
         decision = with_held_news(decision, held)
         if resolved is not None and only_creates(decision, status):
             return await self._create_first(key, read, decision, resolved, seen)
-        return _sooner(await self._execute_decision(key, read, decision, resolved, pods), recheck)
+        return await self._execute_decision(key, read, decision, resolved, pods)
 
     async def _create_first(
         self, key: JobKey, read: JobRead, decision: Decision, resolved: ResolvedJob, seen: Seen
@@ -472,9 +473,3 @@ class Reconciler:
         meta = job.metadata
         status_key = job_key(self._master_key, meta.namespace, meta.name, meta.uid)
         self._poller.track(key, Targets(attempt, workers, status_key))
-
-
-def _sooner(first: float | None, second: float | None) -> float | None:
-    """The sooner of two requeue delays; None (no requeue) only when both are None."""
-    delays = [d for d in (first, second) if d is not None]
-    return min(delays) if delays else None
