@@ -21,6 +21,17 @@ from integration.trainwave_fixtures import apply, job, job_manifest, wait_until
 MISSING_IMAGE = "localhost:5999/trainwave/missing:1"
 
 
+def status_saying(release: Release, namespace: str, name: str, *words: str) -> dict[str, Any]:
+    """The job's status once its message holds any of `words` (up to 180 s)."""
+
+    def said() -> dict[str, Any] | None:
+        status: dict[str, Any] = job(release.cluster, namespace, name).get("status") or {}
+        message = str(status.get("message") or "")
+        return status if any(word in message for word in words) else None
+
+    return wait_until(said, 180, f"{' or '.join(words)} named on job {name}")
+
+
 @pytest.mark.timeout(240)
 def test_an_image_that_cannot_be_pulled_is_named_on_the_starting_job(
     release: Release, namespace: str
@@ -36,12 +47,7 @@ def test_an_image_that_cannot_be_pulled_is_named_on_the_starting_job(
     )
     apply(cluster, namespace, manifest)
 
-    def named() -> dict[str, Any] | None:
-        status: dict[str, Any] = job(cluster, namespace, "unpullable").get("status") or {}
-        message = str(status.get("message") or "")
-        return status if "ErrImagePull" in message or "ImagePullBackOff" in message else None
-
-    status = wait_until(named, 180, "the failed pull named on the job")
+    status = status_saying(release, namespace, "unpullable", "ErrImagePull", "ImagePullBackOff")
     assert status["phase"] == "Starting", status
     assert status["message"].startswith(
         "0/1 workers running; worker 0 (unpullable-a0-worker-0): container worker waiting: "
@@ -73,11 +79,7 @@ def test_a_volume_that_does_not_mount_is_named_on_the_starting_job(
     )
     apply(cluster, namespace, manifest)
 
-    def named() -> dict[str, Any] | None:
-        status: dict[str, Any] = job(cluster, namespace, "unmountable").get("status") or {}
-        return status if "FailedMount" in str(status.get("message") or "") else None
-
-    status = wait_until(named, 180, "the volume that does not mount named on the job")
+    status = status_saying(release, namespace, "unmountable", "FailedMount")
     assert status["phase"] == "Starting", status
     assert status["message"].startswith(
         "0/1 workers running; worker 0 (unmountable-a0-worker-0): FailedMount: "

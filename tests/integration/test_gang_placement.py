@@ -286,24 +286,31 @@ def test_an_unknown_level_fails_the_job_naming_the_levels(cluster, namespace, ru
         assert "rack" in body["status"]["message"], "the message lists the known levels"
 
 
+def unbindable_job(name, pool, *, bind_timeout):
+    """One worker of 8 GPUs that must sit next to a pod that does not exist: the placer
+    (which mirrors kube-scheduler's node filters, not inter-pod affinity) places it, and
+    kube-scheduler can never bind it."""
+    manifest = pool_job(
+        name, pool, workers=1, gpus=8, placement={"bindTimeoutSeconds": bind_timeout}
+    )
+    manifest["spec"]["template"]["spec"]["affinity"] = {
+        "podAffinity": {
+            "requiredDuringSchedulingIgnoredDuringExecution": [
+                {
+                    "labelSelector": {"matchLabels": {"test.trainwave.io/absent": "x"}},
+                    "topologyKey": "kubernetes.io/hostname",
+                }
+            ]
+        }
+    }
+    return manifest
+
+
 def test_a_gang_that_does_not_bind_is_replanned(cluster, namespace, running_operator):
     with node_pool(cluster, rack_sizes=(1,)) as pool:
-        # The engine mirrors kube-scheduler's node filters but not inter-pod
-        # affinity: a worker that must sit next to a pod that does not exist is
-        # placed, kube-scheduler can never bind it, and after the bind timeout the
-        # operator gives the room back and plans the gang again, uncounted.
-        manifest = pool_job("greedy", pool, workers=1, gpus=8, placement={"bindTimeoutSeconds": 5})
-        manifest["spec"]["template"]["spec"]["affinity"] = {
-            "podAffinity": {
-                "requiredDuringSchedulingIgnoredDuringExecution": [
-                    {
-                        "labelSelector": {"matchLabels": {"test.trainwave.io/absent": "x"}},
-                        "topologyKey": "kubernetes.io/hostname",
-                    }
-                ]
-            }
-        }
-        apply(cluster, namespace, manifest)
+        # After the bind timeout the operator gives the room back and plans the gang
+        # again, uncounted.
+        apply(cluster, namespace, unbindable_job("greedy", pool, bind_timeout=5))
         body = wait_until(
             lambda: (b := job(cluster, namespace, "greedy")).get("status", {}).get("attempt", 0) >= 1 and b,
             40, "a re-planned attempt",
@@ -321,19 +328,7 @@ def test_a_worker_kube_scheduler_cannot_bind_is_named_with_its_reason(
     """Before its bind timeout, the job waiting in Scheduling says why: kube-scheduler's
     PodScheduled=False reason and message, as `kubectl describe pod` shows them."""
     with node_pool(cluster, rack_sizes=(1,)) as pool:
-        manifest = pool_job("unbindable", pool, workers=1, gpus=8,
-                            placement={"bindTimeoutSeconds": 120})  # fmt: skip
-        manifest["spec"]["template"]["spec"]["affinity"] = {
-            "podAffinity": {
-                "requiredDuringSchedulingIgnoredDuringExecution": [
-                    {
-                        "labelSelector": {"matchLabels": {"test.trainwave.io/absent": "x"}},
-                        "topologyKey": "kubernetes.io/hostname",
-                    }
-                ]
-            }
-        }
-        apply(cluster, namespace, manifest)
+        apply(cluster, namespace, unbindable_job("unbindable", pool, bind_timeout=120))
         status = wait_until(
             lambda: (s := job(cluster, namespace, "unbindable").get("status") or {})
             and "not scheduled" in s.get("message", "") and s,
