@@ -11,10 +11,13 @@ is refused at once and nothing leaves the machine.
 
 from __future__ import annotations
 
+import subprocess
+import sys
 from typing import Any
 
 import pytest
 
+from cluster.realnode_net import NodeNetwork
 from e2e.conftest import ON_REAL_NODE, WORKER_IMAGE, Release
 from integration.trainwave_fixtures import apply, job, job_manifest, wait_until
 
@@ -85,3 +88,59 @@ def test_a_volume_that_does_not_mount_is_named_on_the_starting_job(
         "0/1 workers running; worker 0 (unmountable-a0-worker-0): FailedMount: "
     ), status["message"]
     assert 'configmap "no-such-settings" not found' in status["message"], status["message"]
+
+
+# A registry on the node's loopback that never answers a pull. A TLS ClientHello gets a
+# plain HTTP answer, on which containerd retries in plain HTTP (as it may for a localhost
+# registry); that request is never answered. containerd gives up after 30 s here ("timeout
+# awaiting response headers") and the kubelet backs off and pulls again: each attempt keeps
+# the pod in ContainerCreating for 30 s with the kubelet's Pulling Event its newest, longer
+# than the 10 s after which the operator looks. Nothing leaves the node's network namespace.
+SILENT_REGISTRY = """
+import socket, threading
+server = socket.socket()
+server.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+server.bind(("127.0.0.1", PORT))
+server.listen(16)
+held = []
+def serve(conn):
+    first = conn.recv(1, socket.MSG_PEEK)
+    if first == b"\\x16":  # a TLS ClientHello: answer in plain HTTP, so it falls back
+        conn.sendall(b"HTTP/1.0 400 Bad Request\\r\\n\\r\\n")
+        conn.close()
+    else:
+        held.append(conn)  # a plain HTTP request: never answered
+while True:
+    conn, _ = server.accept()
+    threading.Thread(target=serve, args=(conn,), daemon=True).start()
+"""
+SILENT_PORT = 5998
+
+
+@pytest.mark.timeout(240)
+def test_an_image_still_being_pulled_is_named_on_the_starting_job(
+    release: Release, namespace: str
+) -> None:
+    """The pod sits Pending while the kubelet pulls: the job names its Pulling Event."""
+    netns = NodeNetwork(1).netns
+    script = SILENT_REGISTRY.replace("PORT", str(SILENT_PORT))
+    registry = subprocess.Popen(["ip", "netns", "exec", netns, sys.executable, "-c", script])
+    try:
+        image = f"localhost:{SILENT_PORT}/trainwave/slow:1"
+        manifest = job_manifest(
+            "pulling",
+            workers=1,
+            gpus=1,
+            result=None,
+            image=image,
+            template_spec={"nodeSelector": ON_REAL_NODE},
+        )
+        apply(release.cluster, namespace, manifest)
+        status = status_saying(release, namespace, "pulling", "Pulling")
+        assert status["phase"] == "Starting", status
+        assert status["message"] == (
+            f'0/1 workers running; worker 0 (pulling-a0-worker-0): Pulling: Pulling image "{image}"'
+        ), status["message"]
+    finally:
+        registry.kill()
+        registry.wait()

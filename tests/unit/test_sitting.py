@@ -93,6 +93,20 @@ def test_events_of_one_second_are_ordered_by_their_writes() -> None:
     )
 
 
+def test_a_schedulers_event_of_the_same_second_is_not_newer_for_its_microseconds() -> None:
+    """kube-scheduler writes events.k8s.io Events (eventTime, microseconds), the kubelet core
+    ones (lastTimestamp, whole seconds): found on the real node, where `Scheduled` at
+    12.4 s hid the kubelet's `Pulling` written after it at "12 s"."""
+    second = NOW.replace(microsecond=0) - timedelta(seconds=3)
+    scheduled = {"type": "Normal", "reason": "Scheduled", "message": "assigned",
+                 "eventTime": (second + timedelta(microseconds=456789)).isoformat(),
+                 "metadata": {"resourceVersion": "700"}}  # fmt: skip
+    pulling = {"type": "Normal", "reason": "Pulling", "message": 'Pulling image "x:1"',
+               "lastTimestamp": second.isoformat().replace("+00:00", "Z"),
+               "metadata": {"resourceVersion": "701"}}  # fmt: skip
+    assert explaining_event([scheduled, pulling], NOW) == 'Pulling: Pulling image "x:1"'
+
+
 def test_an_event_older_than_the_kubelets_retries_says_nothing_of_now() -> None:
     old = EVENT_MAX_AGE.total_seconds() + 1
     assert explaining_event([event("FailedCreatePodSandBox", "cni failed", old)], NOW) == ""

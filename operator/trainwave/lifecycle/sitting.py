@@ -58,15 +58,18 @@ def explaining_event(events: Iterable[dict[str, Any]], now: datetime) -> str:
 
 
 def _revision(event: dict[str, Any]) -> int:
-    """Orders Events of the same second (lastTimestamp has whole seconds): the later write
-    has the higher resourceVersion, an etcd revision on every API server we know of."""
+    """Orders Events of the same second: the later write has the higher resourceVersion, an
+    etcd revision on every API server we know of."""
     version = str((event.get("metadata") or {}).get("resourceVersion") or "")
     return int(version) if version.isdigit() else 0
 
 
 def _last_seen(event: dict[str, Any]) -> datetime | None:
-    """When the Event last happened: a series' last observation, lastTimestamp (the core
-    API's, which the kubelet writes), eventTime (events.k8s.io), or its creation."""
+    """When the Event last happened, to the second: a series' last observation,
+    lastTimestamp (the core API's, which the kubelet writes), eventTime (events.k8s.io,
+    which kube-scheduler writes), or its creation. Whole seconds, because lastTimestamp
+    has no more: kube-scheduler's `Scheduled` at 12.4 s must not read as newer than the
+    kubelet's `Pulling` written after it at "12 s"."""
     series = event.get("series") or {}
     for value in (
         series.get("lastObservedTime"),
@@ -76,5 +79,5 @@ def _last_seen(event: dict[str, Any]) -> datetime | None:
     ):
         when = parse_time(value) if value else None
         if when is not None:
-            return when
+            return when.replace(microsecond=0)
     return None
