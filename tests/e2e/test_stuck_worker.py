@@ -24,6 +24,12 @@ from integration.trainwave_fixtures import apply, job, job_manifest, wait_until
 MISSING_IMAGE = "localhost:5999/trainwave/missing:1"
 
 
+def one_worker_job(name: str, image: str) -> dict[str, Any]:
+    """One worker of one GPU on the real node, never finishing by itself."""
+    template = {"nodeSelector": ON_REAL_NODE}
+    return job_manifest(name, workers=1, gpus=1, result=None, image=image, template_spec=template)
+
+
 def status_saying(release: Release, namespace: str, name: str, *words: str) -> dict[str, Any]:
     """The job's status once its message holds any of `words` (up to 180 s)."""
 
@@ -40,15 +46,7 @@ def test_an_image_that_cannot_be_pulled_is_named_on_the_starting_job(
     release: Release, namespace: str
 ) -> None:
     cluster = release.cluster
-    manifest = job_manifest(
-        "unpullable",
-        workers=1,
-        gpus=1,
-        result=None,
-        image=MISSING_IMAGE,
-        template_spec={"nodeSelector": ON_REAL_NODE},
-    )
-    apply(cluster, namespace, manifest)
+    apply(cluster, namespace, one_worker_job("unpullable", MISSING_IMAGE))
 
     status = status_saying(release, namespace, "unpullable", "ErrImagePull", "ImagePullBackOff")
     assert status["phase"] == "Starting", status
@@ -127,15 +125,7 @@ def test_an_image_still_being_pulled_is_named_on_the_starting_job(
     registry = subprocess.Popen(["ip", "netns", "exec", netns, sys.executable, "-c", script])
     try:
         image = f"localhost:{SILENT_PORT}/trainwave/slow:1"
-        manifest = job_manifest(
-            "pulling",
-            workers=1,
-            gpus=1,
-            result=None,
-            image=image,
-            template_spec={"nodeSelector": ON_REAL_NODE},
-        )
-        apply(release.cluster, namespace, manifest)
+        apply(release.cluster, namespace, one_worker_job("pulling", image))
         status = status_saying(release, namespace, "pulling", "Pulling")
         assert status["phase"] == "Starting", status
         assert status["message"] == (
