@@ -219,7 +219,8 @@ def _delete_asked_at(metadata: dict[str, Any]) -> datetime | None:
 # kuberuntime and container/sync_result.go name the others: ErrImagePull,
 # ImagePullBackOff, InvalidImageName, CreateContainerConfigError, ...).
 _STARTING = frozenset({"ContainerCreating", "PodInitializing"})
-_STUCK_MESSAGE_CHARS = 200
+# How much of a kube-scheduler, kubelet or Event message a job's status repeats.
+MESSAGE_CHARS = 200
 # kube-scheduler's PodScheduled reason while any scheduling gate holds the pod (k8s.io/api
 # core/v1 PodReasonSchedulingGated): the placer's own wait, said on the job otherwise.
 _GATED = "SchedulingGated"
@@ -235,17 +236,21 @@ def _stuck(status: dict[str, Any]) -> str:
         reason = condition.get("reason") or ""
         if reason and reason != _GATED:
             message = " ".join(str(condition.get("message") or "").split())
-            said = f"not scheduled: {reason}"
-            return _text(f"{said}: {message[:_STUCK_MESSAGE_CHARS]}" if message else said)
+            return _text(worded(f"not scheduled: {reason}", message))
     for kind in ("initContainerStatuses", "containerStatuses"):
         for container in status.get(kind) or []:
             waiting = (container.get("state") or {}).get("waiting") or {}
             reason = waiting.get("reason")
             if reason and reason not in _STARTING:
-                message = str(waiting.get("message") or "")[:_STUCK_MESSAGE_CHARS]
                 said = f"container {container.get('name')} waiting: {reason}"
-                return _text(f"{said}: {message}" if message else said)
+                return _text(worded(said, str(waiting.get("message") or "")))
     return ""
+
+
+def worded(said: str, message: str) -> str:
+    """ "<said>: <message>", the message cut to MESSAGE_CHARS; `said` alone without one."""
+    message = message[:MESSAGE_CHARS]
+    return f"{said}: {message}" if message else said
 
 
 def _worker_termination(status: dict[str, Any]) -> dict[str, Any]:

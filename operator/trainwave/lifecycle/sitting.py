@@ -12,13 +12,12 @@ from collections.abc import Iterable
 from datetime import datetime, timedelta
 from typing import Any
 
-from trainwave.lifecycle.observed import PodPhase, WorkerPod, parse_time
+from trainwave.lifecycle.observed import PodPhase, WorkerPod, parse_time, worded
 
 # An Event older than this says nothing of why the pod sits now: the kubelet repeats the
 # warnings that still hold on each retry of the volume or sandbox (at most about every 2
 # minutes, its back-off's cap), which moves the Event's lastTimestamp.
 EVENT_MAX_AGE = timedelta(minutes=5)
-EVENT_MESSAGE_CHARS = 200
 # The one Normal Event that explains a wait: a large image being pulled (the kubelet's
 # events.PullingImage). The others (Scheduled, Pulled, Created) say it moved on.
 PULLING = "Pulling"
@@ -52,9 +51,8 @@ def explaining_event(events: Iterable[dict[str, Any]], now: datetime) -> str:
     explains = newest.get("type") == "Warning" or reason == PULLING
     if not explains or now - when > EVENT_MAX_AGE:
         return ""
-    message = " ".join(str(newest.get("message") or "").split())[:EVENT_MESSAGE_CHARS]
-    said = reason or str(newest.get("type"))
-    return f"{said}: {message}" if message else said
+    message = " ".join(str(newest.get("message") or "").split())
+    return worded(reason or str(newest.get("type")), message)
 
 
 def _revision(event: dict[str, Any]) -> int:
