@@ -10,7 +10,8 @@
 # and the parts of a real node (`node`; the paths other code relies on are listed at PAUSE_IMAGE):
 #   kubelet, kube-proxy                                       (built beside the control plane)
 #   containerd v2, its runc shim, ctr; CNI plugins; crictl; coredns (built, Go module proxy)
-#   runc, iptables, conntrack, iproute2                       (Debian packages, when missing)
+#   registry (distribution)                                   (built, Go module proxy)
+#   runc, iptables, conntrack, iproute2, skopeo, htpasswd     (Debian packages, when missing)
 #   pause and CoreDNS images as OCI archives                  (pause/pause.c, ociarchive.py)
 # Prints nothing but progress; the bin directory is printed by `tools.sh bindir`.
 set -euo pipefail
@@ -35,6 +36,8 @@ CONTAINERD_VERSION=v2.4.2
 CNI_PLUGINS_VERSION=v1.10.0
 CRICTL_VERSION=v1.37.0
 COREDNS_VERSION=v1.15.0
+# The image registry real nodes pull from (realnode_registry.py): distribution's own server.
+REGISTRY_VERSION=v3.0.0
 
 cache=${TRAINWAVE_CACHE:-$HOME/.cache/trainwave}
 bin="$cache/bin"
@@ -194,10 +197,13 @@ COREDNS_IMAGE=localhost/trainwave/coredns:$COREDNS_VERSION
 
 # What the node runs that is not built here: runc (Debian's 1.1.5 is accepted by containerd
 # v2), iptables for kube-proxy, conntrack, ip/nsenter/unshare for the node's namespace, and a
-# C compiler with a static libc for the pause binary. Installed only when missing.
+# C compiler with a static libc for the pause binary; skopeo pushes `make images` archives into
+# the cluster's registry and htpasswd (apache2-utils) writes its bcrypt password file.
+# Installed only when missing.
 install_node_packages() {
   local missing=() cmd pkg
-  for cmd in runc:runc iptables:iptables conntrack:conntrack ip:iproute2 nsenter:util-linux gcc:gcc; do
+  for cmd in runc:runc iptables:iptables conntrack:conntrack ip:iproute2 nsenter:util-linux gcc:gcc \
+      skopeo:skopeo htpasswd:apache2-utils; do
     PATH="$PATH:/usr/sbin:/sbin" command -v "${cmd%%:*}" >/dev/null || missing+=("${cmd#*:}")
   done
   [ -f "$(gcc -print-file-name=libc.a 2>/dev/null)" ] || missing+=(libc6-dev)
@@ -296,6 +302,20 @@ build_coredns() {
   ln -sf "$out/bin/coredns" "$bin/"
 }
 
+# The registry with every storage driver its cmd/registry links (a minute cold; trimming them
+# as coredns-build does was not worth a module of our own).
+build_registry() {
+  local out="$cache/registry-$REGISTRY_VERSION" want
+  want="$REGISTRY_VERSION $(go env GOVERSION)"
+  if ! stamp_ok "$out/.stamp" "$want"; then
+    log "building registry $REGISTRY_VERSION (cold: ~1 min)"
+    GOBIN="$out/bin" go install -ldflags "-s -w" \
+      "github.com/distribution/distribution/v3/cmd/registry@$REGISTRY_VERSION"
+    echo "$want" > "$out/.stamp"
+  fi
+  ln -sf "$out/bin/registry" "$bin/"
+}
+
 # Images no registry is needed for, as OCI archives for `ctr -n k8s.io images import`:
 # the pod sandbox (our pause.c, static; user 65535 as upstream's) and CoreDNS (a scratch image
 # with the binary; user 65532 as upstream's, so it cannot bind port 53 without
@@ -320,7 +340,7 @@ build_node_images() {
 
 install_node() {
   install_node_packages; build_kubernetes_node; build_containerd; build_cni_plugins; build_crictl
-  build_coredns; build_node_images
+  build_coredns; build_node_images; build_registry
 }
 
 case "${1:-all}" in
@@ -338,7 +358,8 @@ case "${1:-all}" in
   cni-plugins) build_cni_plugins ;;
   crictl) build_crictl ;;
   coredns) build_coredns ;;
+  registry) build_registry ;;
   node-images) build_coredns; build_node_images ;;
   bindir) echo "$bin" ;;
-  *) echo "usage: $0 [all|kubernetes|kwok|kueue|etcd|kubectl-helm|grafana-schema|node|node-packages|kubelet|containerd|cni-plugins|crictl|coredns|node-images|bindir]" >&2; exit 2 ;;
+  *) echo "usage: $0 [all|kubernetes|kwok|kueue|etcd|kubectl-helm|grafana-schema|node|node-packages|kubelet|containerd|cni-plugins|crictl|coredns|registry|node-images|bindir]" >&2; exit 2 ;;
 esac

@@ -123,6 +123,14 @@ def issue_client_cert(pki: Pki, key: Path, cert: Path, *, user: str, group: str 
     key.chmod(0o600)
 
 
+def issue_server_cert(pki: Pki, key: Path, cert: Path, *, ips: tuple[str, ...]) -> None:
+    """A serving certificate signed by the cluster CA for the addresses `ips`."""
+    key.parent.mkdir(parents=True, exist_ok=True)
+    sans = "subjectAltName=" + ",".join(f"IP:{ip}" for ip in ips)
+    _issue(pki, key, cert, subject=f"/CN={ips[0]}", usage="serverAuth", extra=("-addext", sans))
+    key.chmod(0o600)
+
+
 def write_kubeconfig(
     path: Path,
     server: str,

@@ -29,7 +29,7 @@ from typing import Any
 
 import yaml
 
-from cluster import processes, realnode_dns, realnode_mounts
+from cluster import processes, realnode_dns, realnode_mounts, realnode_registry
 from cluster import realnode_config as config
 from cluster import realnode_host as host
 from cluster.api import ApiClient, ApiError
@@ -83,7 +83,11 @@ def node_layouts(layout: Layout, count: int) -> list[config.NodeLayout]:
 
 
 def process_names(count: int) -> list[str]:
-    return [f"tw-real-{index}/{name}" for index in range(1, count + 1) for name in NODE_PROCESSES]
+    """The processes real nodes add, in the order `start_nodes` launches them."""
+    if not count:
+        return []
+    nodes = [f"tw-real-{i}/{name}" for i in range(1, count + 1) for name in NODE_PROCESSES]
+    return [realnode_registry.PROCESS, *nodes]
 
 
 def prepare_host(
@@ -115,6 +119,7 @@ def start_nodes(context: Context, topology: Topology, client: ApiClient) -> None
     count = state["real_nodes"]["count"]
     environment = _environment(context)
     nodes = node_layouts(layout, count)
+    registry = start_registry(context)
     # Every node's namespaces before any node's processes: a mount namespace made later
     # would hold copies of the earlier nodes' pod mounts.
     for node in nodes:
@@ -146,6 +151,7 @@ def start_nodes(context: Context, topology: Topology, client: ApiClient) -> None
             prefix + config.proxy_command(context.tool("kube-proxy"), node),
             environment,
         )
+    push_images(context, registry)
     for node in nodes:
         _wait(context, f"Node {node.name} Ready", partial(_node_ready, client, node.name))
         advertise_capacity(client, node.name, topology)
@@ -158,6 +164,33 @@ def refresh_nodes(context: Context, topology: Topology, client: ApiClient) -> No
     for node in node_layouts(context.layout, context.state["real_nodes"]["count"]):
         import_images(context, node)
         advertise_capacity(client, node.name, topology)
+    push_images(context, realnode_registry.files(context.layout.root))
+
+
+def start_registry(context: Context) -> realnode_registry.RegistryFiles:
+    """Start the cluster's image registry on the bridge (realnode_registry.py)."""
+    registry = realnode_registry.files(context.layout.root)
+    realnode_registry.prepare(registry, context.layout.pki)
+    context.launch(
+        realnode_registry.PROCESS,
+        realnode_registry.command(context.tool("registry"), registry),
+        dict(os.environ),
+    )
+    ca_cert = context.layout.pki.ca_cert
+    _wait(
+        context,
+        f"registry at {realnode_registry.HOST}",
+        partial(realnode_registry.answers, ca_cert),
+    )
+    return registry
+
+
+def push_images(context: Context, registry: realnode_registry.RegistryFiles) -> None:
+    """Put the `make images` archives into the registry (the pause and CoreDNS images are
+    the nodes' own: imported, never pulled)."""
+    own = set(host.IMAGE_ARCHIVES)
+    archives = [a for a in host.image_archives() if a.path.name not in own]
+    realnode_registry.push_images(registry, context.layout.pki.ca_cert, archives)
 
 
 def healthy(layout: Layout, state: dict[str, Any], client: ApiClient) -> bool:
@@ -328,6 +361,7 @@ def _write_node_files(context: Context, node: config.NodeLayout) -> None:
     issue_client_cert(pki, proxy_key, proxy_cert, user="system:kube-proxy")
     write_kubeconfig(node.proxy_kubeconfig, server, pki, client=(proxy_cert, proxy_key))
     containerd = context.tool("containerd")
+    realnode_registry.containerd_hosts(node.registry_hosts, pki.ca_cert)
     node.containerd_config.write_text(
         config.containerd_config(
             node,

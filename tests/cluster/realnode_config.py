@@ -51,6 +51,11 @@ class NodeLayout:
         return self.path("containerd", "config.toml")
 
     @property
+    def registry_hosts(self) -> Path:
+        """containerd's `config_path`: one directory per registry host, with its hosts.toml."""
+        return self.path("containerd", "certs.d")
+
+    @property
     def containerd_socket(self) -> Path:
         return self.path("containerd", "containerd.sock")
 
@@ -137,8 +142,10 @@ def containerd_config(
     - runc with cgroupfs (the kubelet's driver) and its state under the node dir;
     - restrict_oom_score_adj: root here lacks CAP_SYS_RESOURCE, and runc fails to
       lower a container's oom_score_adj below its own without it;
-    - the sandbox image is the locally imported pause image (nothing can be pulled);
+    - the sandbox image is the locally imported pause image (pinned, never pulled);
     - CDI on, reading the directory the agent's kubelet plugin writes to (2.x; 1.6 has none);
+    - registry hosts from `registry_hosts` (containerd's hosts.toml per registry host: the
+      cluster's registry and the CA it trusts, realnode_registry.py);
     - nothing under /run/containerd, /opt/containerd or /var/run/nri on the host.
     """
     runc_options = {
@@ -175,6 +182,7 @@ def containerd_config(
                 "io.containerd.cri.v1.images": {
                     "snapshotter": "overlayfs",
                     "pinned_images": {"sandbox": sandbox_image},
+                    "registry": {"config_path": str(node.registry_hosts)},
                 },
                 # Exec and port-forward streams, proxied by the kubelet in the same netns.
                 "io.containerd.grpc.v1.cri": {"stream_server_address": "127.0.0.1"},
@@ -198,6 +206,7 @@ def containerd_config(
                         "runtimes": runtimes,
                     },
                     "cni": {"bin_dir": str(cni_bin), "conf_dir": str(node.cni_conf_dir)},
+                    "registry": {"config_path": str(node.registry_hosts)},
                 },
                 "io.containerd.internal.v1.opt": {"path": str(node.path("containerd", "opt"))},
             },

@@ -49,12 +49,13 @@ def check_prerequisites() -> None:
     missing = []
     if os.geteuid() != 0:
         missing.append("root (network namespaces, mounts and cgroups need it)")
-    for command in ("ip", "nsenter", "iptables", "mount", "umount"):
+    for command in ("ip", "nsenter", "iptables", "mount", "umount", "skopeo", "htpasswd"):
         if shutil.which(command) is None:
             missing.append(f"`{command}` on PATH")
     parts = [images_dir() / name for name in IMAGE_ARCHIVES]
     parts += [cni_bin_dir() / plugin for plugin in ("bridge", "host-local", "loopback")]
-    parts += [cache_dir() / "bin" / name for name in ("kubelet", "kube-proxy", "containerd")]
+    binaries = ("kubelet", "kube-proxy", "containerd", "registry")
+    parts += [cache_dir() / "bin" / name for name in binaries]
     for part in parts:
         if not part.exists():
             missing.append(str(part))

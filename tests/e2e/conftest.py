@@ -2,11 +2,14 @@
 
 The local cluster (tests/cluster) runs with one real node, `tw-real-1` (a kubelet,
 containerd and runc in a network namespace of their own, CoreDNS, kube-proxy) beside
-the kwok nodes. The images from `make images` are imported into its containerd, and the
-chart is installed FOR REAL: the operator's Deployment (2 replicas, leader election, the
-chart's security context: read-only root, user 65532, probes) and the agent's DaemonSet
-run as containers on the real node. Only the image pull policy and the node selection
-differ from the chart's defaults, plus what a cluster without a GPU needs: the agent
+the kwok nodes. The images from `make images` are pushed to the cluster's private registry
+(TLS, credentials; tests/cluster/realnode_registry.py) and also imported into the node's
+containerd. The chart is installed FOR REAL: the operator's Deployment (2 replicas, leader
+election, the chart's security context: read-only root, user 65532, probes) and the agent's
+DaemonSet run as containers on the real node, their images pulled from that registry with
+the release's `imagePullSecrets`. Only the image repositories (the registry host
+prefixed), their pull policy, the pull secret and the node selection differ from the
+chart's defaults, plus what a cluster without a GPU needs: the agent
 reads a fake-GPU file (`agent.fakeGpus`, format in operator/trainwave/agent/fake_gpus.py)
 instead of NVML, with no NVIDIA runtime class. There is no GPU on this machine; the fake
 file stands in, so nothing here verifies NVML, a GPU or an RDMA NIC.
@@ -47,7 +50,7 @@ from typing import Any
 import pytest
 import yaml
 
-from cluster import realnode
+from cluster import realnode, realnode_registry
 from cluster.components import Layout
 from cluster.controlplane import DEFAULT_TOPOLOGY, Cluster, ensure_cluster, tool
 from cluster.deploy import LEASE, NAMESPACE, install_chart
@@ -60,7 +63,9 @@ __all__ = ["cluster", "namespace", "release"]
 REPO = Path(__file__).resolve().parents[2]
 ON_REAL_NODE = {KWOK_NODE_TYPE_LABEL: REAL_NODE_TYPE}
 WORKER_IMAGE = "trainwave/python:3.11-bookworm"
-# The chart's default image references (appVersion 0.1.0): preloaded, so nothing is pulled.
+# The chart's default image references (appVersion 0.1.0). The operator and agent are
+# pulled from the cluster's registry (`chart_values`); the runtime and worker images are
+# preloaded into the node's containerd, so a test's job pulls nothing unless it asks.
 RUNTIME_IMAGE = "trainwave/runtime:0.1.0"
 IMAGES = ("trainwave/operator:0.1.0", "trainwave/agent:0.1.0", RUNTIME_IMAGE)
 OPERATOR_PODS = "app.kubernetes.io/instance=trainwave,app.kubernetes.io/component=operator"
@@ -69,6 +74,8 @@ AGENT_PODS = "app.kubernetes.io/instance=trainwave,app.kubernetes.io/component=a
 # agent mounts the host's /sys and /proc (hostPath), which only `privileged` allows.
 RELEASE_NAMESPACE_LEVEL = "privileged"
 SHARED_GPUS = "0,1"
+# The release's `imagePullSecrets`: the registry's credentials (realnode_registry.py).
+PULL_SECRET = "trainwave-registry"
 # Eight fake GPUs of another model than the kwok nodes' H100s, so the labels the agent
 # writes are told apart from the ones the node registered with.
 FAKE_GPU_PRODUCT = "NVIDIA A100-SXM4-40GB"
@@ -190,15 +197,18 @@ def install_release(cluster: Cluster) -> Release:
     fake_gpus = directory / "fake-gpus.json"
     fake_gpus.write_text(json.dumps(FAKE_GPUS, indent=2))
     values = chart_values(fake_gpus)
+    registry = realnode_registry.files(cluster.state_dir)
     values_file = directory / "values.yaml"
     values_file.write_text(yaml.safe_dump(values))
     cluster.kubectl("create", "namespace", NAMESPACE, check=False)
     cluster.kubectl("label", "namespace", NAMESPACE, "--overwrite",
                     f"pod-security.kubernetes.io/enforce={RELEASE_NAMESPACE_LEVEL}")  # fmt: skip
+    secret = realnode_registry.pull_secret(registry, PULL_SECRET, NAMESPACE)
+    cluster.kubectl("apply", "-f", "-", input=json.dumps(secret))
     began = time.monotonic()
     try:
         install_chart(cluster, "-f", str(values_file))
-        restart_stale_pods(cluster, sockets)
+        restart_stale_pods(cluster, sockets, registry)
         for selector in (OPERATOR_PODS, AGENT_PODS):
             cluster.kubectl("wait", "--for=condition=Ready", "pod", "-n", NAMESPACE,
                             "-l", selector, "--timeout=120s", timeout=130)  # fmt: skip
@@ -214,22 +224,30 @@ def install_release(cluster: Cluster) -> Release:
     return installed
 
 
-def restart_stale_pods(cluster: Cluster, sockets: dict[str, Path]) -> None:
+def restart_stale_pods(
+    cluster: Cluster, sockets: dict[str, Path], registry: realnode_registry.RegistryFiles
+) -> None:
     """On a cluster kept from an earlier session (TRAINWAVE_KEEP_CLUSTER=1), `make images`
     may have rebuilt an image under the same tag since the release's pods started: helm sees
-    no change, so restart the workloads whose pods run an image their node's containerd
-    (`sockets`, by node name) no longer names."""
+    no change, so restart the workloads whose pods run an image other than the one last
+    pushed to the registry under that tag (pulled `Always`, the new pods get it) or, for an
+    image not pulled, one their node's containerd (`sockets`, by node name) no longer names."""
     pods = json.loads(cluster.kubectl("get", "pods", "-n", NAMESPACE, "-o", "json").stdout)
     stale = set()
     for pod in pods["items"]:
         owner = pod["metadata"].get("labels", {}).get("app.kubernetes.io/component")
         socket = sockets.get(pod["spec"].get("nodeName", ""))
         for status in pod.get("status", {}).get("containerStatuses") or []:
-            if (
-                socket
-                and status.get("imageID")
-                and status["imageID"] not in image_ids(socket, status["image"])
-            ):
+            pushed = realnode_registry.pushed_digest(registry, status["image"])
+            if pushed:
+                moved = not str(status.get("imageID", "")).endswith(pushed)
+            else:
+                moved = bool(
+                    socket
+                    and status.get("imageID")
+                    and status["imageID"] not in image_ids(socket, status["image"])
+                )
+            if moved:
                 stale.add(
                     "daemonset/trainwave-agent" if owner == "agent" else "deployment/trainwave"
                 )
@@ -269,15 +287,19 @@ def release_diagnostics(cluster: Cluster) -> str:
 
 def chart_values(fake_gpus: Path) -> dict[str, Any]:
     """What this tier changes from the chart's defaults (and why)."""
+    registry = realnode_registry.HOST
     return {
-        # The images are imported into the node's containerd; nothing may be pulled.
-        "image": {"pullPolicy": "Never"},
+        # From a private registry, as a user installs: TLS, credentials in a pull secret,
+        # the registry host prefixed to the chart's repositories (values.yaml says so).
+        # `Always`: a rebuilt image keeps its tag (restart_stale_pods).
+        "image": {"repository": f"{registry}/trainwave/operator", "pullPolicy": "Always"},
+        "imagePullSecrets": [{"name": PULL_SECRET}],
         "nodeSelector": ON_REAL_NODE,  # kwok nodes only pretend to run pods
         "replicas": 2,
         "leaderElection": {"enabled": True},
         "agent": {
             "enabled": True,
-            "image": {"pullPolicy": "Never"},
+            "image": {"repository": f"{registry}/trainwave/agent", "pullPolicy": "Always"},
             # Not `nvidia.com/gpu.present`: GPU feature discovery never ran here.
             "nodeSelector": {"nvidia.com/gpu.present": None, **ON_REAL_NODE},
             # No GPU and no NVIDIA container runtime on this machine: the fake file instead.

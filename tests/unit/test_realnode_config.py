@@ -4,11 +4,13 @@ and the API server unchanged when there are no real nodes."""
 
 from __future__ import annotations
 
+import base64
 import ipaddress
+import json
 import tomllib
 from pathlib import Path
 
-from cluster import components, realnode_mounts
+from cluster import components, realnode_mounts, realnode_registry
 from cluster import realnode_host as host
 from cluster.components import Layout, Ports
 from cluster.realnode import node_labels
@@ -66,6 +68,44 @@ def test_containerd_2_config_keeps_its_sockets_and_state_off_the_host_paths(
     assert options["SystemdCgroup"] is False
     assert options["Root"].startswith(str(layout.root))
     assert "io.containerd.internal.v1.opt" in document["disabled_plugins"]
+    # Registry hosts from the node's own directory: the cluster's registry alone.
+    images = plugins["io.containerd.cri.v1.images"]
+    assert images["registry"]["config_path"] == str(layout.registry_hosts)
+
+
+def test_containerd_trusts_the_cluster_ca_for_the_clusters_registry_alone(tmp_path: Path) -> None:
+    ca = tmp_path / "ca.crt"
+    realnode_registry.containerd_hosts(tmp_path / "certs.d", ca)
+    (directory,) = (tmp_path / "certs.d").iterdir()
+    assert directory.name == realnode_registry.HOST == f"{BRIDGE_IP}:5000"
+    hosts = tomllib.loads((directory / "hosts.toml").read_text())
+    assert hosts["server"] == f"https://{BRIDGE_IP}:5000"
+    host_settings = hosts["host"][f"https://{BRIDGE_IP}:5000"]
+    assert host_settings == {"capabilities": ["pull", "resolve"], "ca": str(ca)}
+
+
+def test_registry_names_and_its_pull_secret(tmp_path: Path) -> None:
+    assert realnode_registry.registry_ref("docker.io/trainwave/runtime:0.1.0") == (
+        f"{BRIDGE_IP}:5000/trainwave/runtime:0.1.0"
+    )
+    assert realnode_registry.registry_ref("trainwave/agent:0.1.0") == (
+        f"{BRIDGE_IP}:5000/trainwave/agent:0.1.0"
+    )
+    files = realnode_registry.RegistryFiles(tmp_path / "state", tmp_path / "storage")
+    files.root.mkdir()
+    files.password.write_text("s3cret\n")
+    secret = realnode_registry.pull_secret(files, "pull", "team-a")
+    assert secret["type"] == "kubernetes.io/dockerconfigjson"
+    assert secret["metadata"] == {"name": "pull", "namespace": "team-a"}
+    config = json.loads(base64.b64decode(secret["data"][".dockerconfigjson"]))
+    auth = config["auths"][f"{BRIDGE_IP}:5000"]
+    assert (auth["username"], auth["password"]) == ("trainwave", "s3cret")
+    assert base64.b64decode(auth["auth"]) == b"trainwave:s3cret"
+    # Nothing pushed yet: no digest; a pushed image's manifest digest otherwise.
+    assert realnode_registry.pushed_digest(files, "x") == ""
+    files.storage.mkdir()
+    files.pushed.write_text(json.dumps({"r:1": {"key": "k", "digest": "sha256:ab"}}))
+    assert realnode_registry.pushed_digest(files, "r:1") == "sha256:ab"
 
 
 def test_real_node_labels_say_real_and_carry_the_topology() -> None:

@@ -93,6 +93,25 @@ def test_events_of_one_second_are_ordered_by_their_writes() -> None:
     )
 
 
+def test_of_a_failed_pulls_two_events_the_one_that_says_why_is_named() -> None:
+    """The kubelet's two `Failed` Events of one pull, as the real node wrote them when a
+    registry refused a pull without credentials: the later one says only ErrImagePull."""
+    why = ('Failed to pull image "reg:5000/w:1": failed to resolve image: '
+           "authorization failed: no basic auth credentials")  # fmt: skip
+    detailed = {**event("Failed", why, 2), "metadata": {"resourceVersion": "500"}}
+    generic = {**event("Failed", "Error: ErrImagePull", 2), "metadata": {"resourceVersion": "501"}}
+    assert explaining_event([detailed, generic], NOW) == f"Failed: {why}"
+    older = {**detailed, "lastTimestamp": stamp(30)}
+    assert explaining_event([older, generic], NOW) == "Failed: Error: ErrImagePull", (
+        "an earlier second's message does not stand in for the newest"
+    )
+    pulling = {**event("Pulling", 'Pulling image "reg:5000/w:1" now', 2, kind="Normal"),
+               "metadata": {"resourceVersion": "499"}}  # fmt: skip
+    assert explaining_event([pulling, generic], NOW) == "Failed: Error: ErrImagePull", (
+        "only Events of the newest's reason are its twins"
+    )
+
+
 def test_a_schedulers_event_of_the_same_second_is_not_newer_for_its_microseconds() -> None:
     """kube-scheduler writes events.k8s.io Events (eventTime, microseconds), the kubelet core
     ones (lastTimestamp, whole seconds): found on the real node, where `Scheduled` at

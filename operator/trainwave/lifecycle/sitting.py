@@ -42,17 +42,30 @@ def explaining_event(events: Iterable[dict[str, Any]], now: datetime) -> str:
     """ "<reason>: <message>" of the pod's newest Event when it explains the wait: a Warning
     (FailedMount, FailedCreatePodSandBox...) or the kubelet pulling an image, no older than
     EVENT_MAX_AGE; "" otherwise. Only the newest counts: a warning followed by progress (a
-    ConfigMap created at last, then the image pulled) no longer explains anything."""
+    ConfigMap created at last, then the image pulled) no longer explains anything.
+
+    Of Events of that second with the newest's reason, the longest message is said: the
+    kubelet reports a failed pull twice under reason `Failed` (k8s.io/kubernetes
+    pkg/kubelet/images/image_manager.go, then kuberuntime_container.go), "Failed to pull
+    image "<image>": <why>" and then "Error: ErrImagePull", which alone says neither."""
     dated = [(when, _revision(e), e) for e in events if (when := _last_seen(e)) is not None]
     if not dated:
         return ""
     when, _, newest = max(dated, key=lambda found: found[:2])
-    reason = str(newest.get("reason") or "")
+    reason = _reason(newest)
     explains = newest.get("type") == "Warning" or reason == PULLING
     if not explains or now - when > EVENT_MAX_AGE:
         return ""
-    message = " ".join(str(newest.get("message") or "").split())
-    return worded(reason or str(newest.get("type")), message)
+    twins = (_message(e) for at, _, e in dated if at == when and _reason(e) == reason)
+    return worded(reason or str(newest.get("type")), max(twins, key=len))
+
+
+def _reason(event: dict[str, Any]) -> str:
+    return str(event.get("reason") or "")
+
+
+def _message(event: dict[str, Any]) -> str:
+    return " ".join(str(event.get("message") or "").split())
 
 
 def _revision(event: dict[str, Any]) -> int:

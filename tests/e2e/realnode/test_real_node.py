@@ -17,6 +17,7 @@ from pathlib import Path
 
 import pytest
 
+from cluster import processes, realnode_registry
 from cluster import realnode_host as host
 from cluster.controlplane import Cluster
 from cluster.realnode_config import CLUSTER_DNS_IP, KUBELET_ROOT
@@ -204,10 +205,12 @@ def test_down_leaves_nothing_on_the_host(three_nodes: Cluster) -> None:
     assert set(saved) == {n for n in KUBELET_SYSCTLS if Path("/proc/sys", n).exists()}
     networks = [NodeNetwork(index) for index in range(1, state["real_nodes"]["count"] + 1)]
     assert len(networks) == 3
+    (registry,) = (p["pid"] for p in state["processes"] if p["name"] == realnode_registry.PROCESS)
     began = time.monotonic()
     cluster.stop()
     elapsed = time.monotonic() - began
     assert read_sysctls() == saved
+    assert not processes.is_alive(registry)
     assert not KUBELET_ROOT.exists()
     links = subprocess.run(["ip", "-o", "link"], capture_output=True, text=True, check=True).stdout
     assert BRIDGE not in links
