@@ -143,7 +143,7 @@ test: venv tools images check-generated ## all tests: generated-file drift, unit
 	exit $$(( e2e || status ))
 
 .PHONY: demo
-demo: venv tools ## the main job: cluster, chart, operator, every example to its terminal state
+demo: venv tools images ## the main job: cluster with a real node, chart from its registry, the operator in-cluster, every example to its terminal state (root)
 	$(PY) hack/demo.py
 
 .PHONY: bench

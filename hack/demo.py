@@ -1,62 +1,84 @@
-"""`make demo`: the main job, end to end on this machine.
+"""`make demo`: the main job, end to end on this machine, as a user runs trainwave.
 
-Starts the local control plane with simulated GPU nodes, installs the chart,
-runs the operator as the chart's ServiceAccount, applies every example and
-prints `kubectl get tj` until each reaches its outcome (the suspended one is
-resumed once the others are done). The cluster stays up afterwards for
-poking around; `make cluster-down` stops it.
+Starts the local control plane with simulated GPU nodes (kwok) and one real node (a real
+kubelet and containerd, tests/cluster) whose private registry holds the `make images`
+images. Installs the chart with `helm install` from that registry (a pull secret, as on any
+cluster with a private registry), so the operator runs as two pods on the real node, one
+elected leader. Applies every example and prints `kubectl get tj` until each reaches its
+outcome (the suspended one is resumed once the others are done). The real node is tainted
+as a system node pool that only the operator's pods tolerate, so the examples' workers go
+to the simulated GPU nodes. The cluster stays up afterwards; `make cluster-down` stops it.
 """
 
+import json
 import sys
 import time
 from pathlib import Path
 
+import yaml
+
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO / "tests"))
 
+from cluster import deploy  # noqa: E402
 from cluster.controlplane import ensure_cluster  # noqa: E402
-from cluster.deploy import OperatorProcess, install_chart, service_account_kubeconfig  # noqa: E402
+from cluster.realnode_config import REAL_NODE_TYPE  # noqa: E402
+from cluster.topology import KWOK_NODE_TYPE_LABEL  # noqa: E402
 
 NAMESPACE = "trainwave-demo"
 TOPOLOGY = REPO / "tests" / "cluster" / "topologies" / "small.yaml"
 FINAL = {"Succeeded", "Failed"}
 TIMEOUT = 240
+OPERATOR = "deployment/trainwave"
 
 
 def main() -> int:
     started = time.monotonic()
-    print(
-        "==> starting the local control plane (kube-apiserver, scheduler, controller-manager, kwok)"
-    )
-    cluster = ensure_cluster(TOPOLOGY)
+    print("==> starting the local control plane: kube-apiserver, scheduler, controller-manager,")
+    print("    kwok's simulated GPU nodes, one real node (kubelet, containerd) and its registry")
+    cluster = ensure_cluster(TOPOLOGY, real_nodes=1, timeout=300)
     print(f"    KUBECONFIG={cluster.kubeconfig}")
-    print("==> helm upgrade --install trainwave charts/trainwave")
-    install_chart(cluster)
+    (node,) = cluster.real_nodes
+    deploy.taint_system_node(cluster, node)  # trainwave's own pods there, no job's workers
     workdir = cluster.state_dir / "demo"
     workdir.mkdir(exist_ok=True)
-    operator = OperatorProcess(
-        kubeconfig=service_account_kubeconfig(cluster, workdir / "operator.kubeconfig"),
-        log_path=workdir / "operator.log",
+    values = deploy.registry_values() | {
+        "nodeSelector": {KWOK_NODE_TYPE_LABEL: REAL_NODE_TYPE},
+        "tolerations": [{**deploy.SYSTEM_TAINT, "operator": "Equal"}],
+    }
+    values_file = workdir / "values.yaml"
+    values_file.write_text(yaml.safe_dump(values))
+    print(f"==> helm upgrade --install trainwave charts/trainwave -f {values_file}")
+    print(f"    (images from the cluster's registry; the operator's pods on {node})")
+    deploy.apply_pull_secret(cluster)
+    deploy.install_chart(cluster, "-f", str(values_file))
+    deploy.restart_stale_pods(cluster)
+    cluster.kubectl("rollout", "status", OPERATOR, "-n", deploy.NAMESPACE, "--timeout=180s",
+                    timeout=190)  # fmt: skip
+    print(cluster.kubectl("get", "pods", "-n", deploy.NAMESPACE, "-o", "wide").stdout)
+    cluster.kubectl(
+        "delete", "namespace", NAMESPACE, "--ignore-not-found", "--wait=true", timeout=120
     )
-    print(f"==> running the operator as the chart's ServiceAccount (log: {operator.log_path})")
-    operator.start()
-    try:
-        cluster.kubectl(
-            "delete", "namespace", NAMESPACE, "--ignore-not-found", "--wait=true", timeout=120
-        )
-        cluster.kubectl("create", "namespace", NAMESPACE)
-        print(f"==> kubectl apply -n {NAMESPACE} -f examples/")
-        print(cluster.kubectl("apply", "-n", NAMESPACE, "-f", str(REPO / "examples")).stdout)
-        resumed = watch(cluster, operator)
-    finally:
-        operator.stop()
+    cluster.kubectl("create", "namespace", NAMESPACE)
+    print(f"==> kubectl apply -n {NAMESPACE} -f examples/")
+    print(cluster.kubectl("apply", "-n", NAMESPACE, "-f", str(REPO / "examples")).stdout)
+    resumed = watch(cluster)
     print(cluster.kubectl("get", "tj", "-n", NAMESPACE, "-o", "wide").stdout)
     print(f"==> done in {time.monotonic() - started:.0f}s; the cluster keeps running:")
-    print(f"    export KUBECONFIG={cluster.kubeconfig}; kubectl get tj -A; make cluster-down")
+    print(f"    export KUBECONFIG={cluster.kubeconfig}; kubectl get tj -A")
+    print(f"    kubectl logs -n {deploy.NAMESPACE} {OPERATOR}   # the operator; make cluster-down")
     return 0 if resumed else 1
 
 
-def watch(cluster, operator) -> bool:
+def operator_available(cluster) -> bool:
+    """At least one operator pod is Ready (the Deployment's availableReplicas)."""
+    found = cluster.kubectl("get", OPERATOR, "-n", deploy.NAMESPACE, "-o", "json", check=False)
+    if found.returncode != 0:
+        return False
+    return int(json.loads(found.stdout).get("status", {}).get("availableReplicas") or 0) > 0
+
+
+def watch(cluster) -> bool:
     """Print the table on every change; resume the suspended job once the rest are done."""
     deadline = time.monotonic() + TIMEOUT
     last, resumed = "", False
@@ -76,8 +98,10 @@ def watch(cluster, operator) -> bool:
             cluster.kubectl("patch", "tj", "suspended", "-n", NAMESPACE, "--type=merge",
                             "-p", '{"spec":{"runPolicy":{"suspend":false}}}')  # fmt: skip
             resumed = True
-        if not operator.alive():
-            print("operator died:\n" + operator.tail())
+        if not operator_available(cluster):
+            logs = cluster.kubectl("logs", "-n", deploy.NAMESPACE, OPERATOR, "--tail=40",
+                                   check=False)  # fmt: skip
+            print(f"no operator pod is Ready:\n{logs.stdout}{logs.stderr}")
             return False
         time.sleep(1)
     print(f"timed out after {TIMEOUT}s")

@@ -1,14 +1,17 @@
-"""Install trainwave into the local cluster and run its operator as a local process.
+"""Install trainwave into the local cluster, and run its operator as a local process.
 
-There is no container runtime here, so the chart's Deployment gets a pod that
-kwok only pretends to run. The real operator runs as a process on this
-machine, authenticated with a token of the chart's ServiceAccount: it has
-exactly the chart's RBAC, no more (an admin kubeconfig would hide missing
-rules).
+With a real node (`make demo`, the e2e tier) the chart is installed from the cluster's
+registry (`registry_values`, `apply_pull_secret`) and the operator runs as the chart's
+pods. On kwok nodes alone (the integration tier) there is no container runtime: the
+chart's Deployment gets a pod that kwok only pretends to run, and the operator runs as a
+process on this machine (`OperatorProcess`), authenticated with a token of the chart's
+ServiceAccount: it has exactly the chart's RBAC, no more (an admin kubeconfig would hide
+missing rules).
 """
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import socket
@@ -18,9 +21,12 @@ import time
 import urllib.request
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 import yaml
 
+from cluster import realnode, realnode_registry
+from cluster.components import Layout
 from cluster.controlplane import Cluster, tool
 
 REPO = Path(__file__).resolve().parents[2]
@@ -46,6 +52,90 @@ def install_chart(cluster: Cluster, *extra: str) -> None:
         raise RuntimeError(f"helm install failed: {result.stderr.strip()}")
     cluster.kubectl("wait", "--for=condition=Established", "--timeout=60s",
                     "crd/trainingjobs.trainwave.io")  # fmt: skip
+
+
+# The release's `imagePullSecrets` when it installs from the cluster's registry.
+PULL_SECRET = "trainwave-registry"
+# `make demo` keeps the real node for trainwave's own pods, as a system node pool; the e2e
+# tier, whose workers run there, removes it (`untaint_system_node`).
+SYSTEM_TAINT = {"key": "trainwave.io/system", "value": "true", "effect": "NoSchedule"}
+
+
+def taint_system_node(cluster: Cluster, node: str) -> None:
+    taint = f"{SYSTEM_TAINT['key']}={SYSTEM_TAINT['value']}:{SYSTEM_TAINT['effect']}"
+    cluster.kubectl("taint", "node", node, taint, "--overwrite")
+
+
+def untaint_system_node(cluster: Cluster, node: str) -> None:
+    taint = f"{SYSTEM_TAINT['key']}:{SYSTEM_TAINT['effect']}-"
+    cluster.kubectl("taint", "node", node, taint, check=False)  # absent: nothing to do
+
+
+def registry_values() -> dict[str, Any]:
+    """Chart values that pull the operator and agent images from the cluster's registry
+    (realnode_registry.py), as a user installs: the registry host prefixed to the chart's
+    repositories and a pull secret. `Always`: a rebuilt image keeps its tag."""
+    host = realnode_registry.HOST
+    return {
+        "image": {"repository": f"{host}/trainwave/operator", "pullPolicy": "Always"},
+        "imagePullSecrets": [{"name": PULL_SECRET}],
+        "agent": {"image": {"repository": f"{host}/trainwave/agent", "pullPolicy": "Always"}},
+    }
+
+
+def apply_pull_secret(cluster: Cluster, namespace: str = NAMESPACE) -> None:
+    """The registry's credentials as `PULL_SECRET` in `namespace` (created if missing)."""
+    cluster.kubectl("create", "namespace", namespace, check=False)
+    registry = realnode_registry.files(cluster.state_dir)
+    secret = realnode_registry.pull_secret(registry, PULL_SECRET, namespace)
+    cluster.kubectl("apply", "-f", "-", input=json.dumps(secret))
+
+
+def restart_stale_pods(cluster: Cluster) -> None:
+    """On a cluster kept from an earlier run, `make images` may have rebuilt an image under
+    the same tag since the release's pods started: helm sees no change, so restart the
+    workloads whose pods run an image other than the one last pushed to the registry under
+    that tag (pulled `Always`, the new pods get it) or, for an image not pulled, one their
+    node's containerd no longer names."""
+    layouts = realnode.node_layouts(Layout(cluster.state_dir), len(cluster.real_nodes))
+    sockets = {layout.name: layout.containerd_socket for layout in layouts}
+    registry = realnode_registry.files(cluster.state_dir)
+    pods = json.loads(cluster.kubectl("get", "pods", "-n", NAMESPACE, "-o", "json").stdout)
+    stale = set()
+    for pod in pods["items"]:
+        owner = pod["metadata"].get("labels", {}).get("app.kubernetes.io/component")
+        socket = sockets.get(pod["spec"].get("nodeName", ""))
+        for status in pod.get("status", {}).get("containerStatuses") or []:
+            running = str(status.get("imageID") or "")
+            pushed = realnode_registry.pushed_digest(registry, status["image"])
+            if pushed:
+                moved = not running.endswith(pushed)
+            else:
+                moved = bool(
+                    socket and running and running not in image_ids(socket, status["image"])
+                )
+            if moved:
+                stale.add(
+                    f"daemonset/{RELEASE}-agent" if owner == "agent" else f"deployment/{RELEASE}"
+                )
+    for workload in sorted(stale):
+        cluster.kubectl("rollout", "restart", workload, "-n", NAMESPACE)
+        cluster.kubectl("rollout", "status", workload, "-n", NAMESPACE, "--timeout=120s",
+                        timeout=130)  # fmt: skip
+
+
+def image_ids(socket: Path, ref: str) -> set[str]:
+    """The ids a node's containerd (`socket`) knows image `ref` by (config id, repo digests)."""
+    endpoint = f"unix://{socket}"
+    found = subprocess.run(
+        [str(tool("crictl")), f"--image-endpoint={endpoint}", f"--runtime-endpoint={endpoint}",
+         "inspecti", "-o", "json", ref],
+        capture_output=True, text=True, check=False, timeout=60,
+    )  # fmt: skip
+    if found.returncode != 0:
+        return set()
+    status = json.loads(found.stdout)["status"]
+    return {status["id"], *status.get("repoDigests", [])}
 
 
 def service_account_kubeconfig(

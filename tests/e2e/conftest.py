@@ -50,10 +50,18 @@ from typing import Any
 import pytest
 import yaml
 
-from cluster import realnode, realnode_registry
+from cluster import realnode
 from cluster.components import Layout
 from cluster.controlplane import DEFAULT_TOPOLOGY, Cluster, ensure_cluster, tool
-from cluster.deploy import LEASE, NAMESPACE, install_chart
+from cluster.deploy import (
+    LEASE,
+    NAMESPACE,
+    apply_pull_secret,
+    install_chart,
+    registry_values,
+    restart_stale_pods,
+    untaint_system_node,
+)
 from cluster.realnode_config import REAL_NODE_TYPE
 from cluster.topology import KWOK_NODE_TYPE_LABEL
 from integration.conftest import namespace
@@ -74,8 +82,6 @@ AGENT_PODS = "app.kubernetes.io/instance=trainwave,app.kubernetes.io/component=a
 # agent mounts the host's /sys and /proc (hostPath), which only `privileged` allows.
 RELEASE_NAMESPACE_LEVEL = "privileged"
 SHARED_GPUS = "0,1"
-# The release's `imagePullSecrets`: the registry's credentials (realnode_registry.py).
-PULL_SECRET = "trainwave-registry"
 # Eight fake GPUs of another model than the kwok nodes' H100s, so the labels the agent
 # writes are told apart from the ones the node registered with.
 FAKE_GPU_PRODUCT = "NVIDIA A100-SXM4-40GB"
@@ -197,21 +203,23 @@ def install_release(cluster: Cluster) -> Release:
     fake_gpus = directory / "fake-gpus.json"
     fake_gpus.write_text(json.dumps(FAKE_GPUS, indent=2))
     values = chart_values(fake_gpus)
-    registry = realnode_registry.files(cluster.state_dir)
     values_file = directory / "values.yaml"
     values_file.write_text(yaml.safe_dump(values))
     cluster.kubectl("create", "namespace", NAMESPACE, check=False)
     cluster.kubectl("label", "namespace", NAMESPACE, "--overwrite",
                     f"pod-security.kubernetes.io/enforce={RELEASE_NAMESPACE_LEVEL}")  # fmt: skip
-    secret = realnode_registry.pull_secret(registry, PULL_SECRET, NAMESPACE)
-    cluster.kubectl("apply", "-f", "-", input=json.dumps(secret))
+    apply_pull_secret(cluster)
+    for name in cluster.real_nodes:  # a cluster `make demo` left: its workers run there
+        untaint_system_node(cluster, name)
     began = time.monotonic()
     try:
         install_chart(cluster, "-f", str(values_file))
-        restart_stale_pods(cluster, sockets, registry)
-        for selector in (OPERATOR_PODS, AGENT_PODS):
-            cluster.kubectl("wait", "--for=condition=Ready", "pod", "-n", NAMESPACE,
-                            "-l", selector, "--timeout=120s", timeout=130)  # fmt: skip
+        restart_stale_pods(cluster)
+        # The workloads, not their pods by label: after a change of values (a cluster the
+        # demo left) the old pods are still terminating, and never become Ready.
+        for workload in ("deployment/trainwave", "daemonset/trainwave-agent"):
+            cluster.kubectl("rollout", "status", workload, "-n", NAMESPACE,
+                            "--timeout=120s", timeout=130)  # fmt: skip
     except (RuntimeError, subprocess.CalledProcessError) as error:
         raise RuntimeError(f"{error}\n{release_diagnostics(cluster)}") from error
     installed = Release(cluster, node, sockets[node], FAKE_GPUS, values)
@@ -222,53 +230,6 @@ def install_release(cluster: Cluster) -> Release:
         time.sleep(0.5)
     print(f"trainwave installed on {node} in {time.monotonic() - began:.1f}s")
     return installed
-
-
-def restart_stale_pods(
-    cluster: Cluster, sockets: dict[str, Path], registry: realnode_registry.RegistryFiles
-) -> None:
-    """On a cluster kept from an earlier session (TRAINWAVE_KEEP_CLUSTER=1), `make images`
-    may have rebuilt an image under the same tag since the release's pods started: helm sees
-    no change, so restart the workloads whose pods run an image other than the one last
-    pushed to the registry under that tag (pulled `Always`, the new pods get it) or, for an
-    image not pulled, one their node's containerd (`sockets`, by node name) no longer names."""
-    pods = json.loads(cluster.kubectl("get", "pods", "-n", NAMESPACE, "-o", "json").stdout)
-    stale = set()
-    for pod in pods["items"]:
-        owner = pod["metadata"].get("labels", {}).get("app.kubernetes.io/component")
-        socket = sockets.get(pod["spec"].get("nodeName", ""))
-        for status in pod.get("status", {}).get("containerStatuses") or []:
-            pushed = realnode_registry.pushed_digest(registry, status["image"])
-            if pushed:
-                moved = not str(status.get("imageID", "")).endswith(pushed)
-            else:
-                moved = bool(
-                    socket
-                    and status.get("imageID")
-                    and status["imageID"] not in image_ids(socket, status["image"])
-                )
-            if moved:
-                stale.add(
-                    "daemonset/trainwave-agent" if owner == "agent" else "deployment/trainwave"
-                )
-    for workload in sorted(stale):
-        cluster.kubectl("rollout", "restart", workload, "-n", NAMESPACE)
-        cluster.kubectl("rollout", "status", workload, "-n", NAMESPACE, "--timeout=120s",
-                        timeout=130)  # fmt: skip
-
-
-def image_ids(socket: Path, ref: str) -> set[str]:
-    """The ids containerd knows image `ref` by now (config id and repo digests)."""
-    endpoint = f"unix://{socket}"
-    found = subprocess.run(
-        [str(tool("crictl")), f"--image-endpoint={endpoint}", f"--runtime-endpoint={endpoint}",
-         "inspecti", "-o", "json", ref],
-        capture_output=True, text=True, check=False, timeout=60,
-    )  # fmt: skip
-    if found.returncode != 0:
-        return set()
-    status = json.loads(found.stdout)["status"]
-    return {status["id"], *status.get("repoDigests", [])}
 
 
 def release_diagnostics(cluster: Cluster) -> str:
@@ -287,19 +248,15 @@ def release_diagnostics(cluster: Cluster) -> str:
 
 def chart_values(fake_gpus: Path) -> dict[str, Any]:
     """What this tier changes from the chart's defaults (and why)."""
-    registry = realnode_registry.HOST
+    pulled = registry_values()  # from the cluster's private registry, as a user installs
     return {
-        # From a private registry, as a user installs: TLS, credentials in a pull secret,
-        # the registry host prefixed to the chart's repositories (values.yaml says so).
-        # `Always`: a rebuilt image keeps its tag (restart_stale_pods).
-        "image": {"repository": f"{registry}/trainwave/operator", "pullPolicy": "Always"},
-        "imagePullSecrets": [{"name": PULL_SECRET}],
+        **pulled,
         "nodeSelector": ON_REAL_NODE,  # kwok nodes only pretend to run pods
         "replicas": 2,
         "leaderElection": {"enabled": True},
         "agent": {
             "enabled": True,
-            "image": {"repository": f"{registry}/trainwave/agent", "pullPolicy": "Always"},
+            **pulled["agent"],
             # Not `nvidia.com/gpu.present`: GPU feature discovery never ran here.
             "nodeSelector": {"nvidia.com/gpu.present": None, **ON_REAL_NODE},
             # No GPU and no NVIDIA container runtime on this machine: the fake file instead.

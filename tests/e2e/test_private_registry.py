@@ -15,7 +15,8 @@ from typing import Any
 import pytest
 
 from cluster import realnode_registry
-from e2e.conftest import PULL_SECRET, RUNTIME_IMAGE, WORKER_IMAGE, Release
+from cluster.deploy import PULL_SECRET
+from e2e.conftest import RUNTIME_IMAGE, WORKER_IMAGE, Release
 from e2e.test_stuck_worker import status_saying
 from e2e.test_training import training_job
 from integration.trainwave_fixtures import apply, get_json, wait_for_phase
