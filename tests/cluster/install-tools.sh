@@ -76,16 +76,21 @@ build_kubernetes() {
     "$out/bin/draclient" "$bin/"
 }
 
-build_kwok() {
-  local out="$cache/kwok-$KWOK_VERSION" want
-  want="$KWOK_VERSION $(go env GOVERSION)"
+# `go install <package>@<version>` into the cache as <name>-<version>, linked into bin;
+# a stamp of the version and Go's keeps a warm machine from building it again.
+go_install_tool() {
+  local name=$1 version=$2 package=$3 ldflags=$4 note=${5:-}
+  local out="$cache/$name-$version" want
+  want="$version $(go env GOVERSION)"
   if ! stamp_ok "$out/.stamp" "$want"; then
-    log "building kwok $KWOK_VERSION"
-    GOBIN="$out/bin" go install -ldflags "-s -w" "sigs.k8s.io/kwok/cmd/kwok@$KWOK_VERSION"
+    log "building $name $version$note"
+    GOBIN="$out/bin" go install -ldflags "$ldflags" "$package@$version"
     echo "$want" > "$out/.stamp"
   fi
-  ln -sf "$out/bin/kwok" "$bin/"
+  ln -sf "$out/bin/$name" "$bin/"
 }
+
+build_kwok() { go_install_tool kwok "$KWOK_VERSION" sigs.k8s.io/kwok/cmd/kwok "-s -w"; }
 
 # `go install sigs.k8s.io/kueue/cmd/kueue@<version>` is refused: kueue's go.mod has a replace
 # directive, which `go install pkg@version` rejects. Building inside a copy of the downloaded
@@ -273,15 +278,8 @@ build_cni_plugins() {
 }
 
 build_crictl() {
-  local out="$cache/crictl-$CRICTL_VERSION" want
-  want="$CRICTL_VERSION $(go env GOVERSION)"
-  if ! stamp_ok "$out/.stamp" "$want"; then
-    log "building crictl $CRICTL_VERSION (cold: ~3 min)"
-    GOBIN="$out/bin" go install -ldflags "-s -w -X sigs.k8s.io/cri-tools/pkg/version.Version=$CRICTL_VERSION" \
-      "sigs.k8s.io/cri-tools/cmd/crictl@$CRICTL_VERSION"
-    echo "$want" > "$out/.stamp"
-  fi
-  ln -sf "$out/bin/crictl" "$bin/"
+  go_install_tool crictl "$CRICTL_VERSION" sigs.k8s.io/cri-tools/cmd/crictl \
+    "-s -w -X sigs.k8s.io/cri-tools/pkg/version.Version=$CRICTL_VERSION" " (cold: ~3 min)"
 }
 
 # Cluster DNS, static (CGO_ENABLED=0) like CoreDNS's own release, with only the plugins the
@@ -305,15 +303,8 @@ build_coredns() {
 # The registry with every storage driver its cmd/registry links (a minute cold; trimming them
 # as coredns-build does was not worth a module of our own).
 build_registry() {
-  local out="$cache/registry-$REGISTRY_VERSION" want
-  want="$REGISTRY_VERSION $(go env GOVERSION)"
-  if ! stamp_ok "$out/.stamp" "$want"; then
-    log "building registry $REGISTRY_VERSION (cold: ~1 min)"
-    GOBIN="$out/bin" go install -ldflags "-s -w" \
-      "github.com/distribution/distribution/v3/cmd/registry@$REGISTRY_VERSION"
-    echo "$want" > "$out/.stamp"
-  fi
-  ln -sf "$out/bin/registry" "$bin/"
+  go_install_tool registry "$REGISTRY_VERSION" github.com/distribution/distribution/v3/cmd/registry \
+    "-s -w" " (cold: ~1 min)"
 }
 
 # Images no registry is needed for, as OCI archives for `ctr -n k8s.io images import`:
