@@ -48,10 +48,12 @@ def main() -> int:
     }
     values_file = workdir / "values.yaml"
     values_file.write_text(yaml.safe_dump(values))
-    print(f"==> helm upgrade --install trainwave charts/trainwave -f {values_file}")
-    print(f"    (images from the cluster's registry; the operator's pods on {node})")
+    print("==> helm upgrade --install trainwave from the cluster's registry")
     deploy.apply_pull_secret(cluster)
-    deploy.install_chart(cluster, "-f", str(values_file))
+    chart, pull = deploy.publish_chart(cluster)
+    print(f"    the chart: helm package, helm push to {chart}")
+    deploy.install_chart(cluster, "-f", str(values_file), *pull, chart=chart)
+    print(f"    values {values_file}: images from the registry, the operator's pods on {node}")
     deploy.restart_stale_pods(cluster)
     cluster.kubectl("rollout", "status", OPERATOR, "-n", deploy.NAMESPACE, "--timeout=180s",
                     timeout=190)  # fmt: skip

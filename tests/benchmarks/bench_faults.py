@@ -59,8 +59,6 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-import yaml
-
 REPO = Path(__file__).resolve().parents[2]
 sys.path[:0] = [str(REPO / "tests"), str(REPO / "operator")]
 
@@ -77,7 +75,6 @@ from benchmarks.fault_report import render_markdown  # noqa: E402
 from benchmarks.operator_cluster import fresh_namespace, real_node_cluster  # noqa: E402
 from benchmarks.provenance import git_commit, write_results  # noqa: E402
 from cluster.controlplane import Cluster  # noqa: E402
-from cluster.deploy import install_chart  # noqa: E402
 from e2e.conftest import ON_REAL_NODE, WORKER_IMAGE, Release, install_release  # noqa: E402
 from integration.trainwave_fixtures import apply, job_manifest  # noqa: E402
 from trainwave import contract  # noqa: E402
@@ -314,9 +311,7 @@ def poll_status_every(cluster: Cluster, release: Release, seconds: int) -> None:
     operator pod of the new revision to hold the leader Lease."""
     values = {**release.values}
     values["runtime"] = {**values.get("runtime", {}), "statusIntervalSeconds": seconds}
-    path = cluster.state_dir / "faults-values.yaml"
-    path.write_text(yaml.safe_dump(values))
-    install_chart(cluster, "-f", str(path))
+    release.upgrade(values, "faults-values.yaml")
     deadline = time.monotonic() + 180
     while time.monotonic() < deadline:
         pods = release.operator_pods()

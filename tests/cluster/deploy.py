@@ -37,21 +37,56 @@ SERVICE_ACCOUNT = "trainwave"
 LEASE = "trainwave-leader"  # the chart's name for release "trainwave", the CLI's default
 
 
-def install_chart(cluster: Cluster, *extra: str) -> None:
-    """`helm upgrade --install` the chart: CRDs, RBAC, ServiceAccount, Deployment, with the
-    chart's values plus `extra` (--reset-values: helm would otherwise keep the values an
-    earlier upgrade set, and a reused cluster would carry them from test to test)."""
-    environment = os.environ | {"KUBECONFIG": str(cluster.kubeconfig)}
-    result = subprocess.run(
-        [str(tool("helm")), "upgrade", "--install", RELEASE, str(CHART),
-         "--namespace", NAMESPACE, "--create-namespace", "--wait", "--timeout", "120s",
-         "--reset-values", *extra],
-        check=False, env=environment, capture_output=True, text=True,
-    )  # fmt: skip
+def install_chart(cluster: Cluster, *extra: str, chart: str = str(CHART)) -> None:
+    """`helm upgrade --install` the chart (this tree's, unless `chart` names another, e.g.
+    `publish_chart`'s): CRDs, RBAC, ServiceAccount, Deployment, with the chart's values plus
+    `extra` (--reset-values: helm would otherwise keep the values an earlier upgrade set, and
+    a reused cluster would carry them from test to test)."""
+    result = helm(cluster, "upgrade", "--install", RELEASE, chart,
+                   "--namespace", NAMESPACE, "--create-namespace", "--wait", "--timeout", "120s",
+                   "--reset-values", *extra)  # fmt: skip
     if result.returncode != 0:
         raise RuntimeError(f"helm install failed: {result.stderr.strip()}")
     cluster.kubectl("wait", "--for=condition=Established", "--timeout=60s",
                     "crd/trainingjobs.trainwave.io")  # fmt: skip
+
+
+def publish_chart(cluster: Cluster) -> tuple[str, list[str]]:
+    """`helm package` this tree's chart and `helm push` it to the cluster's registry as an
+    OCI artifact, as a project publishes a release. Returns the chart's reference
+    (`oci://<registry>/charts/trainwave`) and the flags `helm install` needs to pull it (its
+    version, the registry's CA and credentials)."""
+    workdir = cluster.state_dir / "chart"
+    workdir.mkdir(exist_ok=True)
+    for old in workdir.glob("*.tgz"):
+        old.unlink()
+    packaged = helm(cluster, "package", str(CHART), "--destination", str(workdir))
+    if packaged.returncode != 0:
+        raise RuntimeError(f"helm package failed: {packaged.stderr.strip()}")
+    (archive,) = workdir.glob("*.tgz")
+    version = yaml.safe_load((CHART / "Chart.yaml").read_text())["version"]
+    registry = realnode_registry.files(cluster.state_dir)
+    user, password = realnode_registry.credentials(registry)
+    access = ["--ca-file", str(Layout(cluster.state_dir).pki.ca_cert),
+              "--username", user, "--password", password]  # fmt: skip
+    repository = f"oci://{realnode_registry.HOST}/charts"
+    pushed = helm(cluster, "push", str(archive), repository, *access)
+    if pushed.returncode != 0:
+        raise RuntimeError(f"helm push failed: {pushed.stderr.strip()}")
+    return f"{repository}/{CHART.name}", ["--version", str(version), *access]
+
+
+def helm(cluster: Cluster, *args: str) -> subprocess.CompletedProcess[str]:
+    """The pinned helm against this cluster; its registry logins and pulled charts under
+    the cluster's state dir, not the user's home."""
+    environment = os.environ | {"KUBECONFIG": str(cluster.kubeconfig)}
+    home = cluster.state_dir / "helm"
+    state = ["--registry-config", str(home / "registry.json"),
+             "--content-cache", str(home / "content")]  # fmt: skip
+    return subprocess.run(
+        [str(tool("helm")), *args, *state],
+        check=False, env=environment, capture_output=True, text=True, timeout=300,
+    )  # fmt: skip
 
 
 # The release's `imagePullSecrets` when it installs from the cluster's registry.

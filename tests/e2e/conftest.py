@@ -58,6 +58,7 @@ from cluster.deploy import (
     NAMESPACE,
     apply_pull_secret,
     install_chart,
+    publish_chart,
     registry_values,
     restart_stale_pods,
     untaint_system_node,
@@ -111,6 +112,18 @@ class Release:
     namespace: str = NAMESPACE
     lease: str = LEASE
     crictl_path: Path = field(default_factory=lambda: tool("crictl"))
+    # The chart as published to the cluster's registry, and what `helm` needs to pull it.
+    chart: str = ""
+    pull: tuple[str, ...] = ()
+
+    def upgrade(self, values: dict[str, Any], name: str) -> None:
+        """`helm upgrade` of the published chart with `values` (all of them: the rest are
+        reset; written to `name` beside the release's own values), then wait until the
+        operator's Deployment and the agent's DaemonSet have rolled out."""
+        path = self.cluster.state_dir / "e2e" / name
+        path.write_text(yaml.safe_dump(values))
+        install_chart(self.cluster, "-f", str(path), *self.pull, chart=self.chart)
+        wait_rolled_out(self.cluster)
 
     def pods(self, selector: str) -> list[dict[str, Any]]:
         found = self.cluster.kubectl("get", "pods", "-n", self.namespace, "-l", selector,
@@ -213,16 +226,15 @@ def install_release(cluster: Cluster) -> Release:
         untaint_system_node(cluster, name)
     began = time.monotonic()
     try:
-        install_chart(cluster, "-f", str(values_file))
+        chart, pull = publish_chart(cluster)  # `helm install oci://...`, as from a release
+        install_chart(cluster, "-f", str(values_file), *pull, chart=chart)
         restart_stale_pods(cluster)
-        # The workloads, not their pods by label: after a change of values (a cluster the
-        # demo left) the old pods are still terminating, and never become Ready.
-        for workload in ("deployment/trainwave", "daemonset/trainwave-agent"):
-            cluster.kubectl("rollout", "status", workload, "-n", NAMESPACE,
-                            "--timeout=120s", timeout=130)  # fmt: skip
+        wait_rolled_out(cluster)
     except (RuntimeError, subprocess.CalledProcessError) as error:
         raise RuntimeError(f"{error}\n{release_diagnostics(cluster)}") from error
-    installed = Release(cluster, node, sockets[node], FAKE_GPUS, values)
+    installed = Release(
+        cluster, node, sockets[node], FAKE_GPUS, values, chart=chart, pull=tuple(pull)
+    )
     deadline = time.monotonic() + 60
     while not installed.leader():
         if time.monotonic() > deadline:
@@ -230,6 +242,15 @@ def install_release(cluster: Cluster) -> Release:
         time.sleep(0.5)
     print(f"trainwave installed on {node} in {time.monotonic() - began:.1f}s")
     return installed
+
+
+def wait_rolled_out(cluster: Cluster) -> None:
+    """The operator's Deployment and the agent's DaemonSet rolled out: their workloads, not
+    their pods by label, since after a change of values the old pods are still terminating
+    and never become Ready."""
+    for workload in ("deployment/trainwave", "daemonset/trainwave-agent"):
+        cluster.kubectl("rollout", "status", workload, "-n", NAMESPACE,
+                        "--timeout=120s", timeout=130)  # fmt: skip
 
 
 def release_diagnostics(cluster: Cluster) -> str:

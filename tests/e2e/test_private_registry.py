@@ -9,13 +9,15 @@ images in the same registry with a pull secret of its own namespace, in its pod 
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 from typing import Any
 
 import pytest
+import yaml
 
 from cluster import realnode_registry
-from cluster.deploy import PULL_SECRET
+from cluster.deploy import CHART, PULL_SECRET, helm, publish_chart
 from e2e.conftest import RUNTIME_IMAGE, WORKER_IMAGE, Release
 from e2e.test_stuck_worker import status_saying
 from e2e.test_training import training_job
@@ -46,6 +48,20 @@ def test_the_release_runs_images_pulled_from_the_private_registry(release: Relea
         for status in pod["status"]["containerStatuses"]:
             assert status["image"].startswith(f"{realnode_registry.HOST}/trainwave/"), status
             pulled_from_registry(release, status, latest=True)  # pulled `Always`
+
+
+def test_the_release_came_from_the_chart_published_to_the_registry(release: Release) -> None:
+    """The fixture packaged this tree's chart, pushed it and installed it from `oci://`:
+    what the registry serves is that chart, and the release runs its version."""
+    chart, pull = publish_chart(release.cluster)
+    shown = helm(release.cluster, "show", "chart", chart, *pull)
+    assert shown.returncode == 0, shown.stderr
+    published = yaml.safe_load(shown.stdout)
+    tree = yaml.safe_load((CHART / "Chart.yaml").read_text())
+    assert (published["name"], published["version"]) == (tree["name"], tree["version"])
+    listed = helm(release.cluster, "list", "-n", release.namespace, "-o", "json")
+    (installed,) = json.loads(listed.stdout)
+    assert installed["chart"] == f"{tree['name']}-{tree['version']}", installed
 
 
 def registry_job(name: str, checkpoints: Path, *, pull_secret: str | None) -> dict[str, Any]:

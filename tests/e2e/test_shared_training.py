@@ -34,10 +34,9 @@ from collections.abc import Iterator
 from typing import Any
 
 import pytest
-import yaml
 
 from cluster.controlplane import Cluster
-from cluster.deploy import NAMESPACE, RELEASE, install_chart
+from cluster.deploy import NAMESPACE
 from cluster.realnode_restart import restart_kubelet
 from e2e.conftest import ON_REAL_NODE, WORKER_IMAGE, Release
 from e2e.test_training import SCRIPTS, SITE_PACKAGES, events, pod_logs, read_only_host_path
@@ -80,16 +79,6 @@ def try_agent_log(release: Release) -> str:
         return ""
 
 
-def upgrade(release: Release, values: dict[str, Any], name: str) -> None:
-    """`helm upgrade` with `values` (all of them: install_chart resets the rest), then wait
-    for the agent's new pod."""
-    path = release.cluster.state_dir / "e2e" / name
-    path.write_text(yaml.safe_dump(values))
-    install_chart(release.cluster, "-f", str(path))
-    release.cluster.kubectl("rollout", "status", f"daemonset/{RELEASE}-agent", "-n", NAMESPACE,
-                            "--timeout=120s", timeout=130)  # fmt: skip
-
-
 @pytest.fixture(scope="module")
 def shared_gpu(release: Release) -> Iterator[str]:
     """The release upgraded to one fake GPU of 5 MiB, shared, until the module ends; yields
@@ -98,7 +87,7 @@ def shared_gpu(release: Release) -> Iterator[str]:
     gpus = release.cluster.state_dir / "e2e" / "one-shared-gpu.json"
     gpus.write_text(json.dumps(ONE_SHARED_GPU))
     agent = {**release.values["agent"], "fakeGpus": str(gpus), "sharedGpus": "0"}
-    upgrade(release, {**release.values, "agent": agent}, "values-one-shared-gpu.yaml")
+    release.upgrade({**release.values, "agent": agent}, "values-one-shared-gpu.yaml")
     try:
         wait_until(lambda: "registered with the kubelet" in agent_log(release), 60,
                    "the kubelet to register the agent's DRA plugin")  # fmt: skip
@@ -109,7 +98,7 @@ def shared_gpu(release: Release) -> Iterator[str]:
                    60, "the arbiter's socket for the GPU")  # fmt: skip
         yield GPU_UUID
     finally:
-        upgrade(release, release.values, "values-restored.yaml")
+        release.upgrade(release.values, "values-restored.yaml")
 
 
 def arbiter_socket() -> str:

@@ -2,9 +2,11 @@
 operator replicas with processes started from the upgraded Deployment's arguments: no
 worker of a running job is recreated and no job changes phase.
 
-There is no container runtime, so the Deployment's pods are kwok's; the operator replicas
-are local processes, replaced the way the chart's RollingUpdate replaces pods (maxSurge 1,
-maxUnavailable 0): a new one starts as a standby, then an old one gets SIGTERM.
+The integration tier's nodes are kwok's, so the Deployment's pods run nothing; the operator
+replicas are local processes, replaced the way the chart's RollingUpdate replaces pods
+(maxSurge 1, maxUnavailable 0): a new one starts as a standby, then an old one gets SIGTERM.
+This tier can time each Lease hand-over; tests/e2e/test_operator_upgrade_in_cluster.py runs
+the same upgrade with real pods, replaced by the kubelet.
 """
 
 from __future__ import annotations
