@@ -40,7 +40,7 @@ from cluster.api import ApiClient, ApiError
 from cluster.components import Layout, Ports
 from cluster.nodes import NodeChanges, apply_nodes, wait_nodes_ready
 from cluster.pki import issue_client_cert, make_pki, write_kubeconfig
-from cluster.realnode_net import BRIDGE_IP
+from cluster.realnode_net import direct_environment
 from cluster.topology import Topology, build_nodes, load_topology
 
 HERE = Path(__file__).resolve().parent
@@ -307,10 +307,7 @@ def _profiled(argv: list[str]) -> list[str]:
 
 
 def _environment() -> dict[str, str]:
-    # Loopback and the real nodes' bridge never go through a proxy, whatever the
-    # environment says.
-    local = f"127.0.0.1,localhost,{BRIDGE_IP}"
-    return dict(os.environ) | {"NO_PROXY": local, "no_proxy": local}
+    return direct_environment()
 
 
 def _real_node_count(state: dict[str, Any] | None) -> int:

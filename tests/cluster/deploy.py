@@ -28,6 +28,7 @@ import yaml
 from cluster import realnode, realnode_registry
 from cluster.components import Layout
 from cluster.controlplane import Cluster, tool
+from cluster.realnode_net import direct_environment
 
 REPO = Path(__file__).resolve().parents[2]
 CHART = REPO / "charts" / "trainwave"
@@ -79,7 +80,7 @@ def publish_chart(cluster: Cluster) -> tuple[str, list[str]]:
 def helm(cluster: Cluster, *args: str) -> subprocess.CompletedProcess[str]:
     """The pinned helm against this cluster; its registry logins and pulled charts under
     the cluster's state dir, not the user's home."""
-    environment = os.environ | {"KUBECONFIG": str(cluster.kubeconfig)}
+    environment = direct_environment() | {"KUBECONFIG": str(cluster.kubeconfig)}
     home = cluster.state_dir / "helm"
     state = ["--registry-config", str(home / "registry.json"),
              "--content-cache", str(home / "content")]  # fmt: skip

@@ -14,6 +14,7 @@ every step is idempotent so `up` after a crash and `down` twice both work.
 
 from __future__ import annotations
 
+import os
 import subprocess
 from dataclasses import dataclass
 from pathlib import Path
@@ -190,3 +191,10 @@ def restore_sysctls(saved: dict[str, str], problems: list[str]) -> None:
                 path.write_text(value + "\n")
         except OSError as error:
             problems.append(f"restore sysctl {name}={value}: {error}")
+
+
+def direct_environment() -> dict[str, str]:
+    """This process's environment with loopback and the bridge exempt from any proxy: nothing
+    bound for the local cluster goes through one, whatever the environment says."""
+    local = f"127.0.0.1,localhost,{BRIDGE_IP}"
+    return dict(os.environ) | {"NO_PROXY": local, "no_proxy": local}

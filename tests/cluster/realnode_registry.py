@@ -31,7 +31,7 @@ import yaml
 
 from cluster.pki import Pki, issue_server_cert
 from cluster.realnode_host import ImageArchive, cache_dir
-from cluster.realnode_net import BRIDGE_IP
+from cluster.realnode_net import BRIDGE_IP, direct_environment
 
 PORT = 5000
 HOST = f"{BRIDGE_IP}:{PORT}"
@@ -159,8 +159,11 @@ def command(binary: Path, registry: RegistryFiles) -> list[str]:
 def answers(ca_cert: Path) -> bool:
     """True once the registry serves its API: `GET /v2/` answers 401 without credentials."""
     context = ssl.create_default_context(cafile=str(ca_cert))
+    direct = urllib.request.build_opener(  # no proxy, whatever the environment says
+        urllib.request.ProxyHandler({}), urllib.request.HTTPSHandler(context=context)
+    )
     try:
-        urllib.request.urlopen(f"https://{HOST}/v2/", context=context, timeout=2)
+        direct.open(f"https://{HOST}/v2/", timeout=2)
     except urllib.error.HTTPError as error:
         return error.code == 401
     except OSError:
@@ -193,7 +196,7 @@ def push_images(registry: RegistryFiles, ca_cert: Path, archives: list[ImageArch
             ["skopeo", "copy", "--quiet", f"--dest-cert-dir={certs}",
              f"--dest-creds={user}:{password}", f"--digestfile={digest_file}",
              f"docker-archive:{archive.path}", f"docker://{target}"],
-            capture_output=True, text=True, check=False, timeout=900,
+            capture_output=True, text=True, check=False, timeout=900, env=direct_environment(),
         )  # fmt: skip
         if result.returncode != 0:
             raise RuntimeError(
@@ -208,7 +211,7 @@ def _present(target: str, certs: Path, user: str, password: str) -> bool:
     result = subprocess.run(
         ["skopeo", "inspect", "--raw", f"--cert-dir={certs}", f"--creds={user}:{password}",
          f"docker://{target}"],
-        capture_output=True, text=True, check=False, timeout=60,
+        capture_output=True, text=True, check=False, timeout=60, env=direct_environment(),
     )  # fmt: skip
     return result.returncode == 0
 
