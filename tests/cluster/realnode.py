@@ -20,6 +20,7 @@ import json
 import os
 import shutil
 import subprocess
+import sys
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -171,10 +172,12 @@ def start_registry(context: Context) -> realnode_registry.RegistryFiles:
     """Start the cluster's image registry on the bridge (realnode_registry.py)."""
     registry = realnode_registry.files(context.layout.root)
     realnode_registry.prepare(registry, context.layout.pki)
+    binary = context.tool("registry")
+    failed = realnode_registry.collect_garbage(binary, registry)
+    if failed:
+        print(f"registry: garbage collection failed, blobs kept: {failed}", file=sys.stderr)
     context.launch(
-        realnode_registry.PROCESS,
-        realnode_registry.command(context.tool("registry"), registry),
-        dict(os.environ),
+        realnode_registry.PROCESS, realnode_registry.command(binary, registry), dict(os.environ)
     )
     ca_cert = context.layout.pki.ca_cert
     _wait(
