@@ -55,8 +55,7 @@ def main() -> int:
     deploy.install_chart(cluster, "-f", str(values_file), *pull, chart=chart)
     print(f"    values {values_file}: images from the registry, the operator's pods on {node}")
     deploy.restart_stale_pods(cluster)
-    cluster.kubectl("rollout", "status", OPERATOR, "-n", deploy.NAMESPACE, "--timeout=180s",
-                    timeout=190)  # fmt: skip
+    deploy.wait_rolled_out(cluster)
     print(cluster.kubectl("get", "pods", "-n", deploy.NAMESPACE, "-o", "wide").stdout)
     cluster.kubectl(
         "delete", "namespace", NAMESPACE, "--ignore-not-found", "--wait=true", timeout=120

@@ -160,6 +160,15 @@ def restart_stale_pods(cluster: Cluster) -> None:
                         timeout=130)  # fmt: skip
 
 
+def wait_rolled_out(cluster: Cluster) -> None:
+    """The operator's Deployment and the agent's DaemonSet rolled out: their workloads, not
+    their pods by label, since after a change of values the old pods are still terminating
+    and never become Ready."""
+    for workload in (f"deployment/{RELEASE}", f"daemonset/{RELEASE}-agent"):
+        cluster.kubectl("rollout", "status", workload, "-n", NAMESPACE,
+                        "--timeout=180s", timeout=190)  # fmt: skip
+
+
 def image_ids(socket: Path, ref: str) -> set[str]:
     """The ids a node's containerd (`socket`) knows image `ref` by (config id, repo digests)."""
     endpoint = f"unix://{socket}"

@@ -62,6 +62,7 @@ from cluster.deploy import (
     registry_values,
     restart_stale_pods,
     untaint_system_node,
+    wait_rolled_out,
 )
 from cluster.realnode_config import REAL_NODE_TYPE
 from cluster.topology import KWOK_NODE_TYPE_LABEL
@@ -72,11 +73,10 @@ __all__ = ["cluster", "namespace", "release"]
 REPO = Path(__file__).resolve().parents[2]
 ON_REAL_NODE = {KWOK_NODE_TYPE_LABEL: REAL_NODE_TYPE}
 WORKER_IMAGE = "trainwave/python:3.11-bookworm"
-# The chart's default image references (appVersion 0.1.0). The operator and agent are
-# pulled from the cluster's registry (`chart_values`); the runtime and worker images are
-# preloaded into the node's containerd, so a test's job pulls nothing unless it asks.
+# The chart's default runtime image (appVersion 0.1.0). The operator and agent are pulled
+# from the cluster's registry (`chart_values`); the runtime and worker images are preloaded
+# into the node's containerd, so a test's job pulls nothing unless it asks.
 RUNTIME_IMAGE = "trainwave/runtime:0.1.0"
-IMAGES = ("trainwave/operator:0.1.0", "trainwave/agent:0.1.0", RUNTIME_IMAGE)
 OPERATOR_PODS = "app.kubernetes.io/instance=trainwave,app.kubernetes.io/component=operator"
 AGENT_PODS = "app.kubernetes.io/instance=trainwave,app.kubernetes.io/component=agent"
 # Pod Security level of the release namespace, as docs/operations/install.md asks: the
@@ -109,21 +109,35 @@ class Release:
     containerd_socket: Path
     fake_gpus: dict[str, Any]
     values: dict[str, Any]
+    # The chart as published to the cluster's registry, and what `helm` needs to pull it.
+    chart: str
+    pull: tuple[str, ...]
     namespace: str = NAMESPACE
     lease: str = LEASE
     crictl_path: Path = field(default_factory=lambda: tool("crictl"))
-    # The chart as published to the cluster's registry, and what `helm` needs to pull it.
-    chart: str = ""
-    pull: tuple[str, ...] = ()
 
     def upgrade(self, values: dict[str, Any], name: str) -> None:
         """`helm upgrade` of the published chart with `values` (all of them: the rest are
         reset; written to `name` beside the release's own values), then wait until the
-        operator's Deployment and the agent's DaemonSet have rolled out."""
+        operator's Deployment and the agent's DaemonSet have rolled out and an operator pod
+        of the new revision leads."""
         path = self.cluster.state_dir / "e2e" / name
         path.write_text(yaml.safe_dump(values))
         install_chart(self.cluster, "-f", str(path), *self.pull, chart=self.chart)
         wait_rolled_out(self.cluster)
+        self.wait_for_leader()
+
+    def wait_for_leader(self) -> None:
+        """Until one of the current operator pods holds the Lease: after a rollout the old
+        leader released it on SIGTERM, and a new pod takes it within a retry period."""
+        deadline = time.monotonic() + 60
+        while True:
+            names = [pod["metadata"]["name"] for pod in self.operator_pods()]
+            if any(self.leader().startswith(f"{name}_") for name in names):
+                return
+            if time.monotonic() > deadline:
+                raise AssertionError(f"none of {names} took the leader Lease within 60 s")
+            time.sleep(0.5)
 
     def pods(self, selector: str) -> list[dict[str, Any]]:
         found = self.cluster.kubectl("get", "pods", "-n", self.namespace, "-l", selector,
@@ -232,25 +246,10 @@ def install_release(cluster: Cluster) -> Release:
         wait_rolled_out(cluster)
     except (RuntimeError, subprocess.CalledProcessError) as error:
         raise RuntimeError(f"{error}\n{release_diagnostics(cluster)}") from error
-    installed = Release(
-        cluster, node, sockets[node], FAKE_GPUS, values, chart=chart, pull=tuple(pull)
-    )
-    deadline = time.monotonic() + 60
-    while not installed.leader():
-        if time.monotonic() > deadline:
-            raise AssertionError("no operator pod took the leader Lease within 60 s")
-        time.sleep(0.5)
+    installed = Release(cluster, node, sockets[node], FAKE_GPUS, values, chart, tuple(pull))
+    installed.wait_for_leader()
     print(f"trainwave installed on {node} in {time.monotonic() - began:.1f}s")
     return installed
-
-
-def wait_rolled_out(cluster: Cluster) -> None:
-    """The operator's Deployment and the agent's DaemonSet rolled out: their workloads, not
-    their pods by label, since after a change of values the old pods are still terminating
-    and never become Ready."""
-    for workload in ("deployment/trainwave", "daemonset/trainwave-agent"):
-        cluster.kubectl("rollout", "status", workload, "-n", NAMESPACE,
-                        "--timeout=120s", timeout=130)  # fmt: skip
 
 
 def release_diagnostics(cluster: Cluster) -> str:
@@ -292,12 +291,13 @@ def chart_values(fake_gpus: Path) -> dict[str, Any]:
 
 
 def missing_images(socket: Path) -> None:
-    """Fail naming the images `make images` has not put into the node's containerd."""
+    """Fail naming the preloaded images `make images` has not put into the node's
+    containerd (the release's own are pulled from the registry)."""
     listed = subprocess.run(
         [str(tool("ctr")), f"--address={socket}", "--namespace=k8s.io", "images", "list", "-q"],
         capture_output=True, text=True, check=True, timeout=60,
     ).stdout.split()  # fmt: skip
-    wanted = [*IMAGES, WORKER_IMAGE]
+    wanted = [RUNTIME_IMAGE, WORKER_IMAGE]
     absent = [ref for ref in wanted if f"docker.io/{ref}" not in listed and ref not in listed]
     if absent:
         raise RuntimeError(

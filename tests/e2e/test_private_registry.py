@@ -17,7 +17,7 @@ import pytest
 import yaml
 
 from cluster import realnode_registry
-from cluster.deploy import CHART, PULL_SECRET, helm, publish_chart
+from cluster.deploy import CHART, PULL_SECRET, helm
 from e2e.conftest import RUNTIME_IMAGE, WORKER_IMAGE, Release
 from e2e.test_stuck_worker import status_saying
 from e2e.test_training import training_job
@@ -53,8 +53,7 @@ def test_the_release_runs_images_pulled_from_the_private_registry(release: Relea
 def test_the_release_came_from_the_chart_published_to_the_registry(release: Release) -> None:
     """The fixture packaged this tree's chart, pushed it and installed it from `oci://`:
     what the registry serves is that chart, and the release runs its version."""
-    chart, pull = publish_chart(release.cluster)
-    shown = helm(release.cluster, "show", "chart", chart, *pull)
+    shown = helm(release.cluster, "show", "chart", release.chart, *release.pull)
     assert shown.returncode == 0, shown.stderr
     published = yaml.safe_load(shown.stdout)
     tree = yaml.safe_load((CHART / "Chart.yaml").read_text())
