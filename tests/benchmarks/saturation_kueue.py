@@ -3,8 +3,8 @@
 Each gang of the stream becomes one batch Job (parallelism = completions = its workers,
 each worker the same 8 GPUs, CPU and memory, the same kwok run-time annotations as the
 TrainingJob's workers), created suspended with the `kueue.x-k8s.io/queue-name` label
-(what Kueue's Job webhook would default; no webhook is installed here, see
-tests/cluster/kueue.py) at the gang's arrival time. Kueue admits a Job's Workload whole
+(what Kueue's Job webhook sets too; its webhooks are installed as its release installs
+them, tests/cluster/kueue.py) at the gang's arrival time. Kueue admits a Job's Workload whole
 (all-or-nothing quota reservation), unsuspends it, the Job controller creates its pods and
 kube-scheduler binds them; kwok runs them for their run time exactly as it runs trainwave's.
 

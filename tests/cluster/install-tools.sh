@@ -128,7 +128,24 @@ PY
     rm -rf "$tmp"
     echo "$want" > "$out/.stamp"
   fi
+  copy_kueue_webhooks "$out"
   ln -sf "$out/bin/kueue" "$bin/"
+}
+
+# Kueue's admission webhooks and its CRDs' conversion webhook, as its release manifests
+# install them (config/components/webhook and config/components/crd): tests/cluster/kueue.py
+# points them at the manager on loopback. Copied apart from the binary's stamp, so a cache
+# built before needs no rebuild.
+copy_kueue_webhooks() {
+  local out=$1 dir
+  [ -s "$out/webhook/manifests.yaml" ] && [ -s "$out/crd-kustomization.yaml" ] && return 0
+  dir=$(cd / && go mod download -json "sigs.k8s.io/kueue@$KUEUE_VERSION" \
+    | python3 -c 'import json,sys; print(json.load(sys.stdin)["Dir"])')
+  mkdir -p "$out/webhook" "$out/crd-patches"
+  cp "$dir/config/components/webhook/manifests.yaml" "$dir/config/components/webhook/kustomization.yaml" "$out/webhook/"
+  cp "$dir"/config/components/crd/patches/webhook_in_*.yaml "$out/crd-patches/"
+  cp "$dir/config/components/crd/kustomization.yaml" "$out/crd-kustomization.yaml"
+  chmod -R u+w "$out/webhook" "$out/crd-patches" "$out/crd-kustomization.yaml"
 }
 
 install_etcd() {

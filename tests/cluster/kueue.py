@@ -14,12 +14,11 @@ kueue`). What running outside the cluster takes, in Kueue v0.11.9 and v0.17.0
 - so the webhook server and the metrics server load certificate files: a
   self-signed pair serves both (the metrics directory through the one-line
   patch install-tools.sh explains). The webhook server listens on loopback,
-  and no webhook configuration is installed, so the API server never calls it:
-  the CRDs' schemas and CEL rules still validate every object. Nor is the CRDs'
-  conversion webhook: where v1beta1 and v1beta2 are both served (v0.15 on), the
-  API server only relabels an object's apiVersion, and v0.17 refuses v1beta1
-  status writes to a Workload stored as v1beta2. The operator and the tests use
-  the group's preferred version (`api_version`), as on a real install;
+  where the API server (a host process here) calls it: once the manager is
+  ready, the admission webhooks and the CRDs' conversion webhook are installed
+  as Kueue's release manifests install them, with a URL for the Service
+  (kueue_webhooks.py), and `stop` removes them first: with `failurePolicy:
+  Fail` and no manager, every pod create would be refused;
 - VisibilityOnDemand off (it needs an in-cluster config); no leader election.
 
 TAS stays off here (no Topology object): trainwave places gangs itself, Kueue is a quota
@@ -40,7 +39,7 @@ from typing import Any
 
 import yaml
 
-from cluster import processes
+from cluster import kueue_webhooks, processes
 from cluster.controlplane import Cluster, cache_dir
 from cluster.deploy import free_port
 
@@ -64,6 +63,8 @@ class KueueManager:
     # "kueue.x-k8s.io/v1beta2" from Kueue v0.15 on, "kueue.x-k8s.io/v1beta1" before:
     # the API server's preferred version of the group, the one the operator chooses.
     api_version: str
+    cluster: Cluster
+    converted: tuple[str, ...] = ()  # CRDs whose conversion was pointed at the manager
 
     def ready(self) -> bool:
         try:
@@ -74,6 +75,7 @@ class KueueManager:
             return False
 
     def stop(self) -> None:
+        remove_webhooks(self.cluster, self.converted)
         processes.stop_groups([self.record.pid], 5.0)
 
     def tail(self, lines: int = 20) -> str:
@@ -124,14 +126,14 @@ def start_kueue(
     workdir.mkdir(parents=True, exist_ok=True)
     certs = workdir / "certs"
     _self_signed(certs)
-    health = free_port()
+    health, webhook_port = free_port(), free_port()
     config = {
         "apiVersion": "config.kueue.x-k8s.io/v1beta1",
         "kind": "Configuration",
         "namespace": "kueue-system",
         "health": {"healthProbeBindAddress": f"127.0.0.1:{health}"},
         "metrics": {"bindAddress": "0"},
-        "webhook": {"port": free_port(), "host": "127.0.0.1", "certDir": str(certs)},
+        "webhook": {"port": webhook_port, "host": "127.0.0.1", "certDir": str(certs)},
         "leaderElection": {"leaderElect": False},
         "internalCertManagement": {"enable": False},
         "integrations": {
@@ -153,7 +155,7 @@ def start_kueue(
     ]
     environment = {"PATH": "/usr/bin:/bin", "KUEUE_METRICS_CERT_DIR": str(certs)}
     record = processes.spawn("kueue", argv, log, workdir, environment)
-    manager = KueueManager(record, health, log, preferred_version(cluster))
+    manager = KueueManager(record, health, log, preferred_version(cluster), cluster)
     deadline = time.monotonic() + START_TIMEOUT
     while not manager.ready():
         if not processes.is_alive(record.pid):
@@ -162,7 +164,68 @@ def start_kueue(
             manager.stop()
             raise TimeoutError(f"kueue not ready after {START_TIMEOUT}s: {manager.tail()}")
         time.sleep(0.3)
+    try:
+        manager.converted = install_webhooks(cluster, f"https://127.0.0.1:{webhook_port}", certs)
+    except BaseException:
+        manager.stop()
+        raise
     return manager
+
+
+def install_webhooks(cluster: Cluster, base_url: str, certs: Path) -> tuple[str, ...]:
+    """Kueue's admission and conversion webhooks, calling the manager at `base_url`; the
+    CRDs whose conversion now goes through it. Waits until the API server calls them."""
+    home, ca = kueue_home(), (certs / "tls.crt").read_bytes()
+    if not (home / "webhook" / "manifests.yaml").exists():
+        raise FileNotFoundError(f"no Kueue webhook manifests in {home}; run `make tools`")
+    configurations = kueue_webhooks.admission_configurations(home, base_url, ca)
+    cluster.kubectl("apply", "--server-side", "--force-conflicts", "-f", "-",
+                    input="\n---\n".join(json.dumps(c) for c in configurations))  # fmt: skip
+    converted = tuple(kueue_webhooks.converted_crds(home))
+    patch = json.dumps({"spec": {"conversion": kueue_webhooks.conversion(base_url, ca)}})
+    for name in converted:
+        cluster.kubectl("patch", "crd", name, "--type=merge", "-p", patch)
+    _wait_for_webhooks(cluster)
+    return converted
+
+
+def remove_webhooks(cluster: Cluster, converted: tuple[str, ...]) -> None:
+    for configuration in _CONFIGURATIONS:
+        cluster.kubectl("delete", configuration, "--ignore-not-found", check=False)
+    none = json.dumps({"spec": {"conversion": {"strategy": "None", "webhook": None}}})
+    for name in converted:
+        cluster.kubectl("patch", "crd", name, "--type=merge", "-p", none, check=False)
+
+
+_CONFIGURATIONS = (
+    f"mutatingwebhookconfiguration/{kueue_webhooks.NAME_PREFIX}mutating-webhook-configuration",
+    f"validatingwebhookconfiguration/{kueue_webhooks.NAME_PREFIX}validating-webhook-configuration",
+)
+
+
+def _wait_for_webhooks(cluster: Cluster) -> None:
+    """Until the API server calls the validating webhook: a ClusterQueue with a negative
+    nominal quota passes the CRD's schema and is refused by Kueue's webhook alone
+    (pkg/webhooks/clusterqueue_webhook.go). A server-side dry run: nothing is stored."""
+    probe = {
+        "apiVersion": preferred_version(cluster),
+        "kind": "ClusterQueue",
+        "metadata": {"name": "webhook-probe"},
+        "spec": {"resourceGroups": [{"coveredResources": ["cpu"], "flavors": [
+            {"name": "probe", "resources": [{"name": "cpu", "nominalQuota": "-1"}]}]}]},
+    }  # fmt: skip
+    deadline = time.monotonic() + CRD_TIMEOUT
+    while True:
+        answer = cluster.kubectl("create", "--dry-run=server", "-f", "-",
+                                 input=json.dumps(probe), check=False)  # fmt: skip
+        if answer.returncode != 0 and "vclusterqueue.kb.io" in answer.stderr:
+            return
+        if time.monotonic() > deadline:
+            raise TimeoutError(
+                f"Kueue's webhooks not called after {CRD_TIMEOUT:.0f}s: "
+                f"{answer.stderr.strip() or answer.stdout.strip()}"
+            )
+        time.sleep(0.5)
 
 
 def _self_signed(directory: Path) -> None:

@@ -42,7 +42,7 @@ def test_batch_job_asks_what_the_training_job_asks(tas: bool) -> None:
     body = batch_job(job, "ns", tas=tas)
     twin = training_job(job, "ns")
     spec, template = body["spec"], body["spec"]["template"]
-    assert spec["suspend"] is True  # Kueue's webhook would set it; none is installed
+    assert spec["suspend"] is True  # as Kueue's Job webhook sets it
     assert spec["parallelism"] == spec["completions"] == job.workers
     assert body["metadata"]["labels"]["kueue.x-k8s.io/queue-name"] == QUEUE
     requests = template["spec"]["containers"][0]["resources"]["requests"]
