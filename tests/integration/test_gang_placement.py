@@ -7,18 +7,21 @@ can fragment or fill it exactly; kube-scheduler does the binding.
 from __future__ import annotations
 
 import json
-import re
 import time
 
 import pytest
 
 from integration.node_pools import blocker_pod, node_pool
+from integration.pod_webhook import mutating_pod_webhook
 from integration.trainwave_fixtures import (
     apply,
     condition,
+    dry_runs,
     events_about,
     job,
     job_manifest,
+    nothing_waits,
+    placed_at_creation,
     wait_for_phase,
     wait_until,
     worker_pods,
@@ -344,26 +347,6 @@ def test_a_worker_kube_scheduler_cannot_bind_is_named_with_its_reason(
         assert scheduled["message"] == status["message"], scheduled
 
 
-def placed_at_creation(operator) -> float:
-    """Gangs the operator created pinned, with no gate and no release patch after (its
-    pods are created, so their managedFields cannot tell a create from a create and a
-    release: both are trainwave's Update)."""
-    text = operator.metrics()
-    found = re.search(r"^trainwave_gangs_placed_at_creation_total (\S+)$", text, re.M)
-    return float(found.group(1)) if found else 0.0
-
-
-def nothing_waits(cluster) -> bool:
-    """No gang anywhere waits for placement: a new gang is placed at creation only then
-    (an earlier test's jobs may still be queued while their namespace goes away)."""
-    listed = cluster.kubectl("get", "pods", "-A", "-l", "trainwave.io/role=worker", "-o", "json")
-    if any(gated(pod) for pod in json.loads(listed.stdout)["items"]):
-        return False
-    listed = cluster.kubectl("get", "trainingjobs", "-A", "-o", "json")
-    phases = [(j.get("status") or {}).get("phase") for j in json.loads(listed.stdout)["items"]]
-    return not any(phase in ("Pending", "Scheduling") for phase in phases)
-
-
 def test_a_gang_with_room_is_created_placed_unless_a_limit_range_may_change_its_pods(
     cluster, namespace, running_operator
 ):
@@ -402,3 +385,39 @@ def test_a_gang_with_room_is_created_placed_unless_a_limit_range_may_change_its_
         assert placed_at_creation(running_operator) == before, "created gated, then released"
         assert all(c["resources"]["requests"]["cpu"] == "100m"
                    for p in pods for c in p["spec"]["containers"])  # fmt: skip
+
+
+SPOT = {"key": "example.com/spot", "operator": "Exists", "effect": "NoSchedule"}
+
+
+def test_past_a_pod_webhook_only_a_gang_it_would_change_is_created_behind_the_gate(
+    cluster, namespace, running_operator
+):
+    """A mutating webhook matching pod CREATE: the first placed pod of each gang is created
+    as a dry run first. The webhook changes one job's pods (a toleration added): that gang
+    is created gated and placed from its stored pods; it leaves the other job's pods alone
+    (its object selector): that gang is created placed."""
+    wait_until(lambda: nothing_waits(cluster), 120, "no gang waiting anywhere")
+    with (
+        node_pool(cluster, rack_sizes=(2,)) as pool,
+        mutating_pod_webhook(cluster, {"trainwave.io/job-name": "tolerated"}, SPOT) as reviewed,
+    ):
+        time.sleep(2)  # the operator's watch of webhook configurations
+        placed, changed, unchanged = (placed_at_creation(running_operator),
+                                      dry_runs(running_operator, "changed"),
+                                      dry_runs(running_operator, "unchanged"))  # fmt: skip
+        apply(cluster, namespace, pool_job("tolerated", pool, workers=2, gpus=8))
+        wait_for_phase(cluster, namespace, "tolerated", "Running")
+        pods = worker_pods(cluster, namespace, "tolerated")
+        assert all(SPOT in p["spec"]["tolerations"] for p in pods), "the webhook ran"
+        assert placed_at_creation(running_operator) == placed, "created gated, then released"
+        assert dry_runs(running_operator, "changed") == changed + 1
+        assert reviewed == [True, False, False], "one dry run, then the two creates"
+        cluster.kubectl("delete", "trainingjob", "tolerated", "-n", namespace, "--wait=true")
+        wait_until(lambda: not worker_pods(cluster, namespace, "tolerated"), 60, "the pods gone")
+
+        apply(cluster, namespace, pool_job("untouched", pool, workers=2, gpus=8))
+        wait_for_phase(cluster, namespace, "untouched", "Running")
+        assert placed_at_creation(running_operator) == placed + 1, "one write each"
+        assert dry_runs(running_operator, "unchanged") == unchanged + 1
+        assert len(reviewed) == 3, "the webhook never saw the other job's pods"

@@ -30,6 +30,8 @@ from integration.trainwave_fixtures import (
     get_json,
     job,
     job_manifest,
+    nothing_waits,
+    placed_at_creation,
     wait_for_phase,
     wait_until,
     worker_pods,
@@ -130,6 +132,31 @@ def written_at(workload: dict[str, Any]) -> set[str]:
     """The API versions trainwave's writes to a Workload were made at (its managedFields)."""
     fields = workload["metadata"].get("managedFields") or []
     return {f["apiVersion"] for f in fields if f.get("manager") == "trainwave"}
+
+
+def test_past_kueues_pod_webhook_a_job_outside_kueue_is_created_placed(
+    cluster, namespace, kueue_operator
+):
+    """Kueue's release registers a mutating webhook for pod CREATE in every namespace but
+    two, even with its pod integration off. First in the module: no earlier test's gang
+    still waits, which would keep any new gang from being placed at creation. The operator's dry run of the gang's first
+    placed pod finds it unchanged: created placed, one write per worker, as without Kueue."""
+    configuration = get_json(
+        cluster, "", "mutatingwebhookconfiguration", "kueue-mutating-webhook-configuration"
+    )
+    [pods_hook] = [w for w in configuration["webhooks"] if w["name"] == "mpod.kb.io"]
+    assert pods_hook["clientConfig"]["url"].endswith("/mutate--v1-pod")
+    wait_until(lambda: nothing_waits(cluster), 120, "no gang waiting anywhere")
+    with node_pool(cluster, rack_sizes=(2,)) as pool:
+        before = placed_at_creation(kueue_operator)
+        manifest = job_manifest("outside", workers=2, gpus=8, run_for="60s",
+                                template_spec={"nodeSelector": pool.selector})  # fmt: skip
+        apply(cluster, namespace, manifest)
+        wait_for_phase(cluster, namespace, "outside", "Running")
+        assert placed_at_creation(kueue_operator) == before + 1
+        pods = worker_pods(cluster, namespace, "outside")
+        assert sorted(p["spec"]["nodeName"] for p in pods) == sorted(pool.nodes)
+        assert "kueue.x-k8s.io/queue-name" not in pods[0]["metadata"].get("labels", {})
 
 
 def test_a_16_gpu_quota_admits_two_8_gpu_jobs_and_holds_the_third(

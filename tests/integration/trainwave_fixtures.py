@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import re
 import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
@@ -213,3 +214,35 @@ def condition(body: dict[str, Any], kind: str) -> dict[str, Any] | None:
 def env_of(pod: dict[str, Any]) -> dict[str, str]:
     worker = next(c for c in pod["spec"]["containers"] if c["name"] == "worker")
     return {e["name"]: e.get("value", "") for e in worker.get("env", [])}
+
+
+def placed_at_creation(operator: OperatorProcess) -> float:
+    """Gangs the operator created pinned, with no gate and no release patch after (its
+    pods are created, so their managedFields cannot tell a create from a create and a
+    release: both are trainwave's Update)."""
+    text = operator.metrics()
+    found = re.search(r"^trainwave_gangs_placed_at_creation_total (\S+)$", text, re.M)
+    return float(found.group(1)) if found else 0.0
+
+
+def dry_runs(operator: OperatorProcess, result: str) -> float:
+    found = re.search(
+        rf'^trainwave_creation_dry_runs_total{{result="{result}"}} (\S+)$', operator.metrics(), re.M
+    )
+    return float(found.group(1)) if found else 0.0
+
+
+def nothing_waits(cluster: Cluster) -> bool:
+    """No gang anywhere waits for placement: a new gang is placed at creation only then
+    (an earlier test's jobs may still be queued while their namespace goes away)."""
+    listed = cluster.kubectl("get", "pods", "-A", "-l", "trainwave.io/role=worker", "-o", "json")
+    if any(_gated(pod) for pod in json.loads(listed.stdout)["items"]):
+        return False
+    listed = cluster.kubectl("get", "trainingjobs", "-A", "-o", "json")
+    phases = [(j.get("status") or {}).get("phase") for j in json.loads(listed.stdout)["items"]]
+    return not any(phase in ("Pending", "Scheduling") for phase in phases)
+
+
+def _gated(pod: dict[str, Any]) -> bool:
+    gates = pod["spec"].get("schedulingGates") or ()
+    return any(g["name"] == "trainwave.io/placement" for g in gates)

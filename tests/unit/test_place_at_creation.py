@@ -5,6 +5,7 @@ the pods created as their release would leave them."""
 from __future__ import annotations
 
 import asyncio
+import copy
 from typing import Any
 
 import pytest
@@ -16,7 +17,11 @@ from trainwave.builders.pods import build_worker_pods
 from trainwave.controller.admission_guards import mutates_pods
 from trainwave.controller.clusterview import ClusterIndex
 from trainwave.controller.inflight import Inflight
-from trainwave.controller.placement_inputs import Ticket, with_admission_defaults
+from trainwave.controller.placement_inputs import (
+    Ticket,
+    changed_on_the_way_in,
+    with_admission_defaults,
+)
 from trainwave.controller.placer import Placer
 from trainwave.placement.gang_types import GangRequest
 from trainwave.placement.records import node_record, pod_record
@@ -182,6 +187,61 @@ def test_admission_defaults_add_the_two_no_execute_tolerations(
     stored = with_admission_defaults(pod)
     assert len(stored["spec"]["tolerations"]) == len(tolerations) + added
     assert pod["spec"]["tolerations"] == tolerations
+
+
+def as_stored(pod: dict[str, Any], change: Any = None) -> dict[str, Any]:
+    """`pod` as the API server answers its dry-run create: the admission plugins' two
+    tolerations and some of the API's defaults, then what `change` (a webhook) does."""
+    stored = copy.deepcopy(with_admission_defaults(pod))
+    stored["spec"].setdefault("dnsPolicy", "ClusterFirst")
+    stored["spec"]["priority"] = 0
+    stored["metadata"]["uid"] = "dry-run"
+    for container in stored["spec"]["containers"]:
+        container.setdefault("terminationMessagePath", "/dev/termination-log")
+    if change is not None:
+        change(stored)
+    return stored
+
+
+def _toleration(stored: dict[str, Any]) -> None:
+    stored["spec"]["tolerations"].append({"key": "spot", "operator": "Exists"})
+
+
+def _request(stored: dict[str, Any]) -> None:
+    stored["spec"]["containers"][0]["resources"].setdefault("requests", {})["cpu"] = "250m"
+
+
+def _selector(stored: dict[str, Any]) -> None:
+    stored["spec"]["nodeSelector"] = {"pool": "batch"}
+
+
+def _gate(stored: dict[str, Any]) -> None:
+    stored["spec"]["schedulingGates"] = [{"name": "kueue.x-k8s.io/admission"}]
+
+
+def _label(stored: dict[str, Any]) -> None:
+    stored["metadata"]["labels"]["team"] = "a"
+    stored["metadata"].setdefault("annotations", {})["audited"] = "yes"
+    stored["spec"]["containers"][0].setdefault("env", []).append({"name": "X", "value": "1"})
+
+
+@pytest.mark.parametrize(
+    ("change", "named"),
+    [
+        (None, ""),
+        (_label, ""),  # placement reads none of these
+        (_toleration, "tolerations"),
+        (_request, "requests"),
+        (_selector, "node selector"),
+        (_gate, "scheduling gates kueue.x-k8s.io/admission"),
+    ],
+)
+def test_a_dry_run_names_what_admission_changed_that_placement_relied_on(
+    change: Any, named: str
+) -> None:
+    _, [pod] = gang("first", workers=1, gpus=1)
+    placed = merged(pod, build_release_patch(pod, "node-7", {"k": "v"}))
+    assert changed_on_the_way_in(placed, as_stored(placed, change)) == named
 
 
 def webhook(**rule: list[str]) -> dict[str, Any]:

@@ -19,6 +19,7 @@ from factories import NOW, make_body
 from trainwave import contract
 from trainwave.builders.gating import build_release_patch, is_gated, merged
 from trainwave.controller.api_errors import Refused
+from trainwave.controller.placement_inputs import with_admission_defaults
 from trainwave.controller.reconciler import HOLD_SECONDS, Reconciler
 from trainwave.lifecycle.decide import JobEvent
 from trainwave.lifecycle.observed import WorkerPod, observe_pod
@@ -41,6 +42,8 @@ class Api:
         self.services = 0
         self.slices: list[dict[str, Any]] = []
         self.refuse = ""
+        self.dry_runs: list[str] = []
+        self.admission: Any = None  # a webhook's change to a dry-run pod; an exception: refused
 
     def patch_job_status(self, _ns: str, _name: str, _version: str, status: dict[str, Any]):
         self.status_patches += 1
@@ -52,6 +55,15 @@ class Api:
         if pod["metadata"]["name"] == self.refuse:
             raise Refused(f"pod {pod['metadata']['name']}", "exceeded quota")
         self.pods.append(pod)
+
+    def dry_run_pod(self, pod: dict[str, Any]) -> dict[str, Any]:
+        self.dry_runs.append(pod["metadata"]["name"])
+        if isinstance(self.admission, Exception):
+            raise self.admission
+        stored = with_admission_defaults(copy.deepcopy(pod))
+        if self.admission is not None:
+            self.admission(stored)
+        return stored
 
     def apply_service(self, _service: dict[str, Any]) -> str:
         self.services += 1
@@ -94,11 +106,15 @@ class Placer:
 
 
 class Guards:
-    def __init__(self, blocker: str = ""):
+    def __init__(self, blocker: str = "", webhooks: tuple[str, ...] = ()):
         self.blocker_text = blocker
+        self.webhooks = list(webhooks)
 
     def blocker(self, _namespace: str) -> str:
         return self.blocker_text
+
+    def pod_webhooks(self) -> list[str]:
+        return self.webhooks
 
 
 class Operator:
@@ -322,3 +338,42 @@ def test_a_refused_create_gives_the_placed_room_back() -> None:
 
     assert placer.forgotten == ["demo-a0-worker-1"], "only the pod that was not created"
     assert api.body["status"]["conditions"][-1]["reason"] == "FailedCreate"
+
+
+def _adds_a_toleration(stored: dict[str, Any]) -> None:
+    stored["spec"]["tolerations"].append({"key": "spot", "operator": "Exists"})
+
+
+def _labels(stored: dict[str, Any]) -> None:
+    stored["metadata"]["labels"]["audited"] = "yes"
+
+
+@pytest.mark.parametrize(
+    ("admission", "placed"),
+    [
+        pytest.param(None, True, id="unchanged"),
+        pytest.param(_labels, True, id="labels-only"),
+        pytest.param(_adds_a_toleration, False, id="toleration-added"),
+        pytest.param(Refused("pod demo-a0-worker-0", "denied"), False, id="dry-run-refused"),
+    ],
+)
+def test_with_a_pod_webhook_a_dry_run_of_the_first_placed_pod_decides(
+    admission: Any, placed: bool
+) -> None:
+    api, placer = Api(make_body(workers=2, gpus_per_worker=1)), Placer()
+    api.admission = admission
+    reconcile(api, placer, Guards(webhooks=("kueue-mutating-webhook-configuration",)))
+
+    assert api.dry_runs == ["demo-a0-worker-0"], "one dry run per gang"
+    assert len(api.pods) == 2
+    assert all(not is_gated(pod) for pod in api.pods) is placed
+    assert all(is_gated(pod) for pod in api.pods) is not placed
+    assert placer.forgotten == ([] if placed else ["demo-a0-worker-0", "demo-a0-worker-1"])
+
+
+def test_without_a_pod_webhook_there_is_no_dry_run() -> None:
+    api, placer = Api(make_body(workers=2, gpus_per_worker=1)), Placer()
+    reconcile(api, placer, Guards())
+
+    assert api.dry_runs == []
+    assert all(not is_gated(pod) for pod in api.pods)

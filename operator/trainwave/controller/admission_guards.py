@@ -5,7 +5,11 @@ way in can change a pod's needs or refuse part of the gang; otherwise its pods a
 created behind the gate, and placed from the stored pods, as always. What could:
 
 - a mutating admission webhook whose rules match pod CREATE (it may add requests,
-  tolerations, selectors), whatever its namespace and object selectors say;
+  tolerations, selectors, a gate), whatever its namespace and object selectors say:
+  while one exists, the gang's first placed pod is created as a server-side dry run
+  first, and only a gang whose pod comes back with the needs it was placed with is
+  created placed (executing.py). Kueue's release installs such a webhook for every
+  namespace but two, even with its pod integration off;
 - a LimitRange in the namespace (the LimitRanger plugin fills in default requests);
 - a ResourceQuota in the namespace (it may admit some workers of a gang and refuse
   the rest, which would leave part of a gang running);
@@ -89,21 +93,23 @@ class AdmissionGuards(InformerGroup):
 
     def blocker(self, namespace: str) -> str:
         """What keeps a pod created in `namespace` from being placed before it exists;
-        "" when nothing does."""
+        "" when nothing does (webhooks aside: `pod_webhooks`)."""
         unlisted = [i.kind for i in self.informers if not i.synced]
         if unlisted:
             return f"not listed yet: {', '.join(unlisted)}"
         with self._lock:
-            webhooks = sorted(self._webhooks.records)
             limits = namespace in self._limits.records.values()
             quotas = namespace in self._quotas.records.values()
-        if webhooks:
-            return f"mutating webhook configuration {webhooks[0]} matches pods"
         if limits:
             return f"a LimitRange in namespace {namespace}"
         if quotas:
             return f"a ResourceQuota in namespace {namespace}"
         return ""
+
+    def pod_webhooks(self) -> list[str]:
+        """The mutating webhook configurations that may change a pod being created."""
+        with self._lock:
+            return sorted(self._webhooks.records)
 
 
 def mutates_pods(configuration: Mapping[str, Any]) -> str | None:

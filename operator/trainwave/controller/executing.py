@@ -12,6 +12,8 @@ from dataclasses import replace
 from datetime import datetime
 from typing import Any
 
+from kubernetes.client.exceptions import ApiException
+
 from trainwave import contract
 from trainwave.api.reasons import Reason
 from trainwave.api.status import Phase, TrainingJobStatus
@@ -23,11 +25,11 @@ from trainwave.builders.status_key import build_status_key_secret
 from trainwave.builders.workload import build_workload
 from trainwave.controller import metrics
 from trainwave.controller.admission_guards import AdmissionGuards
-from trainwave.controller.api_errors import Refused, Rejected
+from trainwave.controller.api_errors import Refused, Rejected, status_message
 from trainwave.controller.bookkeeping import Bookkeeping
 from trainwave.controller.goodput_metrics import record_goodput
 from trainwave.controller.kube import KubeClient
-from trainwave.controller.placement_inputs import Ticket
+from trainwave.controller.placement_inputs import Ticket, changed_on_the_way_in
 from trainwave.controller.placer import Placer
 from trainwave.controller.reading import JobRead, kept_body
 from trainwave.controller.reporting import StatusPoller
@@ -260,7 +262,35 @@ class Executor:
         ):
             return None
         ticket = ticket_of(resolved, decision)
-        return await self._placer.place_now((meta.namespace, meta.name), ticket, pods)
+        placed = await self._placer.place_now((meta.namespace, meta.name), ticket, pods)
+        webhooks = self._guards.pod_webhooks()
+        if placed and webhooks:
+            changed = await self._changed_on_the_way_in(placed[0], webhooks)
+            if changed:
+                logger.info("%s/%s: not placed at creation: %s", meta.namespace, meta.name, changed)
+                for pod in placed:
+                    self._placer.forget_unborn(meta.namespace, pod["metadata"]["name"])
+                return None
+        return placed
+
+    async def _changed_on_the_way_in(self, pod: dict[str, Any], webhooks: list[str]) -> str:
+        """What a mutating webhook would change of `pod` that its placement relied on, from
+        a server-side dry run of its create; "" when nothing. The gang's first worker
+        stands for all of them: they differ in names, rank labels and environment only.
+        One request per gang placed at creation, and only while such webhooks exist."""
+        try:
+            stored = await asyncio.to_thread(self._kube.dry_run_pod, pod)
+        except Exception as error:  # refused, or a webhook without dry-run support
+            metrics.CREATION_DRY_RUNS.labels("failed").inc()
+            reason = status_message(error) if isinstance(error, ApiException) else repr(error)
+            return f"a dry run of its create failed ({reason}); mutating webhooks {webhooks}"
+        changed = changed_on_the_way_in(pod, stored)
+        metrics.CREATION_DRY_RUNS.labels("changed" if changed else "unchanged").inc()
+        return (
+            f"admission would change its {changed} (mutating webhooks {webhooks})"
+            if changed
+            else ""
+        )
 
     async def _workload(self, read: JobRead, decision: Decision, resolved: ResolvedJob) -> None:
         """Create, release, finish, (de)activate the job's Workload, as lifecycle/admission.py

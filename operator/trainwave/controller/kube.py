@@ -167,6 +167,24 @@ class KubeClient:
                 raise
             raise refused from None
 
+    def dry_run_pod(self, pod: dict[str, Any]) -> dict[str, Any]:
+        """`pod` as the API server would store it, admission webhooks included, from a
+        server-side dry run of its create: nothing is stored. Raises ApiException when
+        it would be refused (or a webhook does not support dry runs)."""
+        meta = pod["metadata"]
+        self.guard()
+        answer = _CREATE_POD_UNVALIDATED(
+            self.core,
+            meta["namespace"],
+            pod,
+            dry_run="All",
+            field_manager=contract.FIELD_MANAGER,
+            field_validation="Strict",
+            _preload_content=False,
+        )
+        stored: dict[str, Any] = json.loads(_release(answer))
+        return stored
+
     def _created_already(self, pod: dict[str, Any]) -> None:
         """After a 409: return if the pod of that name is owned as `pod` would be (ours,
         the watch behind), else raise Refused naming whose it is."""

@@ -116,6 +116,13 @@ GANGS_PLACED_AT_CREATION = Counter(
     "trainwave_gangs_placed_at_creation_total",
     "Of the gangs placed, those created pinned because they fit at once (no gate, no release).",
 )
+CREATION_DRY_RUNS = Counter(
+    "trainwave_creation_dry_runs_total",
+    "Server-side dry runs of a gang's first placed pod, made while a mutating webhook may "
+    "change pods on their way in, by what they found: unchanged (created placed), changed or "
+    "failed (created behind the gate).",
+    ["result"],
+)
 GANGS_ON_HELD_ROOM = Counter(
     "trainwave_gangs_backfilled_on_held_room_total",
     "Of the gangs placed, those started on room held for a protected gang because their "

@@ -9,7 +9,7 @@ requests and workers per node.
 """
 
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 from datetime import datetime
 from typing import Any
 
@@ -21,7 +21,7 @@ from trainwave.placement.backfill import BoundedGang, RunBounds
 from trainwave.placement.gang_types import GangRequest
 from trainwave.placement.preemption import RunningGang
 from trainwave.placement.records import PodRecord
-from trainwave.placement.requirements import PodNeeds
+from trainwave.placement.requirements import PodNeeds, pod_needs
 
 
 @dataclass(frozen=True)
@@ -54,6 +54,24 @@ def with_admission_defaults(pod: Mapping[str, Any]) -> dict[str, Any]:
                 {"key": key, "operator": "Exists", "effect": "NoExecute", "tolerationSeconds": 300}
             )
     return {**pod, "spec": {**spec, "tolerations": tolerations}}
+
+
+def changed_on_the_way_in(sent: Mapping[str, Any], stored: Mapping[str, Any]) -> str:
+    """What admission changed that placing `sent` before it existed relied on, as the
+    API server's dry run of its create answered with `stored`; "" when nothing did.
+    Labels, annotations, environment and the like may change: placement reads none of
+    them (a spread constraint's own labels are part of its needs)."""
+    try:
+        expected, found = pod_needs(with_admission_defaults(sent)), pod_needs(stored)
+    except ValueError as error:  # a quantity a webhook wrote that placement cannot read
+        return f"an unreadable quantity: {error}"
+    for field in fields(PodNeeds):
+        if getattr(expected, field.name) != getattr(found, field.name):
+            return field.name.replace("_", " ")
+    gates = [(g or {}).get("name") for g in (stored.get("spec") or {}).get("schedulingGates") or ()]
+    if gates:
+        return f"scheduling gates {', '.join(map(str, gates))}"
+    return ""
 
 
 def _tolerates_no_execute(toleration: Mapping[str, Any], key: str) -> bool:
