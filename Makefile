@@ -157,6 +157,10 @@ bench: venv tools ## benchmarks, each on its own local cluster (see README, Perf
 bench-scale-xlarge: venv tools ## 2,000 jobs x 4 workers on 4,096 nodes against as many bare pods, same run: apply to all Running, per-job p99, operator RSS and CPU per job (15-30 min)
 	BENCH_TOPOLOGY=xlarge $(PY) tests/benchmarks/bench_scale.py
 
+.PHONY: bench-pod-webhook
+bench-pod-webhook: venv tools ## 500 jobs outside Kueue on 1,024 nodes, same run: no pod webhook, past Kueue's with a dry run, and behind the gate (~7 min)
+	$(PY) tests/benchmarks/bench_pod_webhook.py
+
 .PHONY: bench-saturation
 bench-saturation: venv tools ## a full cluster fed a seeded stream of gangs: hand-off lag, utilisation while gangs wait, waits by size (64 nodes, ~4 min; BENCH_SATURATION=large for 1,024; BENCH_PEER=kueue adds Kueue's side, ~7.5 min)
 	$(PY) tests/benchmarks/bench_saturation.py

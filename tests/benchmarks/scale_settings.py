@@ -25,7 +25,7 @@ GPUS = int(os.environ.get("BENCH_GPUS", "1"))
 TOPOLOGY = REPO / "tests" / "cluster" / "topologies" / f"{TOPOLOGY_NAME}.yaml"
 PROFILE = os.environ.get("BENCH_PROFILE", "1") == "1"
 KEEP_CLUSTER = os.environ.get("BENCH_KEEP_CLUSTER", "0") == "1"
-# Reconcile workers of the operator; empty: its default (4). A diagnostic, written apart.
+# Reconcile workers of the operator; empty: its default (8). A diagnostic, written apart.
 OPERATOR_WORKERS = os.environ.get("BENCH_OPERATOR_WORKERS", "")
 # Appended to the results' name, so a repeat does not replace the reference run.
 TAG = os.environ.get("BENCH_TAG", "")
@@ -39,17 +39,15 @@ STATE_NAME = os.environ.get(
     "BENCH_STATE", "bench-scale-cluster" + (f"-{TOPOLOGY_NAME}" if TOPOLOGY_NAME != "large" else "")
 )
 SMOKE = JOBS != FULL_JOBS or TOPOLOGY_NAME not in NAMED_RUNS
-RESULTS = (
-    REPO
-    / "tests"
-    / "benchmarks"
-    / "results"
-    / (
-        ("scale-smoke" if SMOKE else RUN_NAME)
-        + (f"-workers{OPERATOR_WORKERS}" if OPERATOR_WORKERS else "")
-        + (f"-{TAG}" if TAG else "")
-    )
-)
+
+
+def results_stem(name: str) -> Path:
+    """Where a run's results go: `name`, then the diagnostic worker count and the tag."""
+    workers = f"-workers{OPERATOR_WORKERS}" if OPERATOR_WORKERS else ""
+    return REPO / "tests" / "benchmarks" / "results" / (name + workers + (f"-{TAG}" if TAG else ""))
+
+
+RESULTS = results_stem("scale-smoke" if SMOKE else RUN_NAME)
 PHASE_TIMEOUT = 1800.0
 CLUSTER_TIMEOUT = 900.0  # 4,096 new nodes: created, Ready and untainted
 POLL_SECONDS = 2.0
