@@ -36,7 +36,7 @@ the topology's is a smoke run, written to scale-smoke.*), BENCH_JOBS, BENCH_GPUS
 BENCH_STATE (the cluster's state directory under the cache; bench-scale-cluster[-topology]),
 BENCH_PROFILE (1: py-spy samples the operator during phase A, if installed),
 BENCH_KEEP_CLUSTER (0; 1 leaves the cluster up),
-BENCH_OPERATOR_WORKERS (the operator's --workers; default its own, 4), BENCH_TAG (appended
+BENCH_OPERATOR_WORKERS (the operator's --workers; default its own, 8), BENCH_TAG (appended
 to the results' name, for repeats), BENCH_AUDIT_ALL (0; 1 audits every client, not only the
 operator, and reports each phase's writes by client: a diagnostic, auditing costs CPU).
 """

@@ -83,7 +83,7 @@ def summarize(
             "worker_resources": resources,
             "worker_tolerations": worker["spec"].get("tolerations", []),
             "apply": "one `kubectl apply --server-side` per phase (serial PATCH per object)",
-            "operator": f"1 process, {OPERATOR_WORKERS or 'default (4)'} reconcile workers, "
+            "operator": f"1 process, {OPERATOR_WORKERS or 'default (8)'} reconcile workers, "
             "as the chart's ServiceAccount; "
             + (f"py-spy sampling it at {PROFILE_RATE}/s during phase A" if a["profile"]
                else "not profiled"),

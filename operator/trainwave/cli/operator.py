@@ -31,7 +31,7 @@ def add_operator_parser(commands: SubCommands) -> None:
     operator.add_argument("--health-host", default="0.0.0.0")
     operator.add_argument("--log-level", choices=LOG_LEVELS, default="info")
     operator.add_argument(
-        "--workers", type=int, default=4, help="jobs reconciled concurrently (default 4)"
+        "--workers", type=int, default=8, help="jobs reconciled concurrently (default 8)"
     )
     operator.add_argument(
         "--topology-levels",

@@ -53,7 +53,7 @@ logger = logging.getLogger(__name__)
 @dataclass
 class Options:
     metrics_port: int = contract.DEFAULT_METRICS_PORT
-    workers: int = 4
+    workers: int = 8  # --workers
     resync_seconds: float = 300.0
     topology_levels: tuple[str, ...] = DEFAULT_LEVELS
     runtime_image: str = contract.DEFAULT_RUNTIME_IMAGE
