@@ -27,12 +27,23 @@ DEFAULT_ARGS = [
     "--metrics-port", "9090",
     "--health-port", "8080",
     "--log-level", "info",
+    "--workers", "8",
     "--topology-levels", "trainwave.io/spine,trainwave.io/rack,kubernetes.io/hostname",
     "--runtime-image", "trainwave/runtime:0.1.0",
     "--status-key-secret", f"{NAMESPACE}/{RELEASE}-trainwave-status-key",
     "--status-interval-seconds", "15",
     "--queue-max-skips", "4",
 ]  # fmt: skip
+
+
+def default_args_with(values: dict[str, str]) -> list[str]:
+    """DEFAULT_ARGS with the value after each flag in `values` replaced, in place."""
+    args = list(DEFAULT_ARGS)
+    for flag, value in values.items():
+        args[args.index(flag) + 1] = value
+    return args
+
+
 # The agent's arbiter is on by default: shared workers mount its sockets.
 ARBITER_ARGS = ["--arbiter-dir", "/run/trainwave/arbiter"]
 LEADER_ARGS = [
@@ -54,30 +65,33 @@ LEADER_ARGS = [
         ),
         pytest.param(
             ("--set", "logLevel=debug", "--set", "metrics.port=9100", "--set", "health.port=8081"),
-            ["operator", "--metrics-port", "9100", "--health-port", "8081", "--log-level", "debug",
-             *DEFAULT_ARGS[7:]],
+            default_args_with({"--metrics-port": "9100", "--health-port": "8081",
+                               "--log-level": "debug"}),
             id="ports-and-log-level",
         ),
         pytest.param(
+            ("--set", "reconcileWorkers=16"),
+            default_args_with({"--workers": "16"}),
+            id="reconcile-workers",
+        ),
+        pytest.param(
             ("--set-json", 'topology.levels=["rack","kubernetes.io/hostname"]'),
-            [*DEFAULT_ARGS[:7], "--topology-levels", "rack,kubernetes.io/hostname",
-             *DEFAULT_ARGS[9:]],
+            default_args_with({"--topology-levels": "rack,kubernetes.io/hostname"}),
             id="topology-levels",
         ),
         pytest.param(
             ("--set", "runtime.image=mirror.example/trainwave/runtime:0.1.0"),
-            [*DEFAULT_ARGS[:9], "--runtime-image", "mirror.example/trainwave/runtime:0.1.0",
-             *DEFAULT_ARGS[11:]],
+            default_args_with({"--runtime-image": "mirror.example/trainwave/runtime:0.1.0"}),
             id="runtime-image",
         ),
         pytest.param(
             ("--set", "runtime.statusIntervalSeconds=2"),
-            [*DEFAULT_ARGS[:-3], "2", *DEFAULT_ARGS[-2:]],
+            default_args_with({"--status-interval-seconds": "2"}),
             id="status-interval",
         ),
         pytest.param(
             ("--set", "queue.maxSkips=0"),
-            [*DEFAULT_ARGS[:-1], "0"],
+            default_args_with({"--queue-max-skips": "0"}),
             id="queue-max-skips",
         ),
     ],

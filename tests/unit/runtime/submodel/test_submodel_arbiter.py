@@ -88,12 +88,23 @@ def start_server(socket_path: Path, capacity: int) -> subprocess.Popen:
         stderr=subprocess.PIPE,
         text=True,
     )
+    # Until it accepts a connection: the socket file appears at bind(), before listen(), and
+    # a connect in between is refused (seen once in CI under load).
     deadline = time.monotonic() + 10
-    while not socket_path.exists():
+    while not _accepts(socket_path):
         assert server.poll() is None, server.stderr.read()
         assert time.monotonic() < deadline, "arbiter did not start"
         time.sleep(0.05)
     return server
+
+
+def _accepts(socket_path: Path) -> bool:
+    with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as probe:
+        try:
+            probe.connect(str(socket_path))
+        except (FileNotFoundError, ConnectionRefusedError):
+            return False
+    return True
 
 
 def test_a_job_gone_while_queued_is_never_granted(tmp_path):
