@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import dataclasses
 import importlib.util
-import json
 import os
 import re
 import sys
@@ -29,7 +28,7 @@ from pathlib import Path
 from typing import Any
 
 from trainwave import contract, signatures
-from trainwave.runtime import reports
+from trainwave.runtime import jsonlog, reports
 from trainwave.runtime.data.loader_defaults import cuda_present, resolve_loader_defaults
 from trainwave.runtime.doctor import DoctorReport, Host, Status, run_doctor
 from trainwave.runtime.launcher import (
@@ -201,8 +200,7 @@ class Launcher:
 
 
 def log_line(event: str, **fields: Any) -> None:
-    record = {"ts": round(time.time(), 3), "logger": "trainwave.launch", "event": event, **fields}
-    print(json.dumps(record, default=str, sort_keys=False), file=sys.stderr, flush=True)
+    jsonlog.emit("trainwave.launch", event, **fields)
 
 
 def main(argv: Sequence[str] | None = None, environ: Mapping[str, str] | None = None) -> int:

@@ -29,7 +29,6 @@ launcher, which serves them in /status for the operator to judge.
 from __future__ import annotations
 
 import functools
-import json
 import os
 import statistics
 import sys
@@ -40,6 +39,7 @@ from pathlib import Path
 from typing import Any
 
 from trainwave import contract
+from trainwave.runtime import jsonlog
 from trainwave.runtime.reports import write_json_atomic
 
 RANK_FILE = "preflight-rank-{rank}.json"
@@ -185,7 +185,7 @@ def main() -> int:
     result["seconds"] = round(time.time() - started, 3)
     report_dir.mkdir(parents=True, exist_ok=True)
     write_json_atomic(report_dir / RANK_FILE.format(rank=result["rank"]), result)
-    print(json.dumps({"logger": "trainwave.preflight", **result}), file=sys.stderr, flush=True)
+    jsonlog.write_line({"logger": "trainwave.preflight", **result})
     return 0
 
 

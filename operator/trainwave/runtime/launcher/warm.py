@@ -20,7 +20,6 @@ user chose, a script that is not a file) runs under plain torchrun, and says why
 from __future__ import annotations
 
 import importlib
-import json
 import os
 import sys
 import threading
@@ -30,7 +29,7 @@ from pathlib import Path
 from typing import Any
 
 from trainwave import contract
-from trainwave.runtime import reports
+from trainwave.runtime import jsonlog, reports
 
 # torch first; torch.distributed.run is what the workers' _wrap unpickles; torch._dynamo
 # is what torch's optimizers import on first use (torch 2.x wraps them in it).
@@ -88,8 +87,7 @@ def _import_quietly(module: str, ready: Callable[[], bool], poll: float = 0.5) -
 
 
 def log_line(event: str, **fields: object) -> None:
-    record = {"ts": round(time.time(), 3), "logger": "trainwave.warm", "event": event, **fields}
-    print(json.dumps(record, default=str), file=sys.stderr, flush=True)
+    jsonlog.emit("trainwave.warm", event, **fields)
 
 
 def _start_forkserver(modules: Sequence[str]) -> str | None:
