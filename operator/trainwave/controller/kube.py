@@ -145,18 +145,8 @@ class KubeClient:
         made) is `Refused`, naming it: the job says why it waits and retries with backoff
         until the name is free. A server-side apply took such a pod over."""
         meta = pod["metadata"]
-        self.guard()
         try:
-            _release(
-                _CREATE_POD_UNVALIDATED(
-                    self.core,
-                    meta["namespace"],
-                    pod,
-                    field_manager=contract.FIELD_MANAGER,
-                    field_validation="Strict",
-                    _preload_content=False,
-                )
-            )
+            self._post_pod(pod)
         except ApiException as error:
             if error.status == 409:
                 self._created_already(pod)
@@ -171,19 +161,22 @@ class KubeClient:
         """`pod` as the API server would store it, admission webhooks included, from a
         server-side dry run of its create: nothing is stored. Raises ApiException when
         it would be refused (or a webhook does not support dry runs)."""
-        meta = pod["metadata"]
+        stored: dict[str, Any] = json.loads(self._post_pod(pod, dry_run="All"))
+        return stored
+
+    def _post_pod(self, pod: dict[str, Any], **options: str) -> bytes:
+        """POST `pod` as trainwave's field manager, strictly validated; the answer's body."""
         self.guard()
         answer = _CREATE_POD_UNVALIDATED(
             self.core,
-            meta["namespace"],
+            pod["metadata"]["namespace"],
             pod,
-            dry_run="All",
             field_manager=contract.FIELD_MANAGER,
             field_validation="Strict",
             _preload_content=False,
+            **options,
         )
-        stored: dict[str, Any] = json.loads(_release(answer))
-        return stored
+        return _release(answer)
 
     def _created_already(self, pod: dict[str, Any]) -> None:
         """After a 409: return if the pod of that name is owned as `pod` would be (ours,
