@@ -222,6 +222,10 @@ def free_port() -> int:
         return int(sock.getsockname()[1])
 
 
+# Starts of a local operator, each on newly picked ports after a port was taken.
+PORT_ATTEMPTS = 3
+
+
 @dataclass
 class OperatorProcess:
     """`trainwave operator` on this machine, as the chart's ServiceAccount."""
@@ -239,6 +243,19 @@ class OperatorProcess:
     process: subprocess.Popen[bytes] | None = None
 
     def start(self, timeout: float = 60) -> None:
+        """Start the operator and wait until it is healthy. Its ports were free when picked,
+        not necessarily now: a restart reuses them, and another process on the machine may
+        have taken one meanwhile (seen once in CI). Then it starts again on new ones."""
+        for _ in range(PORT_ATTEMPTS - 1):
+            try:
+                return self._start(timeout)
+            except RuntimeError as error:
+                if "address already in use" not in str(error):
+                    raise
+            self.metrics_port, self.health_port = free_port(), free_port()
+        self._start(timeout)
+
+    def _start(self, timeout: float) -> None:
         # This checkout's operator, not whichever one the venv's editable install points at:
         # in a git worktree those differ, and tests would exercise the other code.
         path = os.pathsep.join(filter(None, [str(REPO / "operator"), os.environ.get("PYTHONPATH")]))
