@@ -451,6 +451,28 @@ def test_a_container_the_kubelet_cannot_start_is_named(reason: str, init: bool, 
     assert pod.stuck == said
 
 
+def test_a_pull_backing_off_is_named_by_the_pull_that_failed() -> None:
+    """The kubelet alternates ErrImagePull and ImagePullBackOff while it retries; the back-off
+    wraps the failed pull's words, so the job says the same thing through both."""
+    failed = 'failed to pull and unpack image "nope:1": not found'
+    pulling = observe_pod(waiting_body(0, "ErrImagePull", failed))
+    backing_off = observe_pod(
+        waiting_body(
+            0, "ImagePullBackOff", f'Back-off pulling image "nope:1": ErrImagePull: {failed}'
+        )
+    )
+    older_kubelet = observe_pod(
+        waiting_body(0, "ImagePullBackOff", 'Back-off pulling image "nope:1"')
+    )
+    assert pulling is not None
+    assert backing_off is not None
+    assert older_kubelet is not None
+    assert backing_off.stuck == pulling.stuck == f"container worker waiting: ErrImagePull: {failed}"
+    assert older_kubelet.stuck == (
+        'container worker waiting: ImagePullBackOff: Back-off pulling image "nope:1"'
+    )
+
+
 def test_a_stuck_worker_is_named_on_the_starting_job() -> None:
     """As a Job's pod stays Pending with a mistyped image, the gang stays Starting; the
     job's message says which worker and what the kubelet said, not only a count."""

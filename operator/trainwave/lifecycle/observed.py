@@ -7,6 +7,7 @@ fresh copies of them, and 8,000 workers kept 64,000 conditions' worth. `NodeHeal
 is what the controller's node cache says of a worker's node, passed in as plain data.
 """
 
+import re
 import signal
 import sys
 from dataclasses import dataclass
@@ -242,9 +243,27 @@ def _stuck(status: dict[str, Any]) -> str:
             waiting = (container.get("state") or {}).get("waiting") or {}
             reason = waiting.get("reason")
             if reason and reason not in _STARTING:
+                reason, message = _pull_error(reason, str(waiting.get("message") or ""))
                 said = f"container {container.get('name')} waiting: {reason}"
-                return _text(worded(said, str(waiting.get("message") or "")))
+                return _text(worded(said, message))
     return ""
+
+
+# The kubelet's message while it backs off a failed pull, wrapping that pull's own reason
+# and message (k8s.io/kubernetes pkg/kubelet/images/image_manager.go, since 1.33).
+_PULL_BACK_OFF = re.compile(
+    r'Back-off pulling image "[^"]*": (?P<reason>\w+): (?P<message>.+)', re.S
+)
+
+
+def _pull_error(reason: str, message: str) -> tuple[str, str]:
+    """The failed pull itself for an ImagePullBackOff that wraps it: the kubelet alternates
+    between ErrImagePull and ImagePullBackOff on every retry, and the job's message (one
+    status write each) would flip with it while saying nothing new."""
+    wrapped = _PULL_BACK_OFF.fullmatch(message) if reason == "ImagePullBackOff" else None
+    if wrapped is None:
+        return reason, message
+    return wrapped["reason"], wrapped["message"]
 
 
 def worded(said: str, message: str) -> str:
