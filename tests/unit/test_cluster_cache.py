@@ -11,15 +11,18 @@ from typing import Any
 
 import pytest
 
+from cluster.inventory import inventory_annotation
 from trainwave import contract
 from trainwave.backoff import Backoff
-from trainwave.controller.clusterview import ClusterIndex
+from trainwave.controller.clusterview import ChangeLog, ClusterIndex
 from trainwave.kube import informer as informer_module
 from trainwave.kube.informer import Informer, object_key
+from trainwave.placement.node_memo import NodeInfoMemo
 from trainwave.placement.records import PodRecord, node_record, pod_record
 from trainwave.placement.requirements import PodNeeds
 from trainwave.placement.shared_tasks import SharedShape, pinned_shape
-from trainwave.placement.snapshot import NodeInfoMemo, usage_of
+from trainwave.placement.snapshot import usage_of
+from trainwave.placement.topology import Topology
 
 pytestmark = pytest.mark.timeout(20)
 
@@ -208,16 +211,19 @@ def test_incremental_usage_equals_usage_of_after_random_events(seed: int) -> Non
     index = ClusterIndex()
     for node in NODES:
         index.put_node(node, node_record(raw_node(node)))
-    memo = NodeInfoMemo()
+    memo, placer_memo = NodeInfoMemo(), NodeInfoMemo()
+    known_topology: tuple[int, Topology] | None = None
     live: dict[str, PodRecord] = {}
     for step in range(400):
         name = f"p{rng.randrange(40)}"
         key = f"ns/{name}"
         roll = rng.random()
-        if roll < 0.02:  # a node changed (relabelled, resized)
+        if roll < 0.02:  # a node changed (relabelled, resized), or only its heartbeat
             node = rng.choice(NODES)
             raw = raw_node(node, rack=rng.choice(("r0", "r1")), gpus=rng.choice((4, 8)))
             index.put_node(node, node_record(raw))
+        elif roll < 0.03:  # a view nobody snapshots: the memos fall behind by a version
+            index.view()
         elif roll < 0.05:  # a relist: some pods went while nobody watched
             listed = {k: r for k, r in live.items() if rng.random() < 0.7}
             index.replace_pods(listed)
@@ -253,6 +259,19 @@ def test_incremental_usage_equals_usage_of_after_random_events(seed: int) -> Non
             assert remembered.nodes == fresh.nodes, f"step {step}"
             for needs in SHAPES:
                 assert remembered.slots(needs) == fresh.slots(needs), f"step {step}"
+            # As the placer asks: the topology kept while the labels are, and the nodes the
+            # change log names patched into the memo's last snapshot.
+            reuse = (
+                known_topology[1]
+                if known_topology and known_topology[0] == view.labels_version
+                else None
+            )
+            patched = view.snapshot(topology=reuse, memo=placer_memo)
+            known_topology = (view.labels_version, patched.topology)
+            assert patched.nodes == fresh.nodes, f"step {step}"
+            assert patched.free == fresh.free, f"step {step}"
+            for needs in SHAPES:
+                assert patched.slots(needs) == fresh.slots(needs), f"step {step}"
 
 
 def test_slots_are_recomputed_only_for_the_nodes_that_changed() -> None:
@@ -292,6 +311,71 @@ def test_node_info_memo_rebuilds_only_the_nodes_that_changed() -> None:
     assert third.node("n2").gpus == 4
     index.put_node("n0", None)
     assert [n.name for n in index.view().snapshot(memo=memo).nodes] == ["n1", "n2"]
+
+
+def test_a_snapshot_patches_only_the_nodes_the_change_log_names() -> None:
+    index = ClusterIndex()
+    for node in NODES:
+        index.put_node(node, node_record(raw_node(node)))
+    memo = NodeInfoMemo()
+    first = index.view().snapshot(memo=memo)
+    assert memo.rebuilt == len(NODES)
+    put(index, raw_pod("a", node="n1", gpus=2))
+    index.view()  # a view the memo never sees: the log spans both versions
+    put(index, raw_pod("b", node="n2", gpus=1))
+    second = index.view().snapshot(topology=first.topology, memo=memo)
+    assert memo.rebuilt == 2, "n1 and n2 changed over the two versions"
+    assert [second.node(n).free for n in NODES] == [8, 6, 7]
+    assert second.node("n0") is first.node("n0")
+    third = index.view().snapshot(topology=first.topology, memo=memo)
+    assert memo.rebuilt == 0, "the same view: nothing changed"
+    assert third.nodes == second.nodes
+
+
+def test_a_heartbeat_or_a_status_write_placement_does_not_read_keeps_the_view() -> None:
+    index = ClusterIndex()
+    index.put_node("n0", node_record(raw_node("n0")))
+    put(index, raw_pod("a", node="n0", gpus=2))
+    view = index.view()
+    index.put_node("n0", node_record(raw_node("n0")))  # an equal record
+    put(index, raw_pod("a", node="n0", gpus=2))
+    assert index.view() is view
+    index.put_node("n0", node_record(raw_node("n0", gpus=4)))
+    assert index.view() is not view
+
+
+def test_change_log_names_the_nodes_changed_between_two_versions() -> None:
+    log = ChangeLog(size=3)
+    log.add(1, frozenset({"a"}))
+    log.add(2, frozenset({"b"}))
+    assert log.since(0, 2) == {"a", "b"}
+    assert log.since(1, 2) == {"b"}
+    assert log.since(2, 2) == frozenset()
+    assert log.since(-1, 2) is None, "a memo that never saw a view"
+    assert log.since(2, 1) is None, "an older view than the memo's"
+    log.add(3, None)
+    assert log.since(1, 3) is None, "nodes came or went at 3"
+    log.add(4, frozenset({"c"}))
+    assert log.since(3, 4) == {"c"}
+    assert log.since(0, 4) is None, "1 fell out of the log"
+
+
+def test_view_inventories_reads_only_the_named_nodes_that_have_one() -> None:
+    index = ClusterIndex()
+    for node in NODES:
+        raw = raw_node(node)
+        if node != "n2":
+            raw["metadata"]["annotations"] = inventory_annotation(
+                node, gpus=8, product="H100", memory_mib=81920, nics=8,
+                link_layer="IB", rate_gbps=400.0, gpu_direct=True,
+            )  # fmt: skip
+        index.put_node(node, node_record(raw))
+    view = index.view()
+    found = view.inventories(["n1", "n2", "missing", "n1"])
+    assert list(found) == ["n1"]
+    assert found["n1"] is index.node("n1").inventory  # type: ignore[union-attr]
+    assert found["n1"] is not None
+    assert view.inventories([]) == {}
 
 
 # --- the informer against a fake API ------------------------------------------------------

@@ -12,8 +12,10 @@ Not thread-safe; ClusterCache takes its lock around every call.
 
 from __future__ import annotations
 
-from collections import Counter
-from collections.abc import Mapping
+import threading
+from bisect import bisect_left
+from collections import Counter, deque
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field, replace
 from functools import partial
 from types import MappingProxyType
@@ -22,7 +24,9 @@ from kubernetes.client.exceptions import ApiException
 
 from trainwave.api.trainingjob import JobKey
 from trainwave.controller.kube import ACTIVE_PODS, KubeClient
+from trainwave.hardware.inventory import NodeInventory
 from trainwave.kube.informer import list_records
+from trainwave.placement.node_memo import NodeInfoMemo, snapshot_of
 from trainwave.placement.records import (
     ClaimRecord,
     NodeRecord,
@@ -33,13 +37,7 @@ from trainwave.placement.records import (
 )
 from trainwave.placement.requirements import HostPort
 from trainwave.placement.shared_tasks import SharedShape, pinned_shape
-from trainwave.placement.snapshot import (
-    ClusterSnapshot,
-    Labelled,
-    NodeInfoMemo,
-    NodeUsage,
-    snapshot_of,
-)
+from trainwave.placement.snapshot import ClusterSnapshot, Labelled, NodeUsage
 from trainwave.placement.topology import DEFAULT_LEVELS, Topology
 
 
@@ -53,6 +51,9 @@ class ClusterView:
     workers: Mapping[JobKey, tuple[PodRecord, ...]]  # worker pods holding resources, per job
     labels_version: int  # changes when node names or labels do: the topology tree is stale
     shared_shapes: tuple[SharedShape, ...]  # each holding pod pinned to a shared GPU, sorted
+    # This view's place in its index's ChangeLog: which nodes changed since another view.
+    version: int = 0
+    changes: ChangeLog | None = field(default=None, compare=False, repr=False)
 
     def snapshot(
         self,
@@ -61,8 +62,34 @@ class ClusterView:
         memo: NodeInfoMemo | None = None,
     ) -> ClusterSnapshot:
         """`topology` may be reused while `labels_version` is the one it was built at;
-        `memo` keeps the NodeInfos of nodes unchanged since the caller's last snapshot."""
-        return snapshot_of(self.nodes, self.usage, levels=levels, topology=topology, memo=memo)
+        `memo` keeps the NodeInfos of nodes unchanged since the caller's last snapshot,
+        and with `topology` patches only the nodes the change log names."""
+        changed = None
+        if memo is not None and topology is not None and self.changes is not None:
+            changed = self.changes.since(memo.seen, self.version)
+        snapshot = snapshot_of(
+            self.nodes, self.usage, levels=levels, topology=topology, memo=memo, changed=changed
+        )
+        if memo is not None:
+            memo.seen = self.version
+        return snapshot
+
+    def inventories(self, names: Iterable[str]) -> dict[str, NodeInventory]:
+        """The inventories of the named nodes that have one, looked up in the name-sorted
+        `nodes`: a placement names a few nodes of thousands, and gathering every node's
+        inventory for each was a sixteenth of a round on 4,096 nodes."""
+        found: dict[str, NodeInventory] = {}
+        for name in names:
+            at = bisect_left(self.nodes, name, key=_name)
+            if at < len(self.nodes) and self.nodes[at].name == name:
+                inventory = self.nodes[at].inventory
+                if inventory is not None:
+                    found[name] = inventory
+        return found
+
+
+def _name(node: NodeRecord) -> str:
+    return node.name
 
 
 @dataclass
@@ -99,6 +126,33 @@ class _Tally:
         )
 
 
+class ChangeLog:
+    """Per view version, the nodes whose record or usage changed since the version before
+    (None: nodes came or went, or changed labels), so a snapshot can rebuild only those
+    (placement/node_memo.py). Written under the index's lock, read by the placer's
+    thread: it has a lock of its own. Bounded; a reader further behind makes a full pass."""
+
+    def __init__(self, size: int = 256):
+        self._lock = threading.Lock()
+        self._entries: deque[tuple[int, frozenset[str] | None]] = deque(maxlen=size)
+
+    def add(self, version: int, names: frozenset[str] | None) -> None:
+        with self._lock:
+            self._entries.append((version, names))
+
+    def since(self, after: int, upto: int) -> frozenset[str] | None:
+        """The nodes changed after version `after` up to `upto`; None when not known."""
+        if after == upto:
+            return frozenset()
+        if after < 0 or after > upto:
+            return None
+        with self._lock:
+            entries = [names for version, names in self._entries if after < version <= upto]
+        if len(entries) != upto - after or any(names is None for names in entries):
+            return None
+        return frozenset().union(*entries)  # type: ignore[arg-type]
+
+
 class ClusterIndex:
     """Node and pod records by key, with per-node usage and per-job worker indexes."""
 
@@ -124,6 +178,11 @@ class ClusterIndex:
         # Foreign ResourceClaims on shared GPUs: per node, GPU index -> MiB held.
         self._claims: dict[str, ClaimRecord] = {}
         self._claimed: dict[str, Counter[int]] = {}
+        # Nodes whose record changed since the last view (None: nodes came, went or were
+        # relabelled), for the change log the views carry.
+        self._touched: set[str] | None = set()
+        self._version = 0
+        self._changes = ChangeLog()
 
     def __len__(self) -> int:
         return len(self._nodes) + len(self._pods)
@@ -151,15 +210,20 @@ class ClusterIndex:
 
     def put_node(self, key: str, record: NodeRecord | None) -> None:
         old = self._nodes.pop(key, None) if record is None else self._nodes.get(key)
-        if record is not None:
-            self._nodes[key] = record
         if old is None and record is None:
             return
+        if old is not None and record == old:
+            return  # a heartbeat: nothing placement reads changed
+        if record is not None:
+            self._nodes[key] = record
         self._note_health(key, old, record)
         if key in self._claimed:
             self._dirty.add(key)  # its claims name GPUs by index: the UUIDs may have changed
         if old is None or record is None or old.labels != record.labels:
             self.labels_version += 1
+            self._touched = None
+        elif self._touched is not None:
+            self._touched.add(key)
         self._node_tuple = self._view = None
 
     def replace_nodes(self, records: Mapping[str, NodeRecord]) -> None:
@@ -172,6 +236,7 @@ class ClusterIndex:
             old[k].labels != r.labels for k, r in records.items()
         ):
             self.labels_version += 1
+        self._touched = None
         self._node_tuple = self._view = None
 
     # --- pods --------------------------------------------------------------------------
@@ -181,6 +246,8 @@ class ClusterIndex:
         return self._pods.get(key)
 
     def put_pod(self, key: str, record: PodRecord | None) -> None:
+        if record is not None and self._pods.get(key) == record:
+            return  # a status write placement does not read (kwok's, the kubelet's)
         old = self._pods.pop(key, None)
         if old is None and record is None:
             return
@@ -270,6 +337,10 @@ class ClusterIndex:
         """A frozen view; the same object until something changes."""
         if self._view is not None:
             return self._view
+        touched = None if self._touched is None else self._touched | self._dirty
+        self._touched = set()
+        self._version += 1
+        self._changes.add(self._version, None if touched is None else frozenset(touched))
         for node in self._dirty:
             usage = self._node_usage(node)
             if usage is None:
@@ -286,6 +357,8 @@ class ClusterIndex:
             workers=_frozen(self._workers, self._worker_tuples),
             labels_version=self.labels_version,
             shared_shapes=tuple(sorted(self._shapes.elements())),
+            version=self._version,
+            changes=self._changes,
         )
         return self._view
 

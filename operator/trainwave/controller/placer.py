@@ -69,6 +69,7 @@ from trainwave.controller.releasing import Releaser, build_shared_release, build
 from trainwave.lifecycle.draft import PlacementWait
 from trainwave.placement.gang_types import Placement
 from trainwave.placement.marks import close_marked, marks_of
+from trainwave.placement.node_memo import NodeInfoMemo
 from trainwave.placement.occupancy import gpus_by_domain, shared_fragmentation
 from trainwave.placement.preemption import Preemption, RunningGang
 from trainwave.placement.queueing import PendingJob, QueuePolicy
@@ -76,7 +77,7 @@ from trainwave.placement.records import PodRecord, pod_record
 from trainwave.placement.round import Round, plan_round
 from trainwave.placement.round import Ticket as RoundTicket
 from trainwave.placement.sharing import SharedPlacement
-from trainwave.placement.snapshot import ClusterSnapshot, NodeInfoMemo
+from trainwave.placement.snapshot import ClusterSnapshot
 from trainwave.placement.spread_clock import SpreadClock
 from trainwave.placement.topology import Topology
 
@@ -206,7 +207,7 @@ class Placer:
             if not isinstance(admitted, Placement):
                 return None
             placement = admitted
-            inventories = {n.name: n.inventory for n in view.nodes if n.inventory is not None}
+            inventories = view.inventories(placement.nodes)
             release = build_whole_release(key, gang, placement, inventories, ticket.network)
             for pod, node, _, _ in release.targets:
                 self._inflight.add_unborn(pod, node)
@@ -234,8 +235,7 @@ class Placer:
             k: v for k, v in self._preempting.items() if any(view.workers.get(g) for g in v)
         }
         running = self._running_gangs(view, exclude=gangs.keys())
-        inventories = {n.name: n.inventory for n in view.nodes if n.inventory is not None}
-        for key in await self._place_near(view, tickets, gangs, inventories):
+        for key in await self._place_near(view, tickets, gangs):
             del gangs[key]
         entries = {key: (tickets[key], gang) for key, gang in gangs.items()}
         snapshot, result, names = await self._decide(view, entries, running=running)
@@ -252,6 +252,7 @@ class Placer:
                 release = build_shared_release(key, gangs[key], admit.placement)
             else:
                 network = tickets[key].network
+                inventories = view.inventories(admit.placement.nodes)
                 release = build_whole_release(
                     key, gangs[key], admit.placement, inventories, network
                 )
@@ -282,7 +283,6 @@ class Placer:
         view: ClusterView,
         tickets: Mapping[JobKey, Ticket],
         gangs: Mapping[JobKey, list[PodRecord]],
-        inventories: Mapping[str, Any],
     ) -> list[JobKey]:
         """Replacement workers of running gangs (a gang partly released: its other workers
         hold their nodes) placed in the gang's own topology domain, narrowest first (its
@@ -310,6 +310,7 @@ class Placer:
                 )
                 admitted = result.admitted[0].placement if len(result.admitted) == 1 else None
                 if isinstance(admitted, Placement):
+                    inventories = view.inventories(admitted.nodes)
                     release = build_whole_release(key, gang, admitted, inventories, ticket.network)
                     self._releaser.dispatch(release)
                     logger.info("%s/%s: replacement placed near its gang: %s", *key, selector)

@@ -52,14 +52,14 @@ __all__ = [
     "ClusterSnapshot",
     "Labelled",
     "NodeInfo",
-    "NodeInfoMemo",
     "NodeUsage",
     "Selector",
+    "SlotMemo",
     "build_snapshot",
     "label_matches",
+    "node_info",
     "pod_gpus",
     "read_inventory",
-    "snapshot_of",
     "usage_of",
 ]
 
@@ -102,10 +102,13 @@ class NodeInfo:
     # Pods there that topology spread constraints count, by (namespace, labels).
     labelled: Mapping[Labelled, int] = field(default_factory=lambda: _NO_LABELLED)
     closed_why: str = ""  # why it is not schedulable, when not held for an earlier gang
+    # Free whole GPUs; 0 when closed. Kept, not a property: a snapshot reads it of every
+    # node, and on 4,096 nodes the property calls were a sixth of a placement round.
+    free: int = field(init=False, compare=False, repr=False)
 
-    @property
-    def free(self) -> int:
-        return max(0, self.gpus - self.used) if self.schedulable else 0
+    def __post_init__(self) -> None:
+        free = max(0, self.gpus - self.used) if self.schedulable else 0
+        object.__setattr__(self, "free", free)
 
     @property
     def free_whole_gpus(self) -> int:
@@ -424,60 +427,6 @@ class SlotMemo:
         return known
 
 
-class NodeInfoMemo:
-    """Each node's NodeInfo from the last snapshot, rebuilt only where its record or its
-    usage changed. The watch cache hands out the very same record and usage objects for
-    nodes nothing happened on, so a round on 1,000 nodes rebuilds the handful its last
-    events touched instead of all of them (building every NodeInfo was a third of the
-    operator's CPU at 500 jobs on 1,024 nodes). Equal objects count as unchanged too."""
-
-    def __init__(self) -> None:
-        self._known: dict[str, tuple[NodeRecord, NodeUsage | None, NodeInfo]] = {}
-        self.rebuilt = 0  # NodeInfos built by the last call, for tests and profiling
-        self.slots = SlotMemo()  # the same NodeInfos keep their slots too
-
-    def infos(self, nodes: Iterable[NodeRecord], usage: Mapping[str, NodeUsage]) -> list[NodeInfo]:
-        # Updated in place: a fresh dict of fresh tuples per round was most of this loop
-        # on 4,096 nodes, where nearly every node hits.
-        known, infos, rebuilt = self._known, [], 0
-        for record in nodes:
-            used = usage.get(record.name)
-            hit = known.get(record.name)
-            if hit is not None and hit[0] is record and hit[1] is used:
-                infos.append(hit[2])
-                continue
-            if hit is not None and hit[0] == record and hit[1] == used:
-                info = hit[2]  # equal objects: unchanged
-            else:
-                info, rebuilt = node_info(record, used), rebuilt + 1
-            known[record.name] = (record, used, info)
-            infos.append(info)
-        if len(known) != len(infos):  # vanished nodes are forgotten
-            seen = {info.name for info in infos}
-            self._known = {name: entry for name, entry in known.items() if name in seen}
-        self.rebuilt = rebuilt
-        return infos
-
-
-def snapshot_of(
-    nodes: Iterable[NodeRecord],
-    usage: Mapping[str, NodeUsage],
-    *,
-    levels: Sequence[str] = DEFAULT_LEVELS,
-    nvlink_labels: Sequence[str] = DEFAULT_NVLINK_LABELS,
-    topology: Topology | None = None,
-    memo: NodeInfoMemo | None = None,
-) -> ClusterSnapshot:
-    """A snapshot from node records and per-node usage; `topology` is reused when the
-    caller knows the labels did not change, and `memo` keeps the NodeInfos of nodes that
-    did not change since the caller's last snapshot."""
-    if memo is None:
-        infos = [node_info(record, usage.get(record.name)) for record in nodes]
-        return ClusterSnapshot.of(infos, levels, nvlink_labels, topology)
-    infos = memo.infos(nodes, usage)
-    return ClusterSnapshot.of(infos, levels, nvlink_labels, topology, carried=memo.slots)
-
-
 def build_snapshot(
     nodes: Iterable[Mapping[str, Any]],
     pods: Iterable[Mapping[str, Any]],
@@ -488,9 +437,8 @@ def build_snapshot(
     """A snapshot from raw Node and Pod objects, as the API server returns them."""
     records = [pod_record(pod) for pod in pods]
     usage = usage_of(r for r in records if r is not None)
-    return snapshot_of(
-        (node_record(node) for node in nodes), usage, levels=levels, nvlink_labels=nvlink_labels
-    )
+    infos = [node_info(record, usage.get(record.name)) for record in map(node_record, nodes)]
+    return ClusterSnapshot.of(infos, levels, nvlink_labels)
 
 
 def pod_gpus(pod: Mapping[str, Any]) -> int:
