@@ -52,7 +52,8 @@ Invariants:
 
 from __future__ import annotations
 
-from itertools import accumulate
+from itertools import accumulate, compress
+from operator import attrgetter, mul, neg
 
 from trainwave.contract import GPU_RESOURCE
 from trainwave.placement import explain, filters
@@ -139,7 +140,7 @@ class _Planner:
             slots = [s if ok else 0 for s, ok in zip(slots, matching, strict=True)]
         self.slots = slots
         # Free GPUs only where a worker can go: best fit and messages read them.
-        self.node_free = [f if s else 0 for f, s in zip(snapshot.free, slots, strict=True)]
+        self.node_free = list(map(mul, snapshot.free, map(bool, slots)))
         self.preference = snapshot.preferences(self.needs)
         if any(not c.hard for c in self.needs.spread):
             soft = SpreadState(snapshot, self.needs)
@@ -279,18 +280,21 @@ class _Planner:
         """Phases 2 and 3: (node index, workers) for the whole gang; `shortfall` was None."""
         for level in range(self.node_level, top - 1, -1):
             need, caps = self.need(level), self.caps[level]
-            candidates = [d for d, cap in enumerate(caps) if cap >= need]
-            if not candidates:
+            if max(caps, default=0) < need:
                 continue
             if level == self.node_level:
                 # Nodes: the spread is always one, so only best fit and parents decide;
-                # ancestors are looked up only for the nodes that tie on fit.
-                caps, free, pref = self.caps[level], self.free[level], self.preference
-                used = [node.used for node in self.snapshot.nodes]
-                fits = {d: (-pref[d], caps[d], free[d], -used[d]) for d in candidates}
-                tightest = min(fits.values())
-                tied = [d for d, fit in fits.items() if fit == tightest]
+                # ancestors are looked up only for the nodes that tie on fit. Built with
+                # map, zip and compress over every node: a comprehension over the
+                # candidates was a tenth of the operator's CPU at 2,000 jobs on 4,096 nodes.
+                free, pref = self.free[level], self.preference
+                used = map(attrgetter("used"), self.snapshot.nodes)
+                fits = list(zip(map(neg, pref), caps, free, map(neg, used), strict=True))
+                tightest = min(compress(fits, map(need.__le__, caps)))
+                # Equal to the tightest candidate's fit: a candidate too (caps come second).
+                tied = list(compress(range(len(fits)), map(tightest.__eq__, fits)))
                 return [(self._fullest_parent(level, tied), need * self.units[level])]
+            candidates = [d for d, cap in enumerate(caps) if cap >= need]
             best_rank: tuple[object, ...] | None = None
             best_out: list[tuple[int, int]] = []
             for domain in candidates:
