@@ -157,6 +157,10 @@ bench: venv tools ## benchmarks, each on its own local cluster (see README, Perf
 bench-scale-xlarge: venv tools ## 2,000 jobs x 4 workers on 4,096 nodes against as many bare pods, same run: apply to all Running, per-job p99, operator RSS and CPU per job (15-30 min)
 	BENCH_TOPOLOGY=xlarge $(PY) tests/benchmarks/bench_scale.py
 
+.PHONY: bench-round-path
+bench-round-path: venv tools ## the operator's placement path for one gang on 1,024 and 4,096 nodes, no cluster (~2 min; BENCH_ROUND_COMPARE=<rev> runs that revision alternately in the same run)
+	$(PY) tests/benchmarks/bench_round_path.py
+
 .PHONY: bench-pod-webhook
 bench-pod-webhook: venv tools ## 500 jobs outside Kueue on 1,024 nodes, same run: no pod webhook, past Kueue's with a dry run, and behind the gate (~7 min)
 	$(PY) tests/benchmarks/bench_pod_webhook.py
