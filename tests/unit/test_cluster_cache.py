@@ -91,6 +91,14 @@ def put(index: ClusterIndex, pod: dict[str, Any]) -> None:
     index.put_pod(object_key(pod), pod_record(pod))
 
 
+def index_of_nodes() -> ClusterIndex:
+    """An index holding NODES, 8 GPUs each, and no pods."""
+    index = ClusterIndex()
+    for node in NODES:
+        index.put_node(node, node_record(raw_node(node)))
+    return index
+
+
 # --- the index ----------------------------------------------------------------------------
 
 
@@ -208,9 +216,7 @@ def random_pod(rng: random.Random, name: str) -> dict[str, Any]:
 @pytest.mark.parametrize("seed", range(8))
 def test_incremental_usage_equals_usage_of_after_random_events(seed: int) -> None:
     rng = random.Random(seed)
-    index = ClusterIndex()
-    for node in NODES:
-        index.put_node(node, node_record(raw_node(node)))
+    index = index_of_nodes()
     memo, placer_memo = NodeInfoMemo(), NodeInfoMemo()
     known_topology: tuple[int, Topology] | None = None
     live: dict[str, PodRecord] = {}
@@ -275,9 +281,7 @@ def test_incremental_usage_equals_usage_of_after_random_events(seed: int) -> Non
 
 
 def test_slots_are_recomputed_only_for_the_nodes_that_changed() -> None:
-    index = ClusterIndex()
-    for node in NODES:
-        index.put_node(node, node_record(raw_node(node)))
+    index = index_of_nodes()
     memo = NodeInfoMemo()
     [one_gpu, two_gpus] = SHAPES
     assert index.view().snapshot(memo=memo).slots(one_gpu) == (8, 8, 8)
@@ -293,9 +297,7 @@ def test_slots_are_recomputed_only_for_the_nodes_that_changed() -> None:
 
 
 def test_node_info_memo_rebuilds_only_the_nodes_that_changed() -> None:
-    index = ClusterIndex()
-    for node in NODES:
-        index.put_node(node, node_record(raw_node(node)))
+    index = index_of_nodes()
     memo = NodeInfoMemo()
     first = index.view().snapshot(memo=memo)
     assert memo.rebuilt == len(NODES)
@@ -314,9 +316,7 @@ def test_node_info_memo_rebuilds_only_the_nodes_that_changed() -> None:
 
 
 def test_a_snapshot_patches_only_the_nodes_the_change_log_names() -> None:
-    index = ClusterIndex()
-    for node in NODES:
-        index.put_node(node, node_record(raw_node(node)))
+    index = index_of_nodes()
     memo = NodeInfoMemo()
     first = index.view().snapshot(memo=memo)
     assert memo.rebuilt == len(NODES)
