@@ -362,8 +362,9 @@ def _replacement_cause(status: TrainingJobStatus) -> str:
     return pending[-1].cause if pending else "disruption"
 
 
-def ticket_of(resolved: ResolvedJob, decision: Decision) -> Ticket:
-    """What the placer is asked for the job's gang of the decided attempt."""
+def ticket_of(resolved: ResolvedJob, decision: Decision, finished: int = 0) -> Ticket:
+    """What the placer is asked for the job's gang of the decided attempt; `finished`:
+    its workers that already ran to completion."""
     job, shared = resolved.job, resolved.shared
     created = job.metadata.creationTimestamp
     return Ticket(
@@ -374,6 +375,7 @@ def ticket_of(resolved: ResolvedJob, decision: Decision) -> Ticket:
         network=job.spec.network,
         shared_how=shared.how if shared else "",
         spread_wait=job.spec.placement.preferred_level_wait_seconds,
+        finished=finished,
     )
 
 

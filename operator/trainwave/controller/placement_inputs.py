@@ -35,6 +35,10 @@ class Ticket:
     network: NetworkSpec | None = None  # for the NCCL settings of each chosen node
     shared_how: str = ""  # where a shared request's MiB came from, for the messages
     spread_wait: float = 0.0  # preferredLevelWaitSeconds: rule 8 of placement/queueing.py
+    # Workers of this attempt that already ran to completion: a gang created placed whose
+    # operator died between two creates, back after the first worker ended. They hold
+    # nothing and leave the cache's active pods, yet belong to the gang.
+    finished: int = 0
 
 
 # What the DefaultTolerationSeconds admission plugin adds to a pod that lacks them
@@ -144,9 +148,11 @@ def gated_gangs(
     view: ClusterView, tickets: Mapping[JobKey, Ticket]
 ) -> dict[JobKey, list[PodRecord]]:
     """The gated pods of each ticket's attempt, in rank order, for gangs the cache sees
-    whole: gated plus already released pods of the attempt make every worker. A gang
-    the watch has not fully caught up with waits for the next round (placing the part
-    it sees would break all-or-nothing); a partly released gang gets the rest placed."""
+    whole: gated plus already released pods of the attempt, plus those the ticket says
+    finished, make every worker. A gang the watch has not fully caught up with waits for
+    the next round (placing the part it sees would break all-or-nothing; a finished pod
+    the cache still shows counts twice, so it waits too); a partly released gang gets the
+    rest placed."""
     gangs: dict[JobKey, list[PodRecord]] = {}
     for key, ticket in tickets.items():
         gated = [
@@ -160,7 +166,7 @@ def gated_gangs(
             if p.worker is not None and p.worker.attempt == ticket.attempt and not p.gated
             and not p.deleting  # a replaced worker's old pod, still terminating
         ]  # fmt: skip
-        whole = len(gated) + len(released) == ticket.request.workers
+        whole = len(gated) + len(released) + ticket.finished == ticket.request.workers
         if gated and whole and all(p.needs is not None for p in gated):
             gangs[key] = sorted(gated, key=lambda p: p.worker.rank if p.worker else 0)
     return gangs
