@@ -35,9 +35,9 @@ class Ticket:
     network: NetworkSpec | None = None  # for the NCCL settings of each chosen node
     shared_how: str = ""  # where a shared request's MiB came from, for the messages
     spread_wait: float = 0.0  # preferredLevelWaitSeconds: rule 8 of placement/queueing.py
-    # Workers of this attempt that already ran to completion: a gang created placed whose
-    # operator died between two creates, back after the first worker ended. They hold
-    # nothing and leave the cache's active pods, yet belong to the gang.
+    # Workers of this attempt that already ran to completion: a gang whose operator died
+    # between two of its release patches (or creates), back after the released worker
+    # ended. They hold nothing and leave the cache's active pods, yet belong to the gang.
     finished: int = 0
 
 
