@@ -18,6 +18,7 @@ from collections import Counter, deque
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field, replace
 from functools import partial
+from operator import attrgetter
 from types import MappingProxyType
 
 from kubernetes.client.exceptions import ApiException
@@ -80,16 +81,12 @@ class ClusterView:
         inventory for each was a sixteenth of a round on 4,096 nodes."""
         found: dict[str, NodeInventory] = {}
         for name in names:
-            at = bisect_left(self.nodes, name, key=_name)
+            at = bisect_left(self.nodes, name, key=attrgetter("name"))
             if at < len(self.nodes) and self.nodes[at].name == name:
                 inventory = self.nodes[at].inventory
                 if inventory is not None:
                     found[name] = inventory
         return found
-
-
-def _name(node: NodeRecord) -> str:
-    return node.name
 
 
 @dataclass

@@ -42,7 +42,7 @@ from trainwave.controller.workloads import (
 from trainwave.lifecycle.admission import finished_conditions, queue_of, released_conditions
 from trainwave.lifecycle.decide import Decision, JobEvent
 from trainwave.lifecycle.endpoints import addresses
-from trainwave.lifecycle.observed import WorkerPod, observe_pod
+from trainwave.lifecycle.observed import PodPhase, WorkerPod, observe_pod
 from trainwave.lifecycle.workload_actions import WorkloadAction
 from trainwave.resolving import ResolvedJob
 from trainwave.signatures import job_key
@@ -362,13 +362,18 @@ def _replacement_cause(status: TrainingJobStatus) -> str:
     return pending[-1].cause if pending else "disruption"
 
 
-def ticket_of(resolved: ResolvedJob, decision: Decision, finished: int = 0) -> Ticket:
-    """What the placer is asked for the job's gang of the decided attempt; `finished`:
-    its workers that already ran to completion."""
+def ticket_of(resolved: ResolvedJob, decision: Decision, pods: Iterable[WorkerPod] = ()) -> Ticket:
+    """What the placer is asked for the job's gang of the decided attempt; `pods`: the
+    job's pods as the reconcile saw them, for the attempt's workers that already ran to
+    completion (none for a gang about to be created)."""
     job, shared = resolved.job, resolved.shared
     created = job.metadata.creationTimestamp
+    attempt = decision.status.attempt
+    finished = sum(
+        1 for p in pods if p.attempt == attempt and p.phase == PodPhase.SUCCEEDED and not p.departed
+    )
     return Ticket(
-        attempt=decision.status.attempt,
+        attempt=attempt,
         request=resolved.gang,
         priority=job.spec.placement.priority,
         arrival=created.timestamp() if created else 0.0,

@@ -261,13 +261,7 @@ class Reconciler:
     ) -> float | None:
         """Hand the gang to the placer or take it back, write the status, then act."""
         if decision.wants_placement and resolved is not None:
-            attempt = decision.status.attempt
-            finished = sum(
-                1
-                for p in pods
-                if p.attempt == attempt and p.phase == PodPhase.SUCCEEDED and not p.departed
-            )
-            self._placer.submit(key, ticket_of(resolved, decision, finished))
+            self._placer.submit(key, ticket_of(resolved, decision, pods))
         else:
             self._placer.withdraw(key)
         self._track_workers(key, resolved.job if resolved else None, decision, pods)
