@@ -6,7 +6,10 @@ xlarge.yaml: 4,096) in its own state directory, with the chart installed, the op
 running as its ServiceAccount, and the API server writing an audit log of that
 ServiceAccount's requests (level Metadata; nothing else is audited). One run, three phases, the first started once
 the controller manager has finished the writes it makes once for each new node (as phase B
-starts on a cluster that finished them long before):
+starts on a cluster that finished them long before). Between phases everything the last one
+made is deleted (its jobs' Services and EndpointSlices too, which the garbage collector
+deletes after the jobs), and each phase starts once the control plane's CPU is back to its
+idle level (scale_measures.QuietGate; the wait is in the results):
 
 A. trainwave: one `kubectl apply --server-side` of BENCH_JOBS TrainingJobs of 4 workers x
    BENCH_GPUS GPUs that never finish. Measured: apply start -> last of the workers Running
@@ -64,6 +67,8 @@ from benchmarks.scale_measures import (  # noqa: E402
     OPERATOR_USER,
     LoadSampler,
     Profiler,
+    QuietGate,
+    cluster_cpu_seconds,
     component_cpu,
     count_requests,
     cpu_delta,
@@ -119,18 +124,26 @@ def main() -> int:
         print(f"cluster ready in {cluster_ready:.0f}s: {nodes} nodes", flush=True)
         settled_after = settle(api, nodes) if bench.cluster.started else 0.0
         print(f"startup writes done {settled_after:.0f}s later", flush=True)
+        gate = QuietGate(cluster_cpu_seconds(bench.cluster))
+        quiet = quiet_for(gate, "trainwave")
         phase_a = run_trainwave(bench.cluster, bench.operator, api, bench.workdir, load)
+        phase_a["quiet_before"] = quiet
         print(json.dumps({k: v for k, v in phase_a.items() if k != "worker_pod"}), flush=True)
         clear(bench.cluster, api, load)
         bench.operator.stop()
+        quiet = quiet_for(gate, "bare pods")
         phase_b = run_bare(bench.cluster, api, phase_a["worker_pod"], load, bare_pod)
+        phase_b["quiet_before"] = quiet
         print(json.dumps(phase_b), flush=True)
         clear(bench.cluster, api, load)
         if BARE_AS_WORKERS:
+            quiet = quiet_for(gate, "the workers' own pods")
             as_workers = run_bare(bench.cluster, api, phase_a["worker_pod"], load, worker_copy)
+            as_workers["quiet_before"] = quiet
             phase_b["as_workers"] = as_workers
             print(json.dumps(as_workers), flush=True)
             clear(bench.cluster, api, load)
+        quiet_for(gate, "jobs alone")
         load.enter("jobs-alone")
         phase_b["jobs_alone_apply_seconds"] = round(apply(bench.cluster, job_manifests()), 1)
         print(f"applied {JOBS} jobs, operator stopped, in {phase_b['jobs_alone_apply_seconds']}s")
@@ -439,8 +452,18 @@ def settle(api: Api, nodes: int) -> float:
 DELETE_COLLECTION_TRIES = 10
 
 
+def quiet_for(gate: QuietGate, phase: str) -> dict[str, Any]:
+    """Wait for the control plane to go quiet before `phase`; what the wait saw."""
+    quiet = gate.wait()
+    said = "quiet" if quiet["quiet"] else "NOT quiet, starting anyway"
+    print(f"before {phase}: {said} after {quiet['seconds']}s, cores {quiet['cores_per_window']}",
+          flush=True)  # fmt: skip
+    return quiet
+
+
 def clear(cluster: Cluster, api: Api, load: LoadSampler) -> None:
-    """Delete every job and pod of the namespace and wait until the pods are gone."""
+    """Delete every job and pod of the namespace and wait until they and the jobs' Services
+    and EndpointSlices are gone."""
     load.enter("cleanup")
     # One DELETE per collection first: kubectl deletes one object per request, and 8,000
     # pods took 13 minutes at load 12. kube-apiserver ends a request after 60 s (HTTP 504)
@@ -463,8 +486,12 @@ def clear(cluster: Cluster, api: Api, load: LoadSampler) -> None:
                     check=False, timeout=300)  # fmt: skip
     cluster.kubectl("delete", "pods", "--all", "-n", NAMESPACE, "--wait=false",
                     "--grace-period=0", "--force", check=False, timeout=300)  # fmt: skip
+    # The jobs' Services and their EndpointSlices go with them through the garbage
+    # collector, after the jobs: wait for those too, or the next phase pays for them.
+    left = (api.pods_path(), f"/api/v1/namespaces/{NAMESPACE}/services",
+            f"/apis/discovery.k8s.io/v1/namespaces/{NAMESPACE}/endpointslices")  # fmt: skip
     deadline = time.time() + 900
-    while api.names(api.pods_path()) and time.time() < deadline:
+    while any(api.names(path) for path in left) and time.time() < deadline:
         time.sleep(POLL_SECONDS)
     load.enter("between")
 

@@ -156,6 +156,7 @@ At the top of the stack (self):
 Phase A, trainwave:
 
 - started {a.get("settle_seconds", "?")} s after the cluster was ready: once the controller manager had annotated every node and posted its RegisteredNode Events (0: a cluster that was already up)
+- {_quiet(a)}
 - `kubectl apply --server-side` of {a["jobs"]} jobs: {a["apply_seconds"]} s
 - apply start -> all {a["pods"]} workers Running: {a["apply_to_all_running_seconds"]} s (all Running: {a["all_running"]})
 - per job, created -> all workers Running: p50 {jobs.get("p50")} / p99 {jobs.get("p99")} / max {jobs.get("max")} s ({a["jobs_reporting_all_running"]} jobs reported)
@@ -172,6 +173,7 @@ Phase A, trainwave:
 
 Phase B, bare pods bound by kube-scheduler (operator stopped):
 
+- {_quiet(b)}
 - `kubectl apply --server-side` of {b["pods"]} pods: {b["apply_seconds"]} s
 - apply start -> all {b["pods"]} pods Running: {b["apply_to_all_running_seconds"]} s (all Running: {b["all_running"]})
 - CPU seconds per process, apply start -> all Running: {b.get("cpu_seconds_until_all_running")}
@@ -190,6 +192,19 @@ Conditions:
 """
 
 
+def _quiet(phase: dict[str, Any]) -> str:
+    """How long the phase waited for a quiet control plane (scale_measures.QuietGate)."""
+    quiet = phase.get("quiet_before")
+    if quiet is None:
+        return "started without waiting for a quiet control plane (a run before the gate)"
+    state = "quiet" if quiet["quiet"] else "NOT quiet, started anyway"
+    return (
+        f"started once the control plane was {state}: {quiet['seconds']} s of "
+        f"{quiet['cores_per_window']} cores per window (lowest of the run "
+        f"{quiet['floor_cores']})"
+    )
+
+
 def _as_workers(a: dict[str, Any], b: dict[str, Any] | None) -> str:
     if b is None:
         return "Phase B with the workers' own pods: not run (BENCH_BARE_AS_WORKERS=0)."
@@ -201,6 +216,7 @@ def _as_workers(a: dict[str, Any], b: dict[str, Any] | None) -> str:
     return f"""Phase B again, with phase A's worker pods as the operator wrote them (labels,
 annotations, environment; no owner, node pin or gate), bound by kube-scheduler:
 
+- {_quiet(b)}
 - `kubectl apply --server-side` of {b["pods"]} pods: {b["apply_seconds"]} s
 - apply start -> all {b["pods"]} pods Running: {b["apply_to_all_running_seconds"]} s (all Running: {b["all_running"]}); trainwave over these: {ratio}x
 - CPU seconds per process, apply start -> all Running: {b.get("cpu_seconds_until_all_running")}"""
