@@ -74,6 +74,7 @@ from benchmarks.scale_measures import (  # noqa: E402
     cpu_delta,
     delta,
     histogram_delta,
+    machine_seconds,
     mean_ms,
     parse_metrics,
     process_cpu_seconds,
@@ -453,11 +454,12 @@ DELETE_COLLECTION_TRIES = 10
 
 
 def quiet_for(gate: QuietGate, phase: str) -> dict[str, Any]:
-    """Wait for the control plane to go quiet before `phase`; what the wait saw."""
-    quiet = gate.wait()
+    """Wait for the control plane to go quiet before `phase`; what the wait saw, and how
+    fast the machine was then."""
+    quiet = gate.wait() | {"machine_seconds": machine_seconds()}
     said = "quiet" if quiet["quiet"] else "NOT quiet, starting anyway"
-    print(f"before {phase}: {said} after {quiet['seconds']}s, cores {quiet['cores_per_window']}",
-          flush=True)  # fmt: skip
+    print(f"before {phase}: {said} after {quiet['seconds']}s, cores {quiet['cores_per_window']}, "
+          f"machine {quiet['machine_seconds']}s", flush=True)  # fmt: skip
     return quiet
 
 

@@ -6,6 +6,7 @@ Split from bench_scale.py so its phases read on their own.
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import re
@@ -200,6 +201,20 @@ class QuietGate:
             "cores_per_window": cores,
             "floor_cores": self.floor,
         }
+
+
+def machine_seconds(mib: int = 128, repeats: int = 3) -> float:
+    """Seconds one core takes to hash `mib` MiB (the median of `repeats`): how fast this VM
+    is right now. Work that cost 220 CPU-seconds in one phase cost 285 in the same phase
+    twenty minutes later on this machine; taken before each phase, this says whether the
+    phases of one run had the same machine."""
+    block = bytes(mib << 20)
+    times = []
+    for _ in range(repeats):
+        started = time.perf_counter()
+        hashlib.sha256(block).digest()
+        times.append(time.perf_counter() - started)
+    return round(statistics.median(times), 3)
 
 
 def cluster_cpu_seconds(cluster: Cluster) -> Callable[[], float]:

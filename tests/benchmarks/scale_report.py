@@ -201,7 +201,8 @@ def _quiet(phase: dict[str, Any]) -> str:
     return (
         f"started once the control plane was {state}: {quiet['seconds']} s of "
         f"{quiet['cores_per_window']} cores per window (lowest of the run "
-        f"{quiet['floor_cores']})"
+        f"{quiet['floor_cores']}); one core hashed 128 MiB in "
+        f"{quiet.get('machine_seconds', '?')} s (machine_seconds: lower is faster)"
     )
 
 
