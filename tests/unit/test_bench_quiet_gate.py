@@ -29,7 +29,8 @@ def test_a_busy_control_plane_holds_the_phase_until_two_windows_are_near_the_flo
     assert quiet["quiet"] is True
     assert quiet["cores_per_window"] == [1.8, 1.2, 0.4, 0.3]
     assert quiet["floor_cores"] == 0.3
-    assert quiet["seconds"] == 40.0 and slept == [10.0] * 4
+    assert quiet["seconds"] == 40.0
+    assert slept == [10.0] * 4
 
 
 def test_the_floor_is_kept_across_phases() -> None:
@@ -43,4 +44,5 @@ def test_a_control_plane_that_never_settles_starts_the_phase_at_the_timeout_and_
     gate, slept = gate_over([2.0, 0.1, 1.9, 1.9, 1.9, 1.9], timeout=40.0)
     quiet = gate.wait()
     assert quiet["quiet"] is False
-    assert quiet["seconds"] == 40.0 and len(slept) == 4
+    assert quiet["seconds"] == 40.0
+    assert len(slept) == 4
