@@ -17,7 +17,9 @@ A. trainwave: one `kubectl apply --server-side` of BENCH_JOBS TrainingJobs of 4 
    placement rounds (from the operator's histogram: count, mean, p50/p99 interpolated from
    its buckets), the operator's API requests (from the audit log, watches excluded) per
    placed gang, the operator's peak RSS (VmHWM), the CPU seconds each control-plane
-   process and the operator used until all were Running, and optionally a py-spy profile.
+   process and the operator used until all were Running, where each job's seconds went
+   (scale_stages.py on the operator's log: its share, then binding and kwok's, and the five
+   slowest jobs' split), and optionally a py-spy profile.
 B. everything deleted, the operator stopped; the same number of bare Pods with the requests
    phase A's workers got (no gate, no operator) in one `kubectl apply --server-side`;
    kube-scheduler binds them. Measured: apply start -> last pod Running, the control plane's
@@ -52,6 +54,7 @@ import sys
 import time
 from collections import Counter
 from collections.abc import Callable
+from functools import partial
 from pathlib import Path
 from typing import Any
 from urllib.parse import quote
@@ -100,6 +103,7 @@ from benchmarks.scale_settings import (  # noqa: E402
     TOPOLOGY,
     WORKERS,
 )
+from benchmarks.scale_stages import stages  # noqa: E402
 from cluster.api import ApiClient, ApiError  # noqa: E402
 from cluster.components import Layout  # noqa: E402
 from cluster.controlplane import Cluster  # noqa: E402
@@ -316,8 +320,21 @@ def run_trainwave(
         "writes_by_client_until_all_running": writers,
         "profile": profile,
         "job_timeline": timeline,
+        "stages": stages_of(timeline, workdir / "operator.log", started, settled),
         "worker_pod": worker,
     }  # fmt: skip
+
+
+def stages_of(
+    timeline: list[list[Any]], log: Path, started: float, settled: float
+) -> dict[str, Any]:
+    """Where each job's seconds went, from the operator's log of this phase (scale_stages.py):
+    created -> placed is the operator's, placed -> all Running binding's and kwok's."""
+    if not log.exists():
+        return {}
+    clock = partial(time.strftime, "%H:%M:%S")
+    since, until = clock(time.localtime(started - 1)), clock(time.localtime(settled + 1))
+    return stages({"trainwave": {"job_timeline": timeline}}, log, since, until)
 
 
 def run_bare(

@@ -167,6 +167,7 @@ Phase A, trainwave:
 {by_kind}
 - kube-scheduler FailedScheduling in phase A: {a.get("failed_scheduling_events", "not recorded")}
 - slowest jobs, times after the apply started: {tail or "not recorded"}
+- {_stages(a.get("stages"))}
 - operator peak RSS (VmHWM): {a["operator_peak_rss_mib"]} MiB; operator CPU since its start: {a["operator_cpu_seconds"]} s; apply start -> all Running: {a.get("operator_cpu_seconds_per_job")} s per job
 - CPU seconds per process, apply start -> all Running: {a.get("cpu_seconds_until_all_running")}
 - writes by client, apply start -> all Running (BENCH_AUDIT_ALL): {a.get("writes_by_client_until_all_running")}
@@ -190,6 +191,23 @@ Phase C, the same TrainingJobs with the operator stopped (nothing acts on them):
 Conditions:
 {conditions}
 """
+
+
+def _stages(found: dict[str, Any] | None) -> str:
+    """The operator log's stages (scale_stages.py): the operator's share and what followed."""
+    if not found:
+        return "stages: not recorded (no operator log of this phase)"
+    placed, running = found["created_to_placed_operator"], found["placed_to_all_running"]
+    slow = ", ".join(
+        f"{j['job']} {j['created_to_placed']} + {j['placed_to_all_running']} s"
+        for j in found["slowest"]
+    )
+    return (
+        f"stages from the operator's log: created -> placed (the operator) p50 {placed.get('p50')}"
+        f" / p99 {placed.get('p99')} s; placed -> all Running (binding, kwok) p50 "
+        f"{running.get('p50')} / p99 {running.get('p99')} s; the slowest jobs, created -> placed +"
+        f" placed -> all Running: {slow}"
+    )
 
 
 def _quiet(phase: dict[str, Any]) -> str:

@@ -20,6 +20,7 @@ import re
 import statistics
 from datetime import datetime
 from pathlib import Path
+from typing import Any
 
 LINE = re.compile(r"^(\S+ (\S+)) INFO \S+ [^/\s]+/(\S+?): (.*)$")
 
@@ -36,7 +37,9 @@ def quantiles(values: list[float]) -> dict[str, float]:
     }
 
 
-def stages(result: dict, log: Path, since: str, until: str) -> dict[str, dict[str, float]]:
+def stages(result: dict, log: Path, since: str, until: str) -> dict[str, Any]:
+    """Quantiles of each stage over the jobs the log shows, and the five slowest jobs' stages;
+    {} when the log shows no job of the run Running."""
     timeline = {name: (created, running) for name, created, running in
                 result["trainwave"]["job_timeline"]}  # fmt: skip
     seen: dict[str, dict[str, float]] = {}
@@ -54,10 +57,26 @@ def stages(result: dict, log: Path, since: str, until: str) -> dict[str, dict[st
         elif "-> Running" in message:
             times.setdefault("running", at)
     known = {job: t for job, t in seen.items() if job in timeline}
-    start = statistics.median(
-        t["running"] - timeline[job][1] for job, t in known.items() if "running" in t
-    )
+    ran = [t["running"] - timeline[job][1] for job, t in known.items() if "running" in t]
+    if not ran:
+        return {}
+    start = statistics.median(ran)
+    slowest = sorted(timeline, key=lambda job: timeline[job][1] - timeline[job][0])[-5:]
     return {
+        # Per slow job: seconds from its creation to its placement (the operator), then
+        # from its placement to all workers Running (binding and kwok), None if not logged.
+        "slowest": [
+            {
+                "job": job,
+                "created_to_placed": _between(
+                    start + timeline[job][0], known.get(job, {}).get("placed")
+                ),
+                "placed_to_all_running": _between(
+                    known.get(job, {}).get("placed"), known.get(job, {}).get("running")
+                ),
+            }
+            for job in reversed(slowest)
+        ],
         "created_to_placed_operator": quantiles(
             [t["placed"] - start - timeline[j][0] for j, t in known.items() if "placed" in t]
         ),
@@ -72,6 +91,10 @@ def stages(result: dict, log: Path, since: str, until: str) -> dict[str, dict[st
             [t["running"] - t["bound"] for t in known.values() if {"bound", "running"} <= t.keys()]
         ),
     }
+
+
+def _between(earlier: float | None, later: float | None) -> float | None:
+    return round(later - earlier, 1) if earlier is not None and later is not None else None
 
 
 def main() -> None:
