@@ -203,7 +203,10 @@ class QuietGate:
         }
 
 
-def machine_seconds(mib: int = 128, repeats: int = 3) -> float:
+MACHINE_MIB = 128  # what machine_seconds hashes by default
+
+
+def machine_seconds(mib: int = MACHINE_MIB, repeats: int = 3) -> float:
     """Seconds one core takes to hash `mib` MiB (the median of `repeats`): how fast this VM
     is right now. Work that cost 220 CPU-seconds in one phase cost 285 in the same phase
     twenty minutes later on this machine; taken before each phase, this says whether the

@@ -10,7 +10,7 @@ import time
 from typing import Any
 
 from benchmarks.provenance import git_commit
-from benchmarks.scale_measures import PLUMBING, PROFILE_RATE, LoadSampler
+from benchmarks.scale_measures import MACHINE_MIB, PLUMBING, PROFILE_RATE, LoadSampler
 from benchmarks.scale_settings import (
     AUDIT_ALL,
     GOALS,
@@ -219,7 +219,7 @@ def _quiet(phase: dict[str, Any]) -> str:
     return (
         f"started once the control plane was {state}: {quiet['seconds']} s of "
         f"{quiet['cores_per_window']} cores per window (lowest of the run "
-        f"{quiet['floor_cores']}); one core hashed 128 MiB in "
+        f"{quiet['floor_cores']}); one core hashed {MACHINE_MIB} MiB in "
         f"{quiet.get('machine_seconds', '?')} s (machine_seconds: lower is faster)"
     )
 

@@ -66,16 +66,7 @@ def stages(result: dict, log: Path, since: str, until: str) -> dict[str, Any]:
         # Per slow job: seconds from its creation to its placement (the operator), then
         # from its placement to all workers Running (binding and kwok), None if not logged.
         "slowest": [
-            {
-                "job": job,
-                "created_to_placed": _between(
-                    start + timeline[job][0], known.get(job, {}).get("placed")
-                ),
-                "placed_to_all_running": _between(
-                    known.get(job, {}).get("placed"), known.get(job, {}).get("running")
-                ),
-            }
-            for job in reversed(slowest)
+            _split(job, start + timeline[job][0], known.get(job, {})) for job in reversed(slowest)
         ],
         "created_to_placed_operator": quantiles(
             [t["placed"] - start - timeline[j][0] for j, t in known.items() if "placed" in t]
@@ -90,6 +81,15 @@ def stages(result: dict, log: Path, since: str, until: str) -> dict[str, Any]:
         "bound_to_all_running_when_seen": quantiles(
             [t["running"] - t["bound"] for t in known.values() if {"bound", "running"} <= t.keys()]
         ),
+    }
+
+
+def _split(job: str, created: float, logged: dict[str, float]) -> dict[str, Any]:
+    placed = logged.get("placed")
+    return {
+        "job": job,
+        "created_to_placed": _between(created, placed),
+        "placed_to_all_running": _between(placed, logged.get("running")),
     }
 
 
